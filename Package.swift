@@ -1,0 +1,76 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Every target gets the same strictness: no implicit existentials, imports that are
+// internal unless said otherwise (so C types never leak), and member lookups only
+// through modules a file actually imports.
+let strict: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "siwa-notifications",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "siwa-receiver", targets: ["siwa-receiver"]),
+        .executable(name: "siwa-worker", targets: ["siwa-worker"]),
+        .executable(name: "siwa", targets: ["siwa"]),
+    ],
+    targets: [
+        // C libraries from Debian, each imported by exactly one Swift module.
+        .systemLibrary(name: "CLibpq", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+
+        // Thin wrappers: the only code that sees a C pointer.
+        .target(name: "Logging", swiftSettings: strict),
+        .target(name: "Postgres", dependencies: ["CLibpq", "Logging"], swiftSettings: strict),
+        .target(name: "CryptoCore", dependencies: ["COpenSSL"], swiftSettings: strict),
+        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "Logging"], swiftSettings: strict),
+
+        // Building blocks.
+        .target(name: "JOSE", dependencies: ["CryptoCore"], swiftSettings: strict),
+        .target(name: "LocalPostgres", dependencies: ["Logging"], swiftSettings: strict),
+        .target(name: "SiwaCore", dependencies: ["Logging", "Postgres", "JOSE"], swiftSettings: strict),
+        .target(name: "AppleClient", dependencies: ["JOSE", "CryptoCore", "Logging", "SiwaCore"], swiftSettings: strict),
+        .target(name: "JobQueue", dependencies: ["Postgres", "Logging", "SiwaCore"], swiftSettings: strict),
+
+        // Application logic.
+        .target(name: "ReceiverCore",
+                dependencies: ["SiwaCore", "Postgres", "JOSE", "HTTPServer", "Logging", "AppleClient"],
+                swiftSettings: strict),
+        .target(name: "WorkerCore",
+                dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
+                               "Logging", "AppleClient"],
+                swiftSettings: strict),
+        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore"],
+                swiftSettings: strict),
+
+        // Executables: load configuration, run.
+        .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "SiwaCore", "Logging"],
+                          swiftSettings: strict),
+        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Logging"],
+                          swiftSettings: strict),
+        .executableTarget(name: "siwa",
+                          dependencies: ["SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
+                                         "JOSE", "CryptoCore", "Logging", "WorkerCore"],
+                          swiftSettings: strict),
+
+        // Unit tests: no network, no database.
+        .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
+        .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
+        .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),
+        .testTarget(name: "ReceiverCoreTests", dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore"],
+                    swiftSettings: strict),
+        .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
+
+        // Real PostgreSQL (started by the test support), real processes over HTTP.
+        .testTarget(name: "IntegrationTests",
+                    dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "JOSE", "CryptoCore", "FakeApple",
+                                   "JobQueue", "Logging"],
+                    swiftSettings: strict),
+    ]
+)

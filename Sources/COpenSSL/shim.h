@@ -1,0 +1,19 @@
+#ifndef COPENSSL_SHIM_H
+#define COPENSSL_SHIM_H
+#include <openssl/evp.h>
+#include <openssl/ec.h>
+#include <openssl/ecdsa.h>
+#include <openssl/rsa.h>
+#include <openssl/bn.h>
+#include <openssl/pem.h>
+#include <openssl/err.h>
+#include <openssl/rand.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+#include <openssl/core_names.h>
+#include <openssl/param_build.h>
+#include <openssl/crypto.h>
+
+// OPENSSL_free is a function-like macro, which Swift cannot call.
+static inline void COpenSSL_free(void *_Nullable pointer) { OPENSSL_free(pointer); }
+#endif
