@@ -59,6 +59,7 @@ let package = Package(
                           swiftSettings: strict),
 
         // Unit tests: no network, no database.
+        .testTarget(name: "SiwaCoreTests", dependencies: ["SiwaCore"], swiftSettings: strict),
         .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),

@@ -1,0 +1,192 @@
+package import Foundation
+
+/// A Sign in with Apple server-to-server notification, decoded from the claims of its JWS.
+///
+/// Apple's documentation and what Apple really sends disagree; this accepts every form seen:
+/// `events` as an object or as a string holding one, boolean fields as `"true"`/`"false"` or as
+/// booleans, `event_time` in seconds or milliseconds, `account-delete` for `account-deleted`, and
+/// `exp` present or absent. Anything else malformed is a `NotificationDecodingError`.
+package struct AppleNotification: Sendable, Equatable {
+    package var issuer: String
+    /// The `aud` claims: one string in practice, an array allowed by JWT.
+    package var audiences: [String]
+    package var jti: String
+    package var issuedAt: Date?
+    package var expiresAt: Date?
+    package var event: Event
+
+    package struct Event: Sendable, Equatable {
+        package var type: EventType
+        package var sub: String
+        package var time: Date
+        package var email: String?
+        package var isPrivateEmail: Bool?
+    }
+
+    package enum EventType: Sendable, Equatable, CustomStringConvertible {
+        case emailDisabled, emailEnabled, consentRevoked, accountDeleted
+        /// A verified event of a type we do not know: stored, and recorded as ignored by the worker.
+        case unknown(String)
+
+        package init(rawValue: String) {
+            switch rawValue {
+            case "email-disabled": self = .emailDisabled
+            case "email-enabled": self = .emailEnabled
+            case "consent-revoked": self = .consentRevoked
+            // The older spelling, still in most libraries and in Apple's 2020 session.
+            case "account-deleted", "account-delete": self = .accountDeleted
+            default: self = .unknown(rawValue)
+            }
+        }
+
+        /// The spelling stored in `siwa.notifications.event_type`.
+        package var rawValue: String {
+            switch self {
+            case .emailDisabled: "email-disabled"
+            case .emailEnabled: "email-enabled"
+            case .consentRevoked: "consent-revoked"
+            case .accountDeleted: "account-deleted"
+            case .unknown(let raw): raw
+            }
+        }
+
+        package var description: String { rawValue }
+    }
+
+    /// `event_time` at or above this is milliseconds (real tokens), below it seconds (the docs).
+    /// 10^11 seconds is the year 5138; 10^11 milliseconds is March 1973.
+    package static let millisecondsThreshold: Double = 100_000_000_000
+
+    package static let appleIssuer = "https://appleid.apple.com"
+}
+
+/// Why a claims set is not a notification. Each case maps to a 400 with its `code` as the error.
+package struct NotificationDecodingError: Error, Equatable, CustomStringConvertible {
+    package var code: String
+    package var detail: String
+
+    package static func claimsNotJSON() -> Self { .init(code: "claims_not_json", detail: "claims are not a JSON object") }
+    package static func missingClaim(_ name: String) -> Self {
+        .init(code: "missing_claim", detail: "claim \(name) is missing or not a string")
+    }
+    package static func eventsMissing() -> Self { .init(code: "events_missing", detail: "claim events is missing") }
+    package static func eventsMalformed(_ why: String) -> Self { .init(code: "events_malformed", detail: why) }
+
+    package var description: String { "\(code): \(detail)" }
+}
+
+extension AppleNotification {
+    /// Decodes the JWS payload bytes. Does not judge `iss`, `aud` or `exp`: that is verification's job.
+    package init(claims bytes: [UInt8]) throws(NotificationDecodingError) {
+        guard let object = Self.jsonObject(bytes) else { throw .claimsNotJSON() }
+        try self.init(claims: object)
+    }
+
+    package init(claims object: [String: Any]) throws(NotificationDecodingError) {
+        guard let issuer = object["iss"] as? String else { throw .missingClaim("iss") }
+        guard let jti = object["jti"] as? String, !jti.isEmpty else { throw .missingClaim("jti") }
+        let audiences: [String]
+        if let single = object["aud"] as? String {
+            audiences = [single]
+        } else if let many = object["aud"] as? [String], !many.isEmpty {
+            audiences = many
+        } else {
+            throw .missingClaim("aud")
+        }
+        let issuedAt = Self.number(object["iat"]).map { Date(timeIntervalSince1970: $0) }
+        let expiresAt = Self.number(object["exp"]).map { Date(timeIntervalSince1970: $0) }
+
+        guard let rawEvents = object["events"], !(rawEvents is NSNull) else { throw .eventsMissing() }
+        let events: [String: Any]
+        if let eventObject = rawEvents as? [String: Any] {
+            events = eventObject
+        } else if let eventString = rawEvents as? String {
+            // Real tokens carry the event as a JSON string inside the claims.
+            guard let nested = Self.jsonObject(Array(eventString.utf8)) else {
+                throw .eventsMalformed("events string does not hold a JSON object")
+            }
+            events = nested
+        } else {
+            throw .eventsMalformed("events is neither an object nor a string")
+        }
+
+        guard let typeName = events["type"] as? String, !typeName.isEmpty else {
+            throw .eventsMalformed("events.type is missing or not a string")
+        }
+        guard let sub = events["sub"] as? String, !sub.isEmpty else {
+            throw .eventsMalformed("events.sub is missing or not a string")
+        }
+        let time: Date
+        if let raw = events["event_time"], !(raw is NSNull) {
+            guard let value = Self.number(raw), value >= 0 else {
+                throw .eventsMalformed("events.event_time is not a number")
+            }
+            time = Date(timeIntervalSince1970: value >= Self.millisecondsThreshold ? value / 1000 : value)
+        } else if let issuedAt {
+            time = issuedAt  // seen in no variant, but a verified event is worth keeping
+        } else {
+            throw .eventsMalformed("events.event_time is missing")
+        }
+        var email: String?
+        if let raw = events["email"], !(raw is NSNull) {
+            guard let text = raw as? String else { throw .eventsMalformed("events.email is not a string") }
+            email = text
+        }
+        var isPrivateEmail: Bool?
+        if let raw = events["is_private_email"], !(raw is NSNull) {
+            guard let flag = Self.flag(raw) else {
+                throw .eventsMalformed("events.is_private_email is not true or false")
+            }
+            isPrivateEmail = flag
+        }
+
+        self.init(
+            issuer: issuer, audiences: audiences, jti: jti, issuedAt: issuedAt, expiresAt: expiresAt,
+            event: Event(
+                type: EventType(rawValue: typeName), sub: sub, time: time, email: email,
+                isPrivateEmail: isPrivateEmail))
+    }
+
+    static func jsonObject(_ bytes: [UInt8]) -> [String: Any]? {
+        guard !bytes.isEmpty else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(bytes))) as? [String: Any]
+    }
+
+    /// A JSON number (never a JSON boolean, which Foundation also bridges to NSNumber) or a numeric string.
+    static func number(_ value: Any?) -> Double? {
+        switch value {
+        case let number as NSNumber:
+            guard !number.isBoolean else { return nil }
+            return number.doubleValue.isFinite ? number.doubleValue : nil
+        case let text as String:
+            return Double(text).flatMap { $0.isFinite ? $0 : nil }
+        default:
+            return nil
+        }
+    }
+
+    /// `"true"`/`"false"` strings (what Apple sends) or JSON booleans (what the docs show). A
+    /// careless `Bool(...)` or truthiness check would turn the string "false" true.
+    package static func flag(_ value: Any?) -> Bool? {
+        switch value {
+        case let text as String:
+            switch text.lowercased() {
+            case "true": return true
+            case "false": return false
+            default: return nil
+            }
+        case let number as NSNumber where number.isBoolean:
+            return number.boolValue
+        default:
+            return nil
+        }
+    }
+}
+
+extension NSNumber {
+    /// Foundation decodes JSON `true`/`false` as NSNumber too; this tells them apart from 1 and 0.
+    fileprivate var isBoolean: Bool {
+        // Both Darwin and swift-corelibs-foundation hand booleans back as the CFBoolean subclass.
+        type(of: self) == type(of: NSNumber(value: true))
+    }
+}

@@ -1,0 +1,52 @@
+package import Foundation
+package import Logging
+
+/// Settings every executable shares.
+package struct CommonSettings: Sendable {
+    package static let variables = [
+        "DATABASE_URL", "SIWA_LOG_LEVEL", "SIWA_APPLE_BASE_URL", "SIWA_CLIENT_IDS",
+    ]
+
+    package var logLevel: Logger.Level
+    package var appleBaseURL: URL
+
+    package init(_ source: ConfigurationSource) throws(ConfigurationError) {
+        let levelText = try source.string("SIWA_LOG_LEVEL") ?? "info"
+        guard let level = Logger.Level(configurationValue: levelText) else {
+            throw ConfigurationError(
+                variable: "SIWA_LOG_LEVEL", problem: "expected debug, info, warn or error, got \"\(levelText)\"")
+        }
+        logLevel = level
+        appleBaseURL = try Self.appleBaseURL(source)
+    }
+
+    package static func appleBaseURL(_ source: ConfigurationSource) throws(ConfigurationError) -> URL {
+        let text = try source.string("SIWA_APPLE_BASE_URL") ?? "https://appleid.apple.com"
+        guard let url = URL(string: text.hasSuffix("/") ? String(text.dropLast()) : text),
+            let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil
+        else {
+            throw ConfigurationError(variable: "SIWA_APPLE_BASE_URL", problem: "expected an http(s) URL, got \"\(text)\"")
+        }
+        return url
+    }
+
+    /// `DATABASE_URL` as libpq takes it: a `postgres://` / `postgresql://` URI or `key=value` conninfo.
+    package static func databaseURL(_ source: ConfigurationSource) throws(ConfigurationError) -> String {
+        let value = try source.require("DATABASE_URL")
+        let looksLikeURI = value.hasPrefix("postgres://") || value.hasPrefix("postgresql://")
+        let looksLikeConninfo = value.contains("=")
+        guard looksLikeURI || looksLikeConninfo else {
+            throw ConfigurationError(
+                variable: "DATABASE_URL", problem: "expected a postgresql:// URI or key=value conninfo")
+        }
+        return value
+    }
+
+    package static func clientIDs(_ source: ConfigurationSource) throws(ConfigurationError) -> [String] {
+        guard let ids = try source.list("SIWA_CLIENT_IDS") else {
+            throw ConfigurationError(
+                variable: "SIWA_CLIENT_IDS", problem: "is required (comma-separated bundle IDs / Services IDs)")
+        }
+        return ids
+    }
+}

@@ -1,0 +1,144 @@
+import Foundation
+
+/// A missing or invalid setting. Executables print `description` as their one stderr line and
+/// exit with status 2, before anything is started.
+package struct ConfigurationError: Error, CustomStringConvertible, Equatable {
+    package var variable: String
+    package var problem: String
+
+    package init(variable: String, problem: String) {
+        self.variable = variable
+        self.problem = problem
+    }
+
+    package var description: String { "\(variable): \(problem)" }
+}
+
+/// Settings from the environment, each also accepted as a `--kebab-case` flag (the flag wins):
+/// `DATABASE_URL` is `--database-url`. Anything else on the command line is positional.
+///
+/// A variable `X` may also be given as `X_FILE`, the path of a file holding the value (systemd's
+/// `LoadCredential`, Kubernetes secret volumes), so secrets need not sit in the environment.
+package struct ConfigurationSource: Sendable {
+    package private(set) var positional: [String] = []
+    private var flags: [String: String] = [:]
+    private var switches: Set<String> = []
+    private let environment: [String: String]
+
+    /// - Parameter booleanFlags: flags that take no value (`--json`).
+    package init(
+        arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment,
+        booleanFlags: Set<String> = []
+    ) throws(ConfigurationError) {
+        self.environment = environment
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            index += 1
+            guard argument.hasPrefix("--"), argument.count > 2 else {
+                positional.append(argument)
+                continue
+            }
+            let body = argument.dropFirst(2)
+            if let equals = body.firstIndex(of: "=") {
+                flags[String(body[..<equals])] = String(body[body.index(after: equals)...])
+            } else if booleanFlags.contains(String(body)) {
+                switches.insert(String(body))
+            } else {
+                guard index < arguments.count else {
+                    throw ConfigurationError(variable: argument, problem: "expects a value")
+                }
+                flags[String(body)] = arguments[index]
+                index += 1
+            }
+        }
+    }
+
+    package static func flagName(for variable: String) -> String {
+        variable.lowercased().replacingOccurrences(of: "_", with: "-")
+    }
+
+    /// Flags given that no lookup asked for: caught so a typo is an error, not a silent default.
+    package func unknownFlags(known variables: [String]) -> [String] {
+        let knownFlags = Set(variables.map(Self.flagName(for:)))
+        return flags.keys.filter { !knownFlags.contains($0) }.sorted()
+    }
+
+    package func isSet(switch name: String) -> Bool { switches.contains(name) }
+
+    /// The raw value: flag, then environment, then `X_FILE` (trailing newline trimmed). Empty counts as unset.
+    package func string(_ variable: String) throws(ConfigurationError) -> String? {
+        if let flag = flags[Self.flagName(for: variable)], !flag.isEmpty { return flag }
+        if let value = environment[variable], !value.isEmpty { return value }
+        if let path = flags[Self.flagName(for: variable + "_FILE")] ?? environment[variable + "_FILE"], !path.isEmpty {
+            guard let data = FileManager.default.contents(atPath: path),
+                let text = String(data: data, encoding: .utf8)
+            else {
+                throw ConfigurationError(variable: variable + "_FILE", problem: "cannot read \(path)")
+            }
+            let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
+            return trimmed.isEmpty ? nil : trimmed
+        }
+        return nil
+    }
+
+    package func require(_ variable: String) throws(ConfigurationError) -> String {
+        guard let value = try string(variable) else {
+            throw ConfigurationError(variable: variable, problem: "is required")
+        }
+        return value
+    }
+
+    package func integer(_ variable: String, default fallback: Int, range: ClosedRange<Int>) throws(ConfigurationError)
+        -> Int
+    {
+        guard let text = try string(variable) else { return fallback }
+        guard let value = Int(text), range.contains(value) else {
+            throw ConfigurationError(
+                variable: variable,
+                problem: "expected a whole number from \(range.lowerBound) to \(range.upperBound), got \"\(text)\"")
+        }
+        return value
+    }
+
+    package func listenAddress(_ variable: String, default fallback: String) throws(ConfigurationError)
+        -> ListenAddress
+    {
+        let text = try string(variable) ?? fallback
+        guard let address = ListenAddress(text) else {
+            throw ConfigurationError(variable: variable, problem: "expected host:port (e.g. 0.0.0.0:8080), got \"\(text)\"")
+        }
+        return address
+    }
+
+    /// Comma-separated, trimmed, non-empty items.
+    package func list(_ variable: String) throws(ConfigurationError) -> [String]? {
+        guard let text = try string(variable) else { return nil }
+        let items = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        return items.isEmpty ? nil : items
+    }
+}
+
+/// `host:port` for a listener. IPv6 hosts are written in brackets: `[::1]:8080`.
+package struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
+    package var host: String
+    package var port: Int
+
+    package init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    package init?(_ text: String) {
+        guard let colon = text.lastIndex(of: ":") else { return nil }
+        var host = String(text[..<colon])
+        guard let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port), !host.isEmpty else {
+            return nil
+        }
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        self.host = host
+        self.port = port
+    }
+
+    package var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import SiwaCore
+import Testing
+
+@Suite struct ConfigurationSourceTests {
+    @Test func flagWinsOverEnvironment() throws {
+        let source = try ConfigurationSource(
+            arguments: ["--siwa-listen", "127.0.0.1:9", "--database-url=postgres://x"],
+            environment: ["SIWA_LISTEN": "0.0.0.0:80", "DATABASE_URL": "postgres://env"])
+        #expect(try source.string("SIWA_LISTEN") == "127.0.0.1:9")
+        #expect(try source.string("DATABASE_URL") == "postgres://x")
+    }
+
+    @Test func fileVariantIsReadAndTrimmed() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cfg-\(UUID())").path
+        try "postgres://from-file\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let source = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL_FILE": path])
+        #expect(try source.string("DATABASE_URL") == "postgres://from-file")
+    }
+
+    @Test func unreadableFileNamesTheVariable() throws {
+        let source = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL_FILE": "/nonexistent/x"])
+        #expect(throws: ConfigurationError(variable: "DATABASE_URL_FILE", problem: "cannot read /nonexistent/x")) {
+            try source.string("DATABASE_URL")
+        }
+    }
+
+    @Test func badIntegerNamesRangeAndValue() throws {
+        let source = try ConfigurationSource(arguments: [], environment: ["SIWA_WORKER_CONCURRENCY": "many"])
+        do {
+            _ = try source.integer("SIWA_WORKER_CONCURRENCY", default: 4, range: 1...256)
+            Issue.record("accepted a bad integer")
+        } catch {
+            #expect(error.variable == "SIWA_WORKER_CONCURRENCY")
+            #expect(error.description.contains("\"many\""))
+        }
+    }
+
+    @Test(arguments: ["8080", "host:", ":80", "h:99999", "h:-1"])
+    func badListenAddressesAreRejected(text: String) {
+        #expect(ListenAddress(text) == nil)
+    }
+
+    @Test func listenAddressForms() {
+        #expect(ListenAddress("0.0.0.0:8080") == ListenAddress(host: "0.0.0.0", port: 8080))
+        #expect(ListenAddress("[::1]:9090") == ListenAddress(host: "::1", port: 9090))
+    }
+
+    @Test func missingValueAfterFlagIsAnError() {
+        #expect(throws: ConfigurationError.self) { try ConfigurationSource(arguments: ["--siwa-listen"], environment: [:]) }
+    }
+
+    @Test func unknownFlagsAreReported() throws {
+        let source = try ConfigurationSource(arguments: ["--siwa-lisen", "x"], environment: [:])
+        #expect(source.unknownFlags(known: ["SIWA_LISTEN"]) == ["siwa-lisen"])
+    }
+
+    @Test func databaseURLShapeIsChecked() throws {
+        let bad = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "mysql-ish"])
+        #expect(throws: ConfigurationError.self) { try CommonSettings.databaseURL(bad) }
+        let good = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "host=/tmp dbname=x"])
+        #expect(try CommonSettings.databaseURL(good) == "host=/tmp dbname=x")
+    }
+}
+
+@Suite struct EmbeddedMigrationsTests {
+    /// The binary carries sql/*.sql; this fails when someone edits one without re-running
+    /// deploy/scripts/embed-sql.sh.
+    @Test func embeddedMigrationsMatchSQLFolder() throws {
+        let folder = URL(fileURLWithPath: #filePath)
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("sql")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path)
+            .filter { $0.range(of: #"^\d{3}_.*\.sql$"#, options: .regularExpression) != nil }.sorted()
+        #expect(files.map { String($0.dropLast(4)) } == Migration.embedded.map(\.name))
+        for (file, migration) in zip(files, Migration.embedded) {
+            let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
+            let normalised = text.split(separator: "\n", omittingEmptySubsequences: false)
+                .map { $0.replacingOccurrences(of: #"\s+$"#, with: "", options: .regularExpression) }
+                .joined(separator: "\n").trimmingCharacters(in: .newlines)
+            #expect(migration.sql.trimmingCharacters(in: .newlines) == normalised, "\(file) drifted: run deploy/scripts/embed-sql.sh")
+            #expect(migration.version == Int(file.prefix(3)))
+        }
+    }
+}
+
+@Suite struct MetricsRegistryTests {
+    @Test func rendersCountersAndHistogramsInPrometheusText() {
+        let registry = MetricsRegistry()
+        let ok = registry.counter("siwa_requests_total", help: "Requests.", labels: ["status": "200"])
+        let bad = registry.counter("siwa_requests_total", help: "Requests.", labels: ["status": "401"])
+        let latency = registry.histogram("siwa_commit_seconds", help: "Commit.", buckets: [0.01, 0.1])
+        ok.increment(by: 3)
+        bad.increment()
+        latency.observe(0.005)
+        latency.observe(0.05)
+        latency.observe(5)
+        let text = registry.render()
+        #expect(text.components(separatedBy: "# TYPE siwa_requests_total counter").count == 2)
+        #expect(text.contains("siwa_requests_total{status=\"200\"} 3\n"))
+        #expect(text.contains("siwa_requests_total{status=\"401\"} 1\n"))
+        #expect(text.contains("siwa_commit_seconds_bucket{le=\"0.01\"} 1\n"))
+        #expect(text.contains("siwa_commit_seconds_bucket{le=\"0.1\"} 2\n"))
+        #expect(text.contains("siwa_commit_seconds_bucket{le=\"+Inf\"} 3\n"))
+        #expect(text.contains("siwa_commit_seconds_count 3\n"))
+    }
+}
