@@ -1,0 +1,155 @@
+package import CryptoCore
+package import Foundation
+package import Logging
+import JOSE
+package import SiwaCore
+import Synchronization
+
+/// Apple's signing keys (`{base}/auth/keys`), cached.
+///
+/// Lookups of a known `kid` are a lock and a dictionary read, cheap enough for every request. An
+/// unknown `kid` triggers one refetch, single-flighted and rate-limited so no stream of forged
+/// tokens can make us hammer Apple. When Apple is unreachable the last good set keeps serving.
+package final class AppleKeySet: Sendable {
+    package enum Lookup: Sendable {
+        case found(RSA.PublicKey)
+        /// Apple's current set does not have this kid: the token is not Apple's (401).
+        case unknownKey
+        /// We could not ask Apple and have no such key: try again later (503).
+        case unavailable
+    }
+
+    private struct State {
+        var keys: [String: RSA.PublicKey] = [:]
+        var fetchedAt: Date?
+        var lastAttemptAt: Date?
+        var lastAttemptFailed = false
+        var inFlight: Task<Bool, Never>?
+    }
+
+    private let http: AppleHTTP
+    private let logger: Logger
+    private let minimumRefetchInterval: Duration
+    private let state = Mutex(State())
+    package let refreshes: Counter?
+    package let refreshFailures: Counter?
+
+    package init(
+        http: AppleHTTP, logger: Logger, minimumRefetchInterval: Duration = .seconds(10),
+        metrics: MetricsSink? = nil
+    ) {
+        self.http = http
+        self.logger = logger
+        self.minimumRefetchInterval = minimumRefetchInterval
+        self.refreshes = metrics?.refreshes
+        self.refreshFailures = metrics?.failures
+    }
+
+    /// Counters for `/metrics`, owned by the caller's registry.
+    package struct MetricsSink: Sendable {
+        package var refreshes: Counter
+        package var failures: Counter
+        package init(refreshes: Counter, failures: Counter) {
+            self.refreshes = refreshes
+            self.failures = failures
+        }
+    }
+
+    package var hasKeys: Bool { state.withLock { !$0.keys.isEmpty } }
+    package var keyIDs: [String] { state.withLock { $0.keys.keys.sorted() } }
+    /// Seconds since the last successful fetch, for `/metrics`.
+    package var age: Double? { state.withLock { $0.fetchedAt.map { Date().timeIntervalSince($0) } } }
+
+    /// The cached key, without waiting: nil when the kid is not cached.
+    package func cachedKey(_ keyID: String) -> RSA.PublicKey? {
+        state.withLock { $0.keys[keyID] }
+    }
+
+    /// The key for `keyID`, refetching once if it is not cached.
+    package func key(_ keyID: String) async -> Lookup {
+        if let key = cachedKey(keyID) { return .found(key) }
+        let fetched = await refresh(force: false)
+        return state.withLock { state in
+            if let key = state.keys[keyID] { return .found(key) }
+            // A failed or skipped fetch with the last attempt failing means we don't know.
+            if !fetched && (state.lastAttemptFailed || state.keys.isEmpty) { return .unavailable }
+            return .unknownKey
+        }
+    }
+
+    /// Fetches the set unless one was fetched (or tried) within the minimum interval; concurrent
+    /// callers share one fetch. Returns whether this call saw a successful fetch.
+    @discardableResult
+    package func refresh(force: Bool) async -> Bool {
+        let task: Task<Bool, Never>? = state.withLock { state in
+            if let inFlight = state.inFlight { return inFlight }
+            if !force, let last = state.lastAttemptAt,
+                Date().timeIntervalSince(last) < minimumRefetchInterval.seconds
+            {
+                return nil
+            }
+            state.lastAttemptAt = Date()
+            let fetch = Task { await self.fetch() }
+            state.inFlight = fetch
+            return fetch
+        }
+        guard let task else { return false }
+        return await task.value
+    }
+
+    private func fetch() async -> Bool {
+        refreshes?.increment()
+        var succeeded = false
+        defer {
+            let ok = succeeded
+            state.withLock { state in
+                state.inFlight = nil
+                state.lastAttemptFailed = !ok
+            }
+            if !ok { refreshFailures?.increment() }
+        }
+        do {
+            let response = try await http.get("auth/keys")
+            guard response.status == 200 else {
+                logger.warning("Apple key set fetch answered \(response.status)", metadata: ["http.status": .int(response.status)])
+                return false
+            }
+            let keys = try JSONWebKeySet(jsonBytes: response.body).rs256Keys()
+            guard !keys.isEmpty else {
+                logger.warning("Apple key set has no RS256 RSA key; keeping the last good set")
+                return false
+            }
+            state.withLock { state in
+                state.keys = keys
+                state.fetchedAt = Date()
+            }
+            succeeded = true
+            logger.info("Apple key set loaded", metadata: ["jwks.kids": .string(keys.keys.sorted().joined(separator: ","))])
+            return true
+        } catch {
+            logger.warning("Apple key set fetch failed; keeping the last good set", metadata: ["error": "\(error)"])
+            return false
+        }
+    }
+
+    /// Keeps the set fresh: fetches at start (retrying quickly until the first success), then hourly.
+    package func run() async {
+        var delay = Duration.seconds(1)
+        while !Task.isCancelled {
+            let ok = await refresh(force: true)
+            if ok {
+                delay = .seconds(1)
+                try? await Task.sleep(for: .seconds(3600))
+            } else {
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(60))
+            }
+        }
+    }
+}
+
+extension Duration {
+    package var seconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
+}

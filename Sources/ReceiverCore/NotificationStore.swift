@@ -1,0 +1,279 @@
+import Foundation
+package import Logging
+import Postgres
+package import SiwaCore
+import Synchronization
+
+/// Stores verified notifications with group commit: concurrent requests share one INSERT, one
+/// transaction and one WAL flush, and each is answered only after that COMMIT.
+///
+/// A few committer threads each own one connection (libpq calls block, and one connection serves
+/// one thread at a time). Whatever queued while a commit was in flight becomes the next batch, so
+/// batches grow with load on their own and no request waits for a timer.
+///
+/// The INSERT writes the notification rows; a statement trigger writes their jobs in the same
+/// statement, so both commit or neither does. `ON CONFLICT (jti) DO NOTHING` makes a redelivery a
+/// no-op that is still answered 200.
+package final class NotificationStore: Sendable {
+    package enum Outcome: Sendable, Equatable {
+        /// Committed now, or already stored (a duplicate `jti`).
+        case stored
+        case rejected(Rejection)
+    }
+
+    package struct Options: Sendable {
+        package var committers: Int = 4
+        package var maxBatch: Int = 256
+        /// Requests waiting for a commit beyond this are shed with 503 rather than queued without bound.
+        package var maxPending: Int = 4096
+        /// After a failed connect, fail fast for this long instead of stalling every request on it.
+        package var reconnectBackoff: Duration = .milliseconds(500)
+        package init() {}
+    }
+
+    package struct Metrics: Sendable {
+        package var commitSeconds: Histogram
+        package var batchSize: Histogram
+        package var duplicates: Counter
+        package var stored: Counter
+    }
+
+    private struct Pending: Sendable {
+        var notification: VerifiedNotification
+        var respond: @Sendable (Outcome) -> Void
+    }
+
+    private struct State {
+        var queue: [Pending] = []
+        var running = true
+        var databaseDownUntil: ContinuousClock.Instant?
+        var lastSuccess: ContinuousClock.Instant?
+        var rejectionCounts: [String: Int] = [:]
+    }
+
+    private let conninfo: String
+    private let options: Options
+    private let logger: Logger
+    private let metrics: Metrics?
+    private let state = Mutex(State())
+    private let wakeUp = NSCondition()
+    private let stopped = Atomic<Int>(0)
+    private let threadsDone = DispatchSemaphore(value: 0)
+
+    package init(conninfo: String, options: Options = Options(), logger: Logger, metrics: Metrics? = nil) {
+        self.conninfo = conninfo
+        self.options = options
+        self.logger = logger
+        self.metrics = metrics
+    }
+
+    package func start() {
+        for index in 0..<options.committers {
+            let thread = Thread { [self] in
+                commitLoop(index: index)
+                threadsDone.signal()
+            }
+            thread.name = "siwa-commit-\(index)"
+            thread.stackSize = 512 * 1024
+            thread.start()
+        }
+    }
+
+    /// Finishes what is queued, then stops the committers (bounded by `grace`).
+    package func stop(grace: Duration = .seconds(10)) {
+        state.withLock { $0.running = false }
+        wakeUp.lock()
+        wakeUp.broadcast()
+        wakeUp.unlock()
+        let deadline = DispatchTime.now() + .milliseconds(Int(grace.seconds * 1000))
+        for _ in 0..<options.committers { _ = threadsDone.wait(timeout: deadline) }
+        // Anything still queued was never committed: say so rather than leave it hanging.
+        let leftovers = state.withLock { state in
+            defer { state.queue.removeAll() }
+            return state.queue
+        }
+        for item in leftovers { item.respond(.rejected(.shuttingDown)) }
+    }
+
+    /// Whether a commit succeeded recently (for `/readyz`).
+    package var isDatabaseReachable: Bool {
+        state.withLock { state in
+            guard let last = state.lastSuccess else { return false }
+            return ContinuousClock.now - last < .seconds(15)
+        }
+    }
+
+    package var pendingCount: Int { state.withLock { $0.queue.count } }
+
+    /// Queues one notification; `respond` is called exactly once, from a committer thread.
+    package func submit(_ notification: VerifiedNotification, respond: @escaping @Sendable (Outcome) -> Void) {
+        let refusal: Rejection? = state.withLock { state in
+            guard state.running else { return .shuttingDown }
+            if let downUntil = state.databaseDownUntil, ContinuousClock.now < downUntil { return .databaseUnavailable }
+            guard state.queue.count < options.maxPending else { return .overloaded }
+            state.queue.append(Pending(notification: notification, respond: respond))
+            return nil
+        }
+        if let refusal {
+            respond(.rejected(refusal))
+            return
+        }
+        wakeUp.lock()
+        wakeUp.signal()
+        wakeUp.unlock()
+    }
+
+    /// Counts a rejected request for `siwa status` (flushed to `siwa.rejections` by a committer).
+    package func countRejection(_ rejection: Rejection) {
+        state.withLock { $0.rejectionCounts[rejection.code, default: 0] += 1 }
+    }
+
+    // MARK: - Committer threads
+
+    private func commitLoop(index: Int) {
+        var connection: PostgresConnection?
+        var lastFlush = ContinuousClock.now
+        while true {
+            let batch = nextBatch()
+            guard let batch else { break }  // stopped and drained
+            if connection == nil || connection?.isUsable == false {
+                connection?.close()
+                connection = connect()
+            }
+            guard let connection else {
+                for item in batch { item.respond(.rejected(.databaseUnavailable)) }
+                continue
+            }
+            if !batch.isEmpty { commit(batch, on: connection) }
+            // Committer 0 flushes rejection counters and, when idle, proves the database is there.
+            if index == 0, ContinuousClock.now - lastFlush > .seconds(5) {
+                flushRejections(on: connection)
+                lastFlush = ContinuousClock.now
+            }
+        }
+        if let connection {
+            flushRejections(on: connection)
+            connection.close()
+        }
+    }
+
+    /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.
+    private func nextBatch() -> [Pending]? {
+        wakeUp.lock()
+        defer { wakeUp.unlock() }
+        while true {
+            let (batch, running) = state.withLock { state -> ([Pending], Bool) in
+                let count = min(state.queue.count, options.maxBatch)
+                let batch = Array(state.queue.prefix(count))
+                state.queue.removeFirst(count)
+                return (batch, state.running)
+            }
+            if !batch.isEmpty { return batch }
+            if !running { return nil }
+            if !wakeUp.wait(until: Date().addingTimeInterval(5)) { return [] }
+        }
+    }
+
+    private func connect() -> PostgresConnection? {
+        do {
+            let connection = try PostgresConnection.connectBlocking(
+                to: conninfo, applicationName: "siwa-receiver", logger: logger)
+            state.withLock { $0.databaseDownUntil = nil }
+            return connection
+        } catch {
+            logger.error("database unreachable; answering 503 until it is back", metadata: ["error": "\(error)"])
+            state.withLock { $0.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
+            return nil
+        }
+    }
+
+    private static let insertSQL = """
+        INSERT INTO siwa.notifications
+            (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+        SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8), nullif(email, ''),
+               nullif(private, '')::boolean, claims::jsonb, jws
+          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                      $8::text[], $9::text[])
+            AS t(jti, client_id, sub, event_type, event_time, email, private, claims, jws)
+        ON CONFLICT (jti) DO NOTHING
+        """
+
+    private func insertQuery(_ items: some Collection<Pending>) -> PostgresQuery {
+        var columns = Array(repeating: [String](), count: 9)
+        for index in columns.indices { columns[index].reserveCapacity(items.count) }
+        for item in items {
+            let verified = item.notification
+            let event = verified.notification.event
+            columns[0].append(verified.notification.jti)
+            columns[1].append(verified.clientID)
+            columns[2].append(event.sub)
+            columns[3].append(event.type.rawValue)
+            columns[4].append(String(format: "%.3f", event.time.timeIntervalSince1970))
+            columns[5].append(event.email ?? "")
+            columns[6].append(event.isPrivateEmail.map { $0 ? "t" : "f" } ?? "")
+            columns[7].append(verified.claimsJSON)
+            columns[8].append(verified.jws)
+        }
+        var binds = PostgresBindings(capacity: 9)
+        for column in columns { binds.append(column) }
+        return PostgresQuery(unsafeSQL: Self.insertSQL, binds: binds)
+    }
+
+    private func commit(_ batch: [Pending], on connection: PostgresConnection) {
+        let started = ContinuousClock.now
+        do {
+            let inserted = try connection.executeBlocking(insertQuery(batch))
+            recordSuccess(batchSize: batch.count, inserted: inserted, since: started)
+            for item in batch { item.respond(.stored) }
+        } catch let error as PostgresError where error.isConnectionProblem || !connection.isUsable {
+            // The COMMIT's fate is unknown; 503 makes the sender retry, and the jti makes that safe.
+            logger.error("database connection lost during commit", metadata: ["error": "\(error)"])
+            state.withLock { $0.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
+            for item in batch { item.respond(.rejected(.databaseUnavailable)) }
+        } catch {
+            // A data error in one row fails the whole statement: retry one by one so only that row is refused.
+            logger.warning("batch insert failed; isolating rows", metadata: ["error": "\(error)", "batch.size": .int(batch.count)])
+            guard batch.count > 1 else {
+                batch[0].respond(.rejected(Rejection(status: 400, code: "claims_not_storable")))
+                return
+            }
+            for item in batch { commit([item], on: connection) }
+        }
+    }
+
+    private func recordSuccess(batchSize: Int, inserted: Int, since started: ContinuousClock.Instant) {
+        let elapsed = ContinuousClock.now - started
+        state.withLock { $0.lastSuccess = .now }
+        metrics?.commitSeconds.observe(elapsed.seconds)
+        metrics?.batchSize.observe(Double(batchSize))
+        metrics?.stored.increment(by: inserted)
+        metrics?.duplicates.increment(by: batchSize - inserted)
+    }
+
+    private func flushRejections(on connection: PostgresConnection) {
+        let counts = state.withLock { state in
+            defer { state.rejectionCounts.removeAll() }
+            return state.rejectionCounts
+        }
+        do {
+            _ = try connection.executeBlocking("SELECT 1")
+            state.withLock { $0.lastSuccess = .now }
+            guard !counts.isEmpty else { return }
+            var binds = PostgresBindings(capacity: 2)
+            binds.append(Array(counts.keys))
+            binds.append(counts.keys.map { Int64(counts[$0]!) })
+            _ = try connection.executeBlocking(
+                PostgresQuery(
+                    unsafeSQL: """
+                        INSERT INTO siwa.rejections (minute, reason, count)
+                        SELECT date_trunc('minute', now()), reason, n FROM unnest($1::text[], $2::bigint[]) AS t(reason, n)
+                        ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + excluded.count
+                        """, binds: binds))
+        } catch {
+            state.withLock { state in
+                for (reason, count) in counts { state.rejectionCounts[reason, default: 0] += count }
+            }
+            logger.debug("rejection counters not flushed", metadata: ["error": "\(error)"])
+        }
+    }
+}

@@ -1,0 +1,158 @@
+import AppleClient
+import CryptoCore
+package import Foundation
+import JOSE
+package import SiwaCore
+
+/// Why a request is refused: the HTTP status and the stable error code put in the body and in
+/// the `reason` label of the metrics. Never carries token content.
+package struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
+    package var status: Int
+    package var code: String
+
+    package init(status: Int, code: String) {
+        self.status = status
+        self.code = code
+    }
+
+    package var description: String { "\(status) \(code)" }
+
+    // 400: the request is not a well-formed notification.
+    package static let bodyNotJSON = Rejection(status: 400, code: "body_not_json")
+    package static let payloadMissing = Rejection(status: 400, code: "payload_missing")
+    package static let jwsMalformed = Rejection(status: 400, code: "jws_malformed")
+    // 401: well-formed, but not from Apple for us.
+    package static let algorithmNotAllowed = Rejection(status: 401, code: "alg_not_allowed")
+    package static let unknownKey = Rejection(status: 401, code: "unknown_kid")
+    package static let badSignature = Rejection(status: 401, code: "bad_signature")
+    package static let wrongIssuer = Rejection(status: 401, code: "wrong_issuer")
+    package static let wrongAudience = Rejection(status: 401, code: "wrong_audience")
+    package static let expired = Rejection(status: 401, code: "expired")
+    // 503: we cannot decide or store now; Apple (or whoever) may try again.
+    package static let keysUnavailable = Rejection(status: 503, code: "keys_unavailable")
+    package static let databaseUnavailable = Rejection(status: 503, code: "database_unavailable")
+    package static let overloaded = Rejection(status: 503, code: "overloaded")
+    package static let shuttingDown = Rejection(status: 503, code: "shutting_down")
+
+    package static func decoding(_ error: NotificationDecodingError) -> Rejection {
+        Rejection(status: 400, code: error.code)
+    }
+
+    /// Every code, for pre-registering metric series (so hostile input cannot add series).
+    package static let allCodes: [Rejection] = [
+        .bodyNotJSON, .payloadMissing, .jwsMalformed, .algorithmNotAllowed, .unknownKey, .badSignature,
+        .wrongIssuer, .wrongAudience, .expired, .keysUnavailable, .databaseUnavailable, .overloaded, .shuttingDown,
+        .decoding(.claimsNotJSON()), .decoding(.missingClaim("")), .decoding(.eventsMissing()),
+        .decoding(.eventsMalformed("")), Rejection(status: 400, code: "claims_not_storable"),
+    ]
+}
+
+/// A notification whose signature and claims checked out, ready to store.
+package struct VerifiedNotification: Sendable {
+    package var notification: AppleNotification
+    /// The `aud` that matched `SIWA_CLIENT_IDS`.
+    package var clientID: String
+    /// The compact JWS as received (stored for audit and replay).
+    package var jws: String
+    /// The JWS payload, stored as `claims jsonb`.
+    package var claimsJSON: String
+}
+
+/// Turns a request body into a verified notification or a rejection, in the contract's order:
+/// structure (400) → algorithm, key, signature (401) → claims (400/401).
+package struct NotificationVerifier: Sendable {
+    package enum Step: Sendable {
+        case verified(VerifiedNotification)
+        case rejected(Rejection)
+        /// The key is not cached: finish with `verify(body:)` off the request thread.
+        case needsKey(String)
+    }
+
+    private let clientIDs: Set<String>
+    private let keys: AppleKeySet
+    private let now: @Sendable () -> Date
+    /// Tolerated clock difference when checking `exp`.
+    private let leeway: TimeInterval
+
+    package init(
+        clientIDs: some Sequence<String>, keys: AppleKeySet, leeway: TimeInterval = 60,
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) {
+        self.clientIDs = Set(clientIDs)
+        self.keys = keys
+        self.leeway = leeway
+        self.now = now
+    }
+
+    /// Verification without waiting: uses only cached keys.
+    package func verifyCached(body: [UInt8]) -> Step {
+        let token: CompactJWS
+        let jwsText: String
+        switch Self.parse(body: body) {
+        case .failure(let rejection): return .rejected(rejection)
+        case .success(let parsed): (token, jwsText) = parsed
+        }
+        // Pinned before any key is touched: `none`, `HS256` (keyed with the RSA public key, the
+        // classic confusion), `RS512`, anything but RS256 is refused.
+        guard token.algorithm == "RS256" else { return .rejected(.algorithmNotAllowed) }
+        guard let keyID = token.keyID, !keyID.isEmpty else { return .rejected(.unknownKey) }
+        guard let key = keys.cachedKey(keyID) else { return .needsKey(keyID) }
+        return .verifiedOrRejected(check(token, jws: jwsText, key: key))
+    }
+
+    /// Full verification, fetching Apple's keys once if the token names a kid we have not seen.
+    package func verify(body: [UInt8]) async -> Result<VerifiedNotification, Rejection> {
+        switch verifyCached(body: body) {
+        case .verified(let verified): return .success(verified)
+        case .rejected(let rejection): return .failure(rejection)
+        case .needsKey(let keyID):
+            switch await keys.key(keyID) {
+            case .unknownKey: return .failure(.unknownKey)
+            case .unavailable: return .failure(.keysUnavailable)
+            case .found(let key):
+                guard case .success(let (token, jwsText)) = Self.parse(body: body) else { return .failure(.jwsMalformed) }
+                return check(token, jws: jwsText, key: key)
+            }
+        }
+    }
+
+    static func parse(body: [UInt8]) -> Result<(CompactJWS, String), Rejection> {
+        guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
+            return .failure(.bodyNotJSON)
+        }
+        guard let payload = object["payload"] as? String else { return .failure(.payloadMissing) }
+        guard let token = try? CompactJWS(parsing: payload) else { return .failure(.jwsMalformed) }
+        return .success((token, payload))
+    }
+
+    private func check(_ token: CompactJWS, jws: String, key: RSA.PublicKey) -> Result<VerifiedNotification, Rejection> {
+        guard key.isValidRS256Signature(token.signatureBytes, for: token.signingInput) else {
+            return .failure(.badSignature)
+        }
+        let notification: AppleNotification
+        do {
+            notification = try AppleNotification(claims: token.payloadBytes)
+        } catch {
+            return .failure(.decoding(error))
+        }
+        // The issuer stays Apple's whatever SIWA_APPLE_BASE_URL points at.
+        guard notification.issuer == AppleNotification.appleIssuer else { return .failure(.wrongIssuer) }
+        guard let clientID = notification.audiences.first(where: clientIDs.contains) else {
+            return .failure(.wrongAudience)
+        }
+        if let expiresAt = notification.expiresAt, expiresAt.addingTimeInterval(leeway) < now() {
+            return .failure(.expired)
+        }
+        let claims = String(decoding: token.payloadBytes, as: UTF8.self)
+        return .success(VerifiedNotification(notification: notification, clientID: clientID, jws: jws, claimsJSON: claims))
+    }
+}
+
+extension NotificationVerifier.Step {
+    fileprivate static func verifiedOrRejected(_ result: Result<VerifiedNotification, Rejection>) -> Self {
+        switch result {
+        case .success(let verified): .verified(verified)
+        case .failure(let rejection): .rejected(rejection)
+        }
+    }
+}

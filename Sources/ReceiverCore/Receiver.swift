@@ -1,0 +1,74 @@
+import AppleClient
+import Foundation
+package import HTTPServer
+package import Logging
+package import SiwaCore
+
+/// The running receiver: Apple's key set, the group-commit store, and the HTTP listener.
+package final class Receiver: Sendable {
+    package let configuration: ReceiverConfiguration
+    package let metrics = MetricsRegistry()
+    private let logger: Logger
+    private let keys: AppleKeySet
+    private let store: NotificationStore
+    private let server: HTTPServer
+
+    package init(configuration: ReceiverConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+        let http = AppleHTTP(baseURL: configuration.appleBaseURL, timeout: .seconds(5))
+        keys = AppleKeySet(
+            http: http, logger: logger,
+            metrics: .init(
+                refreshes: metrics.counter("siwa_receiver_jwks_refreshes_total", help: "Fetches of Apple's key set."),
+                failures: metrics.counter(
+                    "siwa_receiver_jwks_refresh_failures_total", help: "Failed fetches of Apple's key set.")))
+        var storeOptions = NotificationStore.Options()
+        storeOptions.committers = configuration.databaseConnections
+        storeOptions.maxPending = configuration.maxPending
+        store = NotificationStore(
+            conninfo: configuration.databaseURL, options: storeOptions, logger: logger,
+            metrics: .init(
+                commitSeconds: metrics.histogram(
+                    "siwa_receiver_commit_seconds", help: "Time from a batch's INSERT to its COMMIT."),
+                batchSize: metrics.histogram(
+                    "siwa_receiver_commit_batch_size", help: "Notifications per group commit.",
+                    buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256]),
+                duplicates: metrics.counter(
+                    "siwa_receiver_duplicates_total", help: "Verified notifications whose jti was already stored."),
+                stored: metrics.counter("siwa_receiver_stored_total", help: "Notifications newly stored.")))
+        let handler = ReceiverHandler(
+            notificationPath: configuration.notificationPath,
+            verifier: NotificationVerifier(clientIDs: configuration.clientIDs, keys: keys),
+            store: store, keys: keys, metrics: metrics, logger: logger)
+        server = HTTPServer(
+            configuration: .init(
+                host: configuration.listen.host, port: configuration.listen.port,
+                threadCount: configuration.httpThreads, connectionLimit: configuration.connectionLimit,
+                connectionTimeout: .seconds(10), maxBodyBytes: 64 * 1024),
+            handler: handler, logger: logger)
+    }
+
+    package var port: Int { server.port }
+
+    /// Runs until SIGTERM/SIGINT: stop accepting, finish in-flight commits, stop.
+    package func run() async throws {
+        store.start()
+        try server.start()
+        logger.info(
+            "siwa-receiver listening",
+            metadata: [
+                "listen": "\(configuration.listen.host):\(server.port)", "path": .string(configuration.notificationPath),
+                "client_ids": .string(configuration.clientIDs.joined(separator: ",")),
+            ])
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { [keys] in await keys.run() }
+            let signal = await Termination.wait()
+            logger.info("siwa-receiver stopping", metadata: ["signal": .string(signal)])
+            server.stop()
+            store.stop()
+            group.cancelAll()
+        }
+        logger.info("siwa-receiver stopped")
+    }
+}

@@ -1,0 +1,46 @@
+package import Foundation
+package import Logging
+package import SiwaCore
+
+/// `siwa-receiver`'s settings (CONTRACT.md, Configuration). It holds no Apple secrets.
+package struct ReceiverConfiguration: Sendable {
+    package static let variables = [
+        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
+        "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
+        "SIWA_RECEIVER_CONNECTION_LIMIT",
+    ]
+
+    package var databaseURL: String
+    package var clientIDs: [String]
+    package var listen: ListenAddress
+    package var notificationPath: String
+    package var appleBaseURL: URL
+    package var logLevel: Logger.Level
+    /// Tuning beyond the contract, with defaults that fit a 2-core machine.
+    package var httpThreads: Int
+    package var databaseConnections: Int
+    package var maxPending: Int
+    package var connectionLimit: Int
+
+    package init(_ source: ConfigurationSource) throws(ConfigurationError) {
+        if let unknown = source.unknownFlags(known: Self.variables + Self.variables.map { $0 + "_FILE" }).first {
+            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
+        }
+        databaseURL = try CommonSettings.databaseURL(source)
+        clientIDs = try CommonSettings.clientIDs(source)
+        listen = try source.listenAddress("SIWA_LISTEN", default: "0.0.0.0:8080")
+        let path = try source.string("SIWA_NOTIFICATION_PATH") ?? "/apple/notifications"
+        guard path.hasPrefix("/"), !path.contains("?"), !path.contains(" ") else {
+            throw ConfigurationError(variable: "SIWA_NOTIFICATION_PATH", problem: "expected a path starting with /, got \"\(path)\"")
+        }
+        notificationPath = path
+        let common = try CommonSettings(source)
+        appleBaseURL = common.appleBaseURL
+        logLevel = common.logLevel
+        let cores = max(1, ProcessInfo.processInfo.activeProcessorCount)
+        httpThreads = try source.integer("SIWA_RECEIVER_THREADS", default: cores, range: 1...256)
+        databaseConnections = try source.integer("SIWA_RECEIVER_DB_CONNECTIONS", default: 4, range: 1...64)
+        maxPending = try source.integer("SIWA_RECEIVER_MAX_PENDING", default: 4096, range: 1...1_000_000)
+        connectionLimit = try source.integer("SIWA_RECEIVER_CONNECTION_LIMIT", default: 2048, range: 1...100_000)
+    }
+}

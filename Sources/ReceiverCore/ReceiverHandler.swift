@@ -1,0 +1,121 @@
+import AppleClient
+import Foundation
+package import HTTPServer
+import Logging
+package import SiwaCore
+
+/// Routes the receiver's one listener: the notification POST, `/healthz`, `/readyz`, `/metrics`.
+/// Every answer the contract names is decided here, in one place.
+package struct ReceiverHandler: HTTPHandler {
+    private let notificationPath: String
+    private let verifier: NotificationVerifier
+    private let store: NotificationStore
+    private let keys: AppleKeySet
+    private let metrics: MetricsRegistry
+    private let logger: Logger
+    private let responses: [String: Counter]
+    private let verifySeconds: Histogram
+    private let received: Counter
+
+    package init(
+        notificationPath: String, verifier: NotificationVerifier, store: NotificationStore, keys: AppleKeySet,
+        metrics: MetricsRegistry, logger: Logger
+    ) {
+        self.notificationPath = notificationPath
+        self.verifier = verifier
+        self.store = store
+        self.keys = keys
+        self.metrics = metrics
+        self.logger = logger
+        // Series are fixed up front: the reason label comes from a closed set.
+        var responses: [String: Counter] = [:]
+        let help = "Notification requests answered, by status and reason."
+        responses["200 stored"] = metrics.counter(
+            "siwa_receiver_requests_total", help: help, labels: ["status": "200", "reason": "stored"])
+        for rejection in Rejection.allCodes + [
+            Rejection(status: 404, code: "not_found"), Rejection(status: 405, code: "method_not_allowed"),
+        ] {
+            responses["\(rejection.status) \(rejection.code)"] = metrics.counter(
+                "siwa_receiver_requests_total", help: help,
+                labels: ["status": String(rejection.status), "reason": rejection.code])
+        }
+        self.responses = responses
+        self.verifySeconds = metrics.histogram(
+            "siwa_receiver_verify_seconds", help: "Time to parse and verify a notification's JWS.")
+        self.received = metrics.counter("siwa_receiver_received_total", help: "Notification POSTs received.")
+        metrics.gauge("siwa_receiver_pending_commits", help: "Verified notifications waiting for a commit.") {
+            [store] in Double(store.pendingCount)
+        }
+        metrics.gauge("siwa_receiver_jwks_age_seconds", help: "Seconds since Apple's key set was last fetched.") {
+            [keys] in keys.age ?? -1
+        }
+    }
+
+    package func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        switch (request.method, request.path) {
+        case ("POST", notificationPath):
+            receive(request, respond: respond)
+        case (_, notificationPath):
+            respond(reject(Rejection(status: 405, code: "method_not_allowed"), extraHeaders: [("Allow", "POST")]))
+        case ("GET", "/healthz"):
+            respond(.json(#"{"status":"ok"}"#))
+        case ("GET", "/readyz"):
+            let database = store.isDatabaseReachable
+            let keysKnown = keys.hasKeys
+            let body = #"{"database":\#(database),"keys":\#(keysKnown)}"#
+            respond(.json(status: database && keysKnown ? 200 : 503, body))
+        case ("GET", "/metrics"):
+            respond(HTTPResponse(
+                status: 200, headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8")],
+                body: Array(metrics.render().utf8)))
+        default:
+            respond(reject(Rejection(status: 404, code: "not_found")))
+        }
+    }
+
+    private func receive(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        received.increment()
+        let started = ContinuousClock.now
+        switch verifier.verifyCached(body: request.body) {
+        case .verified(let verified):
+            verifySeconds.observe((ContinuousClock.now - started).seconds)
+            store(verified, respond: respond)
+        case .rejected(let rejection):
+            respond(reject(rejection))
+        case .needsKey:
+            // An unseen kid: fetch Apple's keys off the server's threads, then carry on.
+            Task { [self] in
+                switch await verifier.verify(body: request.body) {
+                case .success(let verified): store(verified, respond: respond)
+                case .failure(let rejection): respond(reject(rejection))
+                }
+            }
+        }
+    }
+
+    private func store(_ verified: VerifiedNotification, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        let responses = responses
+        store.submit(verified) { [self] outcome in
+            switch outcome {
+            case .stored:
+                responses["200 stored"]?.increment()
+                respond(.json(#"{"status":"stored"}"#))
+            case .rejected(let rejection):
+                respond(reject(rejection))
+            }
+        }
+    }
+
+    private func reject(_ rejection: Rejection, extraHeaders: [(name: String, value: String)] = []) -> HTTPResponse {
+        responses["\(rejection.status) \(rejection.code)"]?.increment()
+        if rejection.status == 400 || rejection.status == 401 { store.countRejection(rejection) }
+        if rejection.status >= 500 {
+            logger.warning("notification refused", metadata: ["http.status": .int(rejection.status), "reason": .string(rejection.code)])
+        } else {
+            logger.debug("notification refused", metadata: ["http.status": .int(rejection.status), "reason": .string(rejection.code)])
+        }
+        var response = HTTPResponse.json(status: rejection.status, #"{"error":"\#(rejection.code)"}"#)
+        response.headers += extraHeaders
+        return response
+    }
+}
