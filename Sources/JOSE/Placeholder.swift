@@ -1,1 +1,1 @@
-// Placeholder until the module lands.
+// temporary
