@@ -44,9 +44,6 @@ package struct CryptoError: Error, Sendable, CustomStringConvertible {
     }
 
     package var description: String { "CryptoError(\(code)): \(operation): \(message)" }
-
-    /// Convenience for `#expect`-style comparisons.
-    package static let authenticationFailure = Code.authenticationFailure
 }
 
 extension CryptoError {
