@@ -5,6 +5,9 @@ package import CryptoCore
 package enum RS256 {
     package static let algorithm = "RS256"
 
+    /// Lets modules that depend on JOSE but not CryptoCore (ReceiverCore) name and store keys.
+    package typealias PublicKey = RSA.PublicKey
+
     /// Verifies with the key named by the header's `kid`.
     ///
     /// Checks, in order: `alg` is exactly "RS256" (`.unsupportedAlgorithm`, before any key lookup),
