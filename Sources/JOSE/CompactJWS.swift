@@ -1,0 +1,72 @@
+internal import CryptoCore
+internal import Foundation
+
+/// A parsed (not yet verified) JWS in compact serialization: `header.payload.signature`.
+///
+/// Parsing checks structure only. Nothing here is trustworthy until a verifier (`RS256.verify`,
+/// `ES256.verify`) has accepted the signature.
+package struct CompactJWS: Sendable {
+    /// Longest accepted token, in bytes. Apple's notifications are about 1 KB.
+    package static let maximumLength = 64 * 1024
+
+    /// Header `alg`, nil when absent.
+    package let algorithm: String?
+    /// Header `kid`, nil when absent.
+    package let keyID: String?
+    /// Header `typ`, nil when absent.
+    package let type: String?
+    /// Whether the header carries `crit` (RFC 7515 §4.1.11). No extension is supported, so
+    /// verifiers refuse such tokens.
+    package let hasCriticalHeader: Bool
+
+    package let headerBytes: [UInt8]
+    package let payloadBytes: [UInt8]
+    package let signatureBytes: [UInt8]
+    /// ASCII bytes of `header.payload` as they appeared in the token: what the signature covers.
+    package let signingInput: [UInt8]
+
+    /// Parses `compact`. Throws `JOSEError` with code `.malformed`.
+    package init(_ compact: some StringProtocol) throws {
+        let text = String(compact)
+        guard text.utf8.count <= Self.maximumLength else { throw JOSEError.malformed("token too long") }
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { throw JOSEError.malformed("expected three dot-separated parts") }
+        guard let header = Base64URL.decode(parts[0]) else { throw JOSEError.malformed("header is not base64url") }
+        guard let payload = Base64URL.decode(parts[1]) else { throw JOSEError.malformed("payload is not base64url") }
+        guard let signature = Base64URL.decode(parts[2]) else {
+            throw JOSEError.malformed("signature is not base64url")
+        }
+
+        guard let headerObject = Self.jsonObject(header) else {
+            throw JOSEError.malformed("header is not a JSON object")
+        }
+        guard Self.jsonObject(payload) != nil else { throw JOSEError.malformed("payload is not a JSON object") }
+
+        self.algorithm = try Self.optionalString(headerObject, "alg")
+        self.keyID = try Self.optionalString(headerObject, "kid")
+        self.type = try Self.optionalString(headerObject, "typ")
+        self.hasCriticalHeader = headerObject["crit"] != nil
+        self.headerBytes = header
+        self.payloadBytes = payload
+        self.signatureBytes = signature
+        self.signingInput = Array(parts[0].utf8) + [UInt8(ascii: ".")] + Array(parts[1].utf8)
+    }
+
+    /// Decodes the payload (the claims) as `T`. Only meaningful after verification.
+    package func decodePayload<T: Decodable>(as type: T.Type) throws -> T {
+        try JSONDecoder().decode(T.self, from: Data(payloadBytes))
+    }
+
+    private static func jsonObject(_ bytes: [UInt8]) -> [String: Any]? {
+        guard !bytes.isEmpty else { return nil }
+        return (try? JSONSerialization.jsonObject(with: Data(bytes))) as? [String: Any]
+    }
+
+    private static func optionalString(_ object: [String: Any], _ name: String) throws -> String? {
+        guard let value = object[name] else { return nil }
+        guard let string = value as? String else {
+            throw JOSEError.malformed("header \(name) is not a string")
+        }
+        return string
+    }
+}
