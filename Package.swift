@@ -39,7 +39,7 @@ let package = Package(
 
         // Application logic.
         .target(name: "ReceiverCore",
-                dependencies: ["SiwaCore", "Postgres", "JOSE", "HTTPServer", "Logging", "AppleClient"],
+                dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient"],
                 swiftSettings: strict),
         .target(name: "WorkerCore",
                 dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
