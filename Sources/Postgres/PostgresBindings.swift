@@ -19,7 +19,7 @@ package struct PostgresBindings: Sendable, Hashable {
     private(set) var formats: [Int32] = []
     private(set) var types: [UInt32] = []
     /// Set when a text value could not be sent (libpq text parameters end at the first NUL byte).
-    private(set) var invalidReason: String?
+    package private(set) var invalidReason: String?
 
     package init() {}
 
