@@ -1,0 +1,223 @@
+package import Logging
+internal import Synchronization
+
+#if canImport(Glibc)
+    internal import Glibc
+#elseif canImport(Darwin)
+    internal import Darwin
+#endif
+
+/// A throwaway PostgreSQL cluster: initdb in a fresh temp directory, a free TCP port on 127.0.0.1,
+/// the unix socket in the temp directory, trust authentication for user `postgres`. For tests,
+/// `siwa dev` and benchmarks. When running as root (CI), the server programs run as the `postgres`
+/// system user through `runuser`, on a directory that user owns. Every wait is bounded.
+package final class LocalPostgresCluster: Sendable {
+    package struct Options: Sendable {
+        /// false for tests (also turns off synchronous_commit and full_page_writes); benchmarks want true.
+        package var fsync: Bool
+        package var database: String
+        package var maxConnections: Int
+        package var sharedBuffers: String
+        /// Extra `postgresql.conf` settings, e.g. `["log_min_duration_statement": "0"]`.
+        package var settings: [String: String]
+        /// Bound on `pg_ctl start`/`stop` (`-t`) and on initdb.
+        package var timeout: Duration
+
+        package init(
+            fsync: Bool = false, database: String = "siwa", maxConnections: Int = 200, sharedBuffers: String = "128MB",
+            settings: [String: String] = [:], timeout: Duration = .seconds(60)
+        ) {
+            self.fsync = fsync
+            self.database = database
+            self.maxConnections = maxConnections
+            self.sharedBuffers = sharedBuffers
+            self.settings = settings
+            self.timeout = timeout
+        }
+    }
+
+    /// Folder of initdb, pg_ctl, postgres, psql, pgbench.
+    package let binDirectory: String
+    /// The temp directory (data directory, socket and server log inside).
+    package let directory: String
+    package let dataDirectory: String
+    package let logPath: String
+    package let port: Int
+    package let database: String
+    package let options: Options
+    private let user: String?
+    private let logger: Logger
+    private let state = Mutex(State())
+
+    private struct State {
+        var running = false
+        var destroyed = false
+    }
+
+    /// `postgresql://postgres@127.0.0.1:PORT/DB`
+    package var url: String { "postgresql://postgres@127.0.0.1:\(port)/\(database)" }
+    /// `host=127.0.0.1 port=PORT user=postgres dbname=DB`
+    package var conninfo: String { "host=127.0.0.1 port=\(port) user=postgres dbname=\(database)" }
+    package var isRunning: Bool { state.withLock { $0.running } }
+
+    private init(
+        binDirectory: String, directory: String, port: Int, user: String?, options: Options, logger: Logger
+    ) {
+        self.binDirectory = binDirectory
+        self.directory = directory
+        self.dataDirectory = directory + "/data"
+        self.logPath = directory + "/server.log"
+        self.port = port
+        self.database = options.database
+        self.options = options
+        self.user = user
+        self.logger = logger
+    }
+
+    deinit {
+        // Best effort: an undestroyed cluster must not outlive its owner.
+        if !state.withLock({ $0.destroyed }) { destroyBlocking() }
+    }
+
+    /// Creates, starts and returns a new cluster with a database `options.database`.
+    package static func start(logger: Logger, options: Options = Options()) async throws -> LocalPostgresCluster {
+        let began = ContinuousClock.now
+        let binDirectory = try await findBinDirectory()
+        let user = try serverUser()
+        let directory = try makeDirectory(owner: user)
+        let cluster = LocalPostgresCluster(
+            binDirectory: binDirectory, directory: directory, port: try freePort(), user: user, options: options,
+            logger: logger)
+        do {
+            try await cluster.initialize()
+            try await cluster.startAgain()
+            if options.database != "postgres" {
+                try await cluster.client(
+                    "createdb", ["-h", "127.0.0.1", "-p", String(cluster.port), "-U", "postgres", options.database])
+            }
+        } catch {
+            await cluster.destroy()
+            throw error
+        }
+        logger.info(
+            "local postgres started",
+            metadata: [
+                "db.port": .int(cluster.port), "db.directory": .string(directory),
+                "duration_ms": .int(Int((ContinuousClock.now - began) / .milliseconds(1))),
+            ])
+        return cluster
+    }
+
+    /// Starts the server again on the same data directory and port (after `stop()`).
+    package func startAgain() async throws {
+        try await server(
+            "pg_ctl",
+            ["-D", dataDirectory, "-l", logPath, "-w", "-t", String(timeoutSeconds), "start"],
+            failure: "the PostgreSQL server did not start")
+        state.withLock { $0.running = true }
+        logger.debug("local postgres running", metadata: ["db.port": .int(port)])
+    }
+
+    /// `pg_ctl stop -m fast`: disconnects clients and shuts down (for restart tests).
+    package func stop() async throws {
+        try await server(
+            "pg_ctl", ["-D", dataDirectory, "-m", "fast", "-w", "-t", String(timeoutSeconds), "stop"],
+            failure: "the PostgreSQL server did not stop")
+        state.withLock { $0.running = false }
+        logger.debug("local postgres stopped", metadata: ["db.port": .int(port)])
+    }
+
+    package func restart() async throws {
+        try await stop()
+        try await startAgain()
+    }
+
+    /// Stops the server (fast) and deletes the directory. Never throws; idempotent.
+    package func destroy() async {
+        guard markDestroyed() else { return }
+        if isRunning {
+            _ = try? await ChildProcess(
+                executable: binDirectory + "/pg_ctl",
+                arguments: ["-D", dataDirectory, "-m", "immediate", "-w", "-t", "30", "stop"], user: user,
+                directory: directory
+            ).run(timeout: .seconds(40))
+        }
+        removeDirectory()
+    }
+
+    /// `destroy()` for `atexit` handlers and deinit.
+    package func destroyBlocking() {
+        guard markDestroyed() else { return }
+        if isRunning {
+            _ = try? ChildProcess(
+                executable: binDirectory + "/pg_ctl",
+                arguments: ["-D", dataDirectory, "-m", "immediate", "-w", "-t", "30", "stop"], user: user,
+                directory: directory
+            ).runBlocking(timeout: .seconds(40))
+        }
+        removeDirectory()
+    }
+
+    // MARK: Steps
+
+    private var timeoutSeconds: Int { max(1, Int(options.timeout / .seconds(1))) }
+
+    private func initialize() async throws {
+        try await server(
+            "initdb",
+            ["-D", dataDirectory, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C",
+             "--no-instructions"],
+            failure: "initdb failed")
+        var settings: [(String, String)] = [
+            ("listen_addresses", "127.0.0.1"), ("port", String(port)), ("unix_socket_directories", directory),
+            ("max_connections", String(options.maxConnections)), ("shared_buffers", options.sharedBuffers),
+            ("fsync", options.fsync ? "on" : "off"), ("synchronous_commit", options.fsync ? "on" : "off"),
+            ("full_page_writes", options.fsync ? "on" : "off"), ("logging_collector", "off"),
+        ]
+        settings += options.settings.sorted { $0.key < $1.key }
+        var text = "\n# siwa LocalPostgresCluster\n"
+        for (name, value) in settings {
+            text += "\(name) = '\(value.replacing("'", with: "''"))'\n"
+        }
+        // Appending as root keeps the file's owner (postgres).
+        guard let file = fopen(dataDirectory + "/postgresql.conf", "a") else {
+            throw LocalPostgresError("cannot open postgresql.conf: errno \(errno)")
+        }
+        fputs(text, file)
+        fclose(file)
+    }
+
+    /// Runs a server program (as the server user when we are root).
+    private func server(_ program: String, _ arguments: [String], failure: String) async throws {
+        let process = ChildProcess(
+            executable: binDirectory + "/" + program, arguments: arguments, user: user, directory: directory)
+        let outcome = try await process.run(timeout: options.timeout + .seconds(10))
+        guard outcome.exitCode == 0 else {
+            let log = readFile(logPath) ?? ""
+            throw LocalPostgresError(
+                "\(failure) (\(program) exit code \(outcome.exitCode))", output: outcome.output + "\n" + log)
+        }
+    }
+
+    /// Runs a client program as the current user.
+    private func client(_ program: String, _ arguments: [String]) async throws {
+        let outcome = try await ChildProcess(executable: binDirectory + "/" + program, arguments: arguments)
+            .run(timeout: .seconds(30))
+        guard outcome.exitCode == 0 else {
+            throw LocalPostgresError("\(program) failed (exit code \(outcome.exitCode))", output: outcome.output)
+        }
+    }
+
+    private func markDestroyed() -> Bool {
+        state.withLock { state in
+            if state.destroyed { return false }
+            state.destroyed = true
+            return true
+        }
+    }
+
+    private func removeDirectory() {
+        _ = try? ChildProcess(executable: "/bin/rm", arguments: ["-rf", directory]).runBlocking(timeout: .seconds(30))
+        state.withLock { $0.running = false }
+    }
+}

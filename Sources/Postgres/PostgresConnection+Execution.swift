@@ -1,0 +1,255 @@
+internal import CLibpq
+internal import Dispatch
+internal import Logging
+internal import Synchronization
+
+#if canImport(Glibc)
+    internal import Glibc
+#elseif canImport(Darwin)
+    internal import Darwin
+#endif
+
+/// Owns the `PGconn`.
+// @unchecked Sendable: `pointer` is read and written only on the owning connection's serial queue
+// (and in deinit, when nothing else can hold the handle).
+final class ConnectionHandle: @unchecked Sendable {
+    var pointer: OpaquePointer?
+    /// Passed to libpq as the notice processor's context; lives as long as the PGconn.
+    let notices: NoticeContext
+
+    init(logger: Logger) { notices = NoticeContext(logger: logger) }
+
+    func finish() {
+        if let pointer { PQfinish(pointer) }
+        pointer = nil
+    }
+
+    deinit { finish() }
+}
+
+/// Routes server notices (`relation … already exists, skipping`) to the logger instead of stderr.
+final class NoticeContext: Sendable {
+    let logger: Logger
+    init(logger: Logger) { self.logger = logger }
+
+    static let processor: PQnoticeProcessor = { context, message in
+        guard let context, let message else { return }
+        let notices = Unmanaged<NoticeContext>.fromOpaque(context).takeUnretainedValue()
+        var text = String(cString: message)
+        while text.last?.isNewline == true { text.removeLast() }
+        notices.logger.debug("postgres notice", metadata: ["db.notice": .string(text)])
+    }
+}
+
+/// A `PGcancel` on its way into the state lock.
+// @unchecked Sendable: libpq documents PQcancel as safe to call from any thread; the pointer is only
+// used and freed under the connection's state lock.
+struct CancelObject: @unchecked Sendable {
+    let pointer: OpaquePointer?
+    init(_ pointer: OpaquePointer?) { self.pointer = pointer }
+}
+
+extension PostgresConnection {
+    /// Runs `work` on the queue and resumes the caller; task cancellation cancels the running statement.
+    func onQueue<T: Sendable>(
+        _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
+    ) async throws -> T {
+        let operation = state.withLock { state in
+            state.nextOperation &+= 1
+            return state.nextOperation
+        }
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                queue.async {
+                    continuation.resume(
+                        with: Result { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) })
+                }
+            }
+        } onCancel: {
+            self.cancelRunning(operation)
+        }
+    }
+
+    /// Runs `work` on the caller's thread, serialized with the queue.
+    func blocking<T>(_ work: (OpaquePointer) throws(PostgresError) -> T) throws -> T {
+        dispatchPrecondition(condition: .notOnQueue(queue))
+        return try queue.sync { () throws(PostgresError) -> T in try runOnQueue(operation: nil, work) }
+    }
+
+    /// The one place a `PGconn` is used. Marks the connection bad when libpq reports it broken and
+    /// turns the error into `connectionLost` then.
+    func runOnQueue<T>(operation: UInt64?, _ work: (OpaquePointer) throws(PostgresError) -> T) throws(PostgresError)
+        -> T
+    {
+        guard let connection = handle.pointer else {
+            throw PostgresError(.connectionClosed, message: "the connection is closed")
+        }
+        if let operation { state.withLock { $0.running = operation } }
+        defer { if operation != nil { state.withLock { $0.running = nil } } }
+        do {
+            return try work(connection)
+        } catch {
+            var error = error
+            if PQstatus(connection) != CONNECTION_OK {
+                state.withLock { if $0.status == .ok { $0.status = .bad } }
+                if error.code == .queryFailed { error.code = .connectionLost }
+                logger.debug(
+                    "postgres connection lost",
+                    metadata: ["db.sqlstate": .string(error.sqlState ?? ""), "db.error": .string(error.message)])
+            }
+            throw error
+        }
+    }
+
+    /// Sends a cancel request if `operation` is the statement running now (under the lock, so it cannot
+    /// hit a later statement).
+    func cancelRunning(_ operation: UInt64) {
+        state.withLock { state in
+            guard state.running == operation, let cancel = state.cancel else { return }
+            withUnsafeTemporaryAllocation(of: CChar.self, capacity: 256) { buffer in
+                buffer.initialize(repeating: 0)
+                if PQcancel(cancel, buffer.baseAddress, Int32(buffer.count)) == 0 {
+                    let message = String(cString: buffer.baseAddress!)
+                    logger.debug("postgres cancel request failed", metadata: ["db.error": .string(message)])
+                }
+            }
+        }
+    }
+
+    /// Session settings and the cancel object; run after connect and after every reset.
+    func prepareSession(_ connection: OpaquePointer) throws(PostgresError) {
+        PQsetNoticeProcessor(connection, NoticeContext.processor, Unmanaged.passUnretained(handle.notices).toOpaque())
+        _ = try Self.simple(Self.sessionSetup, on: connection)
+        let cancel = CancelObject(PQgetCancel(connection))
+        let pid = PQbackendPID(connection)
+        state.withLock { state in
+            if let old = state.cancel { PQfreeCancel(old) }
+            state.cancel = cancel.pointer
+            state.backendPID = pid
+            if state.status != .closed { state.status = .ok }
+        }
+    }
+
+    /// True when the socket shows no sign of a dead server.
+    static func probe(_ connection: OpaquePointer) -> Bool {
+        guard PQstatus(connection) == CONNECTION_OK else { return false }
+        let socket = PQsocket(connection)
+        guard socket >= 0 else { return false }
+        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&descriptor, 1, 0)
+        if ready > 0 {
+            // Data or EOF waiting while idle: a notification, or the server saying goodbye.
+            if PQconsumeInput(connection) == 0 { return false }
+        }
+        return PQstatus(connection) == CONNECTION_OK
+    }
+
+    func resetIfBrokenOnQueue(_ connection: OpaquePointer) throws(PostgresError) -> Bool {
+        if Self.probe(connection) { return false }
+        state.withLock { if $0.status == .ok { $0.status = .bad } }
+        logger.debug("postgres connection reset")
+        PQreset(connection)
+        guard PQstatus(connection) == CONNECTION_OK else {
+            throw PostgresError(.connectionFailed, message: libpqErrorMessage(connection))
+        }
+        try prepareSession(connection)
+        return true
+    }
+
+    // MARK: Statement execution (on the queue)
+
+    static func execute(_ query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> OpaquePointer {
+        let result = try query.binds.withLibpqArrays { (types, values, lengths, formats) throws(PostgresError) in
+            PQexecParams(connection, query.sql, Int32(query.binds.count), types, values, lengths, formats, 0)
+        }
+        return try check(result, connection: connection, sql: query.sql)
+    }
+
+    static func rows(_ query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> PostgresRows {
+        let result = PostgresResult(taking: try execute(query, on: connection))
+        return PostgresRows(result: result, affectedRows: affectedRows(of: result.pointer))
+    }
+
+    static func affectedRows(_ query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> Int {
+        let result = try execute(query, on: connection)
+        defer { PQclear(result) }
+        return affectedRows(of: result)
+    }
+
+    /// Simple protocol; returns the command tag of the last statement.
+    static func simple(_ sql: String, on connection: OpaquePointer) throws(PostgresError) -> String {
+        let result = try check(PQexec(connection, sql), connection: connection, sql: sql)
+        defer { PQclear(result) }
+        return PQcmdStatus(result).map { String(cString: $0) } ?? ""
+    }
+
+    static func commit(on connection: OpaquePointer) throws(PostgresError) {
+        let tag = try simple("COMMIT", on: connection)
+        if tag == "ROLLBACK" {
+            throw PostgresError(
+                .queryFailed, message: "the transaction had failed; COMMIT rolled it back", sqlState: "25P02",
+                query: "COMMIT")
+        }
+    }
+
+    static func affectedRows(of result: OpaquePointer) -> Int {
+        guard let text = PQcmdTuples(result), text.pointee != 0 else { return 0 }
+        return Int(String(cString: text)) ?? 0
+    }
+
+    /// Returns `result` if it is a success; otherwise frees it and throws the server's error.
+    static func check(_ result: OpaquePointer?, connection: OpaquePointer, sql: String) throws(PostgresError)
+        -> OpaquePointer
+    {
+        guard let result else {
+            throw PostgresError(.queryFailed, message: libpqErrorMessage(connection), query: sql)
+        }
+        let status = PQresultStatus(result)
+        if status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK || status == PGRES_EMPTY_QUERY {
+            return result
+        }
+        defer { PQclear(result) }
+        if status == PGRES_COPY_IN || status == PGRES_COPY_OUT || status == PGRES_COPY_BOTH {
+            throw PostgresError(.queryFailed, message: "COPY is not supported by this wrapper", query: sql)
+        }
+        func field(_ code: Int32) -> String? {
+            PQresultErrorField(result, code).map { String(cString: $0) }
+        }
+        let message =
+            field(CLibpq_PG_DIAG_MESSAGE_PRIMARY)
+            ?? PQresultErrorMessage(result).map { trimmed(String(cString: $0)) } ?? "unknown error"
+        throw PostgresError(
+            .queryFailed, message: message, sqlState: field(CLibpq_PG_DIAG_SQLSTATE),
+            detail: field(CLibpq_PG_DIAG_MESSAGE_DETAIL), query: sql)
+    }
+}
+
+func libpqErrorMessage(_ connection: OpaquePointer) -> String {
+    PQerrorMessage(connection).map { trimmed(String(cString: $0)) } ?? "unknown libpq error"
+}
+
+private func trimmed(_ text: String) -> String {
+    var text = text
+    while text.last?.isWhitespace == true { text.removeLast() }
+    return text
+}
+
+/// NULL-terminated `const char *const *` arrays for `PQconnectdbParams`.
+func withCStringArrays<R>(
+    _ first: [String], _ second: [String],
+    _ body: (UnsafePointer<UnsafePointer<CChar>?>, UnsafePointer<UnsafePointer<CChar>?>) -> R
+) -> R {
+    let firstCopies = first.map { strdup($0) }
+    let secondCopies = second.map { strdup($0) }
+    defer {
+        firstCopies.forEach { free($0) }
+        secondCopies.forEach { free($0) }
+    }
+    let firstPointers = firstCopies.map { UnsafePointer($0) } + [nil]
+    let secondPointers = secondCopies.map { UnsafePointer($0) } + [nil]
+    return firstPointers.withUnsafeBufferPointer { firstBuffer in
+        secondPointers.withUnsafeBufferPointer { secondBuffer in
+            body(firstBuffer.baseAddress!, secondBuffer.baseAddress!)
+        }
+    }
+}

@@ -1,0 +1,208 @@
+internal import CLibpq
+internal import Dispatch
+package import Logging
+internal import Synchronization
+
+/// One libpq connection.
+///
+/// libpq allows one thread at a time per `PGconn` and its calls block, so the connection owns a serial
+/// `DispatchQueue` and touches the `PGconn` only there (STYLE §5.3). The async API hops onto the queue
+/// and resumes a continuation, keeping the cooperative pool free. The `…Blocking` API runs the same
+/// work on the caller's thread through `queue.sync` (serialized with the async calls); use it only from
+/// a dedicated thread, never from the Swift concurrency pool.
+///
+/// Cancelling the task of a running async call sends a libpq cancel request for that statement.
+package final class PostgresConnection: Sendable {
+    package enum Status: Sendable, Equatable {
+        /// Connected, as far as the last call could tell.
+        case ok
+        /// The connection broke; `resetIfBroken()` reconnects it.
+        case bad
+        /// `close()` was called.
+        case closed
+    }
+
+    package let logger: Logger
+    let queue: DispatchQueue
+    let handle: ConnectionHandle
+    let state: Mutex<State>
+
+    struct State {
+        var status: Status = .ok
+        var backendPID: Int32 = 0
+        /// libpq cancel object for the current backend (thread-safe to use; freed here).
+        var cancel: OpaquePointer?
+        var running: UInt64?
+        var nextOperation: UInt64 = 0
+    }
+
+    /// Session settings every connection gets, so text output is what the decoders expect.
+    static let sessionSetup =
+        "SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, MDY'; SET bytea_output TO 'hex'; "
+        + "SET client_encoding TO 'UTF8'"
+
+    /// Runs on `queue`: opens the connection (blocking) and prepares the session.
+    private init(queue: DispatchQueue, conninfo: String, applicationName: String, logger: Logger)
+        throws(PostgresError)
+    {
+        dispatchPrecondition(condition: .onQueue(queue))
+        self.queue = queue
+        self.logger = logger
+        self.handle = ConnectionHandle(logger: logger)
+        self.state = Mutex(State())
+        // Defaults first; keywords inside `conninfo` (expanded from dbname) override them.
+        let keywords = ["connect_timeout", "application_name", "dbname"]
+        let values = ["5", applicationName, conninfo]
+        let pointer = withCStringArrays(keywords, values) { keywords, values in
+            PQconnectdbParams(keywords, values, 1)
+        }
+        guard let pointer else {
+            throw PostgresError(.connectionFailed, message: "libpq could not allocate a connection")
+        }
+        handle.pointer = pointer  // owned by handle from here on (PQfinish in its deinit)
+        guard PQstatus(pointer) == CONNECTION_OK else {
+            throw PostgresError(.connectionFailed, message: libpqErrorMessage(pointer))
+        }
+        try prepareSession(pointer)
+        logger.debug("postgres connected", metadata: ["db.backend_pid": .int(Int(PQbackendPID(pointer)))])
+    }
+
+    deinit {
+        state.withLock { state in
+            if let cancel = state.cancel { PQfreeCancel(cancel) }
+            state.cancel = nil
+        }
+    }
+
+    /// Connects with a URI (`postgresql://user@host:port/db?options=…`) or `key=value` conninfo.
+    /// `connect_timeout` defaults to 5 s unless the conninfo sets it.
+    package static func connect(
+        to conninfo: String, applicationName: String = "siwa", logger: Logger
+    ) async throws -> PostgresConnection {
+        let queue = DispatchQueue(label: "siwa.postgres.connection")
+        return try await withCheckedThrowingContinuation { continuation in
+            queue.async {
+                continuation.resume(
+                    with: Result { () throws(PostgresError) in
+                        try PostgresConnection(
+                            queue: queue, conninfo: conninfo, applicationName: applicationName, logger: logger)
+                    })
+            }
+        }
+    }
+
+    /// Blocking `connect`, for a dedicated thread. Never call it from the concurrency pool.
+    package static func connectBlocking(
+        to conninfo: String, applicationName: String = "siwa", logger: Logger
+    ) throws -> PostgresConnection {
+        let queue = DispatchQueue(label: "siwa.postgres.connection")
+        return try queue.sync {
+            try PostgresConnection(queue: queue, conninfo: conninfo, applicationName: applicationName, logger: logger)
+        }
+    }
+
+    package var status: Status { state.withLock { $0.status } }
+    package var isUsable: Bool { status == .ok }
+    /// The server process id of this session (changes after a reset).
+    package var backendPID: Int32 { state.withLock { $0.backendPID } }
+
+    /// Closes the connection after any call already queued. Later calls throw `connectionClosed`.
+    package func close() {
+        state.withLock { state in
+            state.status = .closed
+            if let cancel = state.cancel { PQfreeCancel(cancel) }
+            state.cancel = nil
+        }
+        queue.async { [handle] in handle.finish() }
+    }
+
+    // MARK: Queries (async)
+
+    /// Runs one statement (extended protocol, one round trip) and returns its rows.
+    package func query(_ query: PostgresQuery) async throws -> PostgresRows {
+        try await onQueue { connection throws(PostgresError) in try Self.rows(query, on: connection) }
+    }
+
+    /// Runs one statement and returns the number of rows it affected.
+    package func execute(_ query: PostgresQuery) async throws -> Int {
+        try await onQueue { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
+    }
+
+    /// Runs SQL text through the simple protocol: several statements allowed, no binds (migrations).
+    package func simpleQuery(_ sql: String) async throws {
+        try await onQueue { connection throws(PostgresError) in _ = try Self.simple(sql, on: connection) }
+    }
+
+    /// Runs `body` between BEGIN and COMMIT; ROLLBACK (and rethrow) if it throws. A COMMIT the server
+    /// turns into ROLLBACK (the transaction had failed) throws `queryFailed` with SQLSTATE 25P02.
+    package func withTransaction<T: Sendable>(
+        isolation: isolated (any Actor)? = #isolation, _ body: (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        try await simpleQuery("BEGIN")
+        let value: T
+        do {
+            value = try await body(self)
+        } catch {
+            do { try await simpleQuery("ROLLBACK") } catch {
+                logger.debug("postgres rollback failed", metadata: ["db.error": "\(error)"])
+            }
+            throw error
+        }
+        try await onQueue { connection throws(PostgresError) in try Self.commit(on: connection) }
+        return value
+    }
+
+    // MARK: Queries (blocking; dedicated threads only)
+
+    /// `query(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
+    package func queryBlocking(_ query: PostgresQuery) throws -> PostgresRows {
+        try blocking { connection throws(PostgresError) in try Self.rows(query, on: connection) }
+    }
+
+    /// `execute(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
+    package func executeBlocking(_ query: PostgresQuery) throws -> Int {
+        try blocking { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
+    }
+
+    /// `simpleQuery(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
+    package func simpleQueryBlocking(_ sql: String) throws {
+        try blocking { connection throws(PostgresError) in _ = try Self.simple(sql, on: connection) }
+    }
+
+    /// `withTransaction(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
+    package func withTransactionBlocking<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try simpleQueryBlocking("BEGIN")
+        let value: T
+        do {
+            value = try body(self)
+        } catch {
+            try? simpleQueryBlocking("ROLLBACK")
+            throw error
+        }
+        try blocking { connection throws(PostgresError) in try Self.commit(on: connection) }
+        return value
+    }
+
+    // MARK: Recovery
+
+    /// For long-lived dedicated connections: checks the socket without blocking and, if the server has
+    /// gone (restart, admin shutdown), reconnects with the same parameters. Returns true if it reset.
+    /// Throws `connectionFailed` while the server is still unreachable (status stays `.bad`).
+    package func resetIfBroken() async throws -> Bool {
+        try await onQueue { connection throws(PostgresError) in try self.resetIfBrokenOnQueue(connection) }
+    }
+
+    /// `resetIfBroken()` on the caller's thread. Must not be called from the Swift concurrency pool.
+    package func resetIfBrokenBlocking() throws -> Bool {
+        try blocking { connection throws(PostgresError) in try self.resetIfBrokenOnQueue(connection) }
+    }
+
+    /// Non-blocking liveness probe (poll with zero timeout, consume pending input). Updates `status`.
+    package func checkHealth() async -> Bool {
+        (try? await onQueue { connection throws(PostgresError) in
+            let alive = Self.probe(connection)
+            if !alive { self.state.withLock { $0.status = .bad } }
+            return alive
+        }) ?? false
+    }
+}
