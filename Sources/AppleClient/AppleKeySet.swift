@@ -1,5 +1,5 @@
 package import CryptoCore
-package import Foundation
+import Foundation
 package import Logging
 import JOSE
 package import SiwaCore
@@ -148,8 +148,3 @@ package final class AppleKeySet: Sendable {
     }
 }
 
-extension Duration {
-    package var seconds: Double {
-        Double(components.seconds) + Double(components.attoseconds) / 1e18
-    }
-}

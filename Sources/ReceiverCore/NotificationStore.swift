@@ -187,17 +187,6 @@ package final class NotificationStore: Sendable {
         }
     }
 
-    private static let insertSQL = """
-        INSERT INTO siwa.notifications
-            (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-        SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8), nullif(email, ''),
-               nullif(private, '')::boolean, claims::jsonb, jws
-          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                      $8::text[], $9::text[])
-            AS t(jti, client_id, sub, event_type, event_time, email, private, claims, jws)
-        ON CONFLICT (jti) DO NOTHING
-        """
-
     private func insertQuery(_ items: some Collection<Pending>) -> PostgresQuery {
         var columns = Array(repeating: [String](), count: 9)
         for index in columns.indices { columns[index].reserveCapacity(items.count) }
@@ -214,9 +203,17 @@ package final class NotificationStore: Sendable {
             columns[7].append(verified.claimsJSON)
             columns[8].append(verified.jws)
         }
-        var binds = PostgresBindings(capacity: 9)
-        for column in columns { binds.append(column) }
-        return PostgresQuery(unsafeSQL: Self.insertSQL, binds: binds)
+        return """
+            INSERT INTO siwa.notifications
+                (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+            SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8), nullif(email, ''),
+                   nullif(private, '')::boolean, claims::jsonb, jws
+              FROM unnest(\(columns[0])::text[], \(columns[1])::text[], \(columns[2])::text[], \(columns[3])::text[],
+                          \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[], \(columns[7])::text[],
+                          \(columns[8])::text[])
+                AS t(jti, client_id, sub, event_type, event_time, email, private, claims, jws)
+            ON CONFLICT (jti) DO NOTHING
+            """
     }
 
     private func commit(_ batch: [Pending], on connection: PostgresConnection) {
@@ -259,16 +256,14 @@ package final class NotificationStore: Sendable {
             _ = try connection.executeBlocking("SELECT 1")
             state.withLock { $0.lastSuccess = .now }
             guard !counts.isEmpty else { return }
-            var binds = PostgresBindings(capacity: 2)
-            binds.append(Array(counts.keys))
-            binds.append(counts.keys.map { Int64(counts[$0]!) })
+            let reasons = Array(counts.keys)
+            let numbers = reasons.map { Int64(counts[$0]!) }
             _ = try connection.executeBlocking(
-                PostgresQuery(
-                    unsafeSQL: """
-                        INSERT INTO siwa.rejections (minute, reason, count)
-                        SELECT date_trunc('minute', now()), reason, n FROM unnest($1::text[], $2::bigint[]) AS t(reason, n)
-                        ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + excluded.count
-                        """, binds: binds))
+                """
+                INSERT INTO siwa.rejections (minute, reason, count)
+                SELECT date_trunc('minute', now()), reason, n FROM unnest(\(reasons)::text[], \(numbers)::bigint[]) AS t(reason, n)
+                ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + excluded.count
+                """)
         } catch {
             state.withLock { state in
                 for (reason, count) in counts { state.rejectionCounts[reason, default: 0] += count }

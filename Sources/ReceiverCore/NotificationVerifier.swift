@@ -1,4 +1,4 @@
-import AppleClient
+package import AppleClient
 import CryptoCore
 package import Foundation
 import JOSE
@@ -121,7 +121,7 @@ package struct NotificationVerifier: Sendable {
             return .failure(.bodyNotJSON)
         }
         guard let payload = object["payload"] as? String else { return .failure(.payloadMissing) }
-        guard let token = try? CompactJWS(parsing: payload) else { return .failure(.jwsMalformed) }
+        guard let token = try? CompactJWS(payload) else { return .failure(.jwsMalformed) }
         return .success((token, payload))
     }
 

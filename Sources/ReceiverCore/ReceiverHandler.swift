@@ -1,4 +1,4 @@
-import AppleClient
+package import AppleClient
 import Foundation
 package import HTTPServer
 import Logging
@@ -79,21 +79,21 @@ package struct ReceiverHandler: HTTPHandler {
         switch verifier.verifyCached(body: request.body) {
         case .verified(let verified):
             verifySeconds.observe((ContinuousClock.now - started).seconds)
-            store(verified, respond: respond)
+            commit(verified, respond: respond)
         case .rejected(let rejection):
             respond(reject(rejection))
         case .needsKey:
             // An unseen kid: fetch Apple's keys off the server's threads, then carry on.
             Task { [self] in
                 switch await verifier.verify(body: request.body) {
-                case .success(let verified): store(verified, respond: respond)
+                case .success(let verified): commit(verified, respond: respond)
                 case .failure(let rejection): respond(reject(rejection))
                 }
             }
         }
     }
 
-    private func store(_ verified: VerifiedNotification, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+    private func commit(_ verified: VerifiedNotification, respond: @escaping @Sendable (HTTPResponse) -> Void) {
         let responses = responses
         store.submit(verified) { [self] outcome in
             switch outcome {
