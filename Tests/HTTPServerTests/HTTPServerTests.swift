@@ -88,14 +88,23 @@ struct HTTPServerTests {
     }
 
     @Test func slowResponseFromAnotherThreadDoesNotBlockOthers() async throws {
-        let slowAnswered = Counter()
+        let slowArrived = Counter()
+        let fastServed = Counter()
+        let fastSawSlowPending = Counter()
         let handler = ClosureHTTPHandler { request, respond in
             if request.path == "/slow" {
+                slowArrived.increment()
+                // Answer from another thread, at least 50 ms later, and only after the fast
+                // request was served (or 2 s passed): if the slow one held the server's only
+                // thread, the fast one could not be served and this would time out.
                 DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) {
-                    slowAnswered.increment()
+                    let deadline = ContinuousClock.now + .seconds(2)
+                    while fastServed.value == 0, ContinuousClock.now < deadline { usleep(1000) }
                     respond(.text("slow"))
                 }
             } else {
+                if slowArrived.value == 1 { fastSawSlowPending.increment() }
+                fastServed.increment()
                 respond(.text("fast"))
             }
         }
@@ -105,14 +114,16 @@ struct HTTPServerTests {
         try server.start()
         defer { server.stop() }
         let port = server.port
+        let started = ContinuousClock.now
         async let slow = send("GET", "/slow", port: port)
-        try await Task.sleep(for: .milliseconds(10))
+        while slowArrived.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
         let fast = try await send("GET", "/fast", port: port)
         #expect(String(decoding: fast.body, as: UTF8.self) == "fast")
-        #expect(slowAnswered.value == 0, "the fast request waited for the slow one")
+        #expect(fastSawSlowPending.value == 1)
         let slowResult = try await slow
         #expect(slowResult.status == 200)
         #expect(String(decoding: slowResult.body, as: UTF8.self) == "slow")
+        #expect(ContinuousClock.now - started < .seconds(1))
     }
 
     @Test func asyncHandlerAdapter() async throws {
