@@ -3,6 +3,8 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+// Also: shim.h pulls in <netinet/in.h>, so sockaddr_in may be attributed to CMicroHTTPD.
+internal import CMicroHTTPD
 
 /// Binds and listens ourselves, so that a bad address or a port in use is reported with its
 /// errno, then hands the socket to libmicrohttpd (MHD_OPTION_LISTEN_SOCKET).
