@@ -4,7 +4,77 @@
 #include <sys/types.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <stdint.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <microhttpd.h>
+
+// Swift cannot call C variadic functions (MHD_start_daemon, MHD_get_connection_info,
+// MHD_get_daemon_info) nor build a `va_list` callback (MHD_OPTION_EXTERNAL_LOGGER).
+// These helpers give each use a fixed signature.
+
+/// Where libmicrohttpd's error log goes: `function(context, message)`, already formatted.
+/// Owned by the Swift caller, which keeps it alive until MHD_stop_daemon returns.
+struct CMicroHTTPD_LogTarget {
+    void (* _Nonnull function)(void * _Nullable context, const char * _Nonnull message);
+    void * _Nullable context;
+};
+
+static void CMicroHTTPD_log_trampoline(void *cls, const char *format, va_list arguments) {
+    char message[512];
+    vsnprintf(message, sizeof message, format, arguments);
+    const struct CMicroHTTPD_LogTarget *target = cls;
+    target->function(target->context, message);
+}
+
+/// Starts a daemon on an already bound and listening socket (so bind errors carry errno),
+/// with an epoll thread pool, suspend/resume and an inter-thread channel (needed by
+/// MHD_resume_connection and MHD_quiesce_daemon). Returns NULL on failure (see the log).
+static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
+    int listen_fd, int turbo, unsigned int thread_count, unsigned int connection_limit,
+    unsigned int per_ip_connection_limit, unsigned int connection_timeout_seconds,
+    MHD_AccessHandlerCallback _Nonnull access_handler, void * _Nullable access_context,
+    MHD_RequestCompletedCallback _Nonnull completed, void * _Nullable completed_context,
+    struct CMicroHTTPD_LogTarget * _Nonnull log_target)
+{
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME
+        | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    if (turbo) flags |= MHD_USE_TURBO;
+    // The logger goes first: options are applied in order and later ones may log.
+    // A pool of 1 is no pool (libmicrohttpd warns), just the internal polling thread.
+    return MHD_start_daemon(flags, 0, NULL, NULL, access_handler, access_context,
+        MHD_OPTION_EXTERNAL_LOGGER, CMicroHTTPD_log_trampoline, (void *)log_target,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,
+        MHD_OPTION_THREAD_POOL_SIZE, thread_count > 1 ? thread_count : 0,
+        MHD_OPTION_CONNECTION_LIMIT, connection_limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip_connection_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, completed_context,
+        MHD_OPTION_END);
+}
+
+/// The client's address as text ("127.0.0.1", "::1"); returns 0 when unknown.
+static inline int CMicroHTTPD_client_address(struct MHD_Connection * _Nonnull connection,
+                                             char * _Nonnull buffer, socklen_t size) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info == NULL || info->client_addr == NULL) return 0;
+    const struct sockaddr *address = info->client_addr;
+    if (address->sa_family == AF_INET) {
+        return inet_ntop(AF_INET, &((const struct sockaddr_in *)address)->sin_addr, buffer, size) != NULL;
+    }
+    if (address->sa_family == AF_INET6) {
+        return inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)address)->sin6_addr, buffer, size) != NULL;
+    }
+    return 0;
+}
+
+/// The port the daemon listens on (useful after binding port 0); 0 when unknown.
+static inline int CMicroHTTPD_bound_port(struct MHD_Daemon * _Nonnull daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return info == NULL ? 0 : (int)info->port;
+}
+
 #endif

@@ -1,0 +1,246 @@
+internal import CMicroHTTPD
+import Logging
+import Synchronization
+
+/// What libmicrohttpd's callbacks need, passed to them as `cls` (retained from start until
+/// MHD_stop_daemon has returned). The callbacks are static members of this nonisolated type.
+final class DaemonContext: Sendable {
+    let handler: any HTTPHandler
+    let logger: Logger
+    let maxBodyBytes: Int
+    /// Requests with a context alive (from the first byte of headers to completion).
+    let activeRequests = Atomic<Int>(0)
+    /// Set during shutdown: every response asks the client to close its connection.
+    let closingConnections = Atomic<Bool>(false)
+    /// Set once the grace period is over: requests get 503 without reaching the handler.
+    let rejectingRequests = Atomic<Bool>(false)
+    /// Suspended requests, so that shutdown can answer the ones the handler never did
+    /// (stopping the daemon with a suspended connection is an API violation).
+    private let suspended = Mutex<[ObjectIdentifier: RequestContext]>([:])
+    /// The last message from libmicrohttpd's log, for start-up errors.
+    let lastDaemonMessage = Mutex<String?>(nil)
+
+    init(handler: any HTTPHandler, logger: Logger, maxBodyBytes: Int) {
+        self.handler = handler
+        self.logger = logger
+        self.maxBodyBytes = maxBodyBytes
+    }
+
+    func rememberSuspended(_ request: RequestContext) {
+        _ = suspended.withLock { $0.updateValue(request, forKey: ObjectIdentifier(request)) }
+    }
+
+    func forgetSuspended(_ request: RequestContext) {
+        _ = suspended.withLock { $0.removeValue(forKey: ObjectIdentifier(request)) }
+    }
+
+    /// Answers every suspended request with `response` (which resumes them).
+    func answerSuspended(with response: HTTPResponse) -> Int {
+        let waiting = suspended.withLock { Array($0.values) }
+        for request in waiting { request.complete(with: response) }
+        return waiting.count
+    }
+
+    // MARK: - libmicrohttpd callbacks
+
+    /// MHD_AccessHandlerCallback: called once when headers are in, once per body chunk, then with
+    /// no data when the body is complete (and again after a resume).
+    static func accessHandler(
+        _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?, _ url: UnsafePointer<CChar>?,
+        _ method: UnsafePointer<CChar>?, _ uploadData: UnsafePointer<CChar>?,
+        _ uploadDataSize: UnsafeMutablePointer<Int>?, _ requestSlot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?
+    ) -> MHD_Result {
+        guard let cls, let connection, let requestSlot, let uploadDataSize else { return .NO }
+        let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
+
+        guard let slot = requestSlot.pointee else {
+            // First call: headers only.
+            let request = RequestContext(connection: connection, daemon: daemon)
+            requestSlot.pointee = Unmanaged.passRetained(request).toOpaque()
+            daemon.activeRequests.add(1, ordering: .relaxed)
+            if let declared = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length") {
+                // An unparsable length is libmicrohttpd's to reject; one too large is ours.
+                if let length = UInt64(String(cString: declared)), length > UInt64(daemon.maxBodyBytes) {
+                    daemon.logger.debug("http.request.body_too_large", metadata: ["http.content_length": "\(length)"])
+                    request.phase.withLock { $0 = .sent }
+                    return queue(.serverError(status: 413, "payload_too_large"), on: connection, daemon: daemon)
+                }
+                if let length = Int(String(cString: declared)) { request.body.reserveCapacity(length) }
+            }
+            return .YES
+        }
+        let request = Unmanaged<RequestContext>.fromOpaque(slot).takeUnretainedValue()
+
+        if uploadDataSize.pointee > 0 {
+            let count = uploadDataSize.pointee
+            uploadDataSize.pointee = 0
+            if request.bodyTooLarge || request.body.count + count > daemon.maxBodyBytes {
+                // Streaming (chunked) past the cap: stop buffering, drop what we have, and read on
+                // to the end so a 413 can be sent; a client that keeps going is cut off.
+                if !request.bodyTooLarge {
+                    request.bodyTooLarge = true
+                    request.body = []
+                    daemon.logger.debug("http.request.body_too_large")
+                }
+                request.discardedBytes += count
+                return request.discardedBytes > 4 * daemon.maxBodyBytes + 65536 ? .NO : .YES
+            }
+            if let uploadData {
+                uploadData.withMemoryRebound(to: UInt8.self, capacity: count) {
+                    request.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: count))
+                }
+            }
+            return .YES
+        }
+
+        // The body is complete (or the connection was resumed).
+        enum Next { case handle, queue(HTTPResponse), wait }
+        let next = request.phase.withLock { phase -> Next in
+            switch phase {
+            case .receiving:
+                phase = .handling
+                return .handle
+            case .responded(let response):
+                phase = .sent
+                return .queue(response)
+            case .handling, .suspended, .sent, .finished:
+                return .wait
+            }
+        }
+        switch next {
+        case .wait:
+            return .YES
+        case .queue(let response):
+            return queue(response, on: connection, daemon: daemon)
+        case .handle:
+            break
+        }
+
+        if request.bodyTooLarge || daemon.rejectingRequests.load(ordering: .relaxed) {
+            request.phase.withLock { $0 = .sent }
+            let response: HTTPResponse = request.bodyTooLarge
+                ? .serverError(status: 413, "payload_too_large") : .serverError(status: 503, "shutting_down")
+            return queue(response, on: connection, daemon: daemon)
+        }
+
+        let httpRequest = HTTPRequest(
+            method: method.map { String(cString: $0) } ?? "GET",
+            path: url.map { String(cString: $0) } ?? "/",
+            query: values(of: .GET_ARGUMENT_KIND, on: connection, lowercased: false),
+            headers: values(of: .HEADER_KIND, on: connection, lowercased: true),
+            body: request.body,
+            remoteAddress: remoteAddress(of: connection))
+        request.body = []
+        daemon.logger.debug("http.request", metadata: ["http.method": .string(httpRequest.method),
+                                                       "http.path": .string(httpRequest.path)])
+        daemon.handler.handle(httpRequest) { [request] response in request.complete(with: response) }
+
+        // Answered synchronously: queue now, no suspension. Otherwise suspend until `respond`.
+        let ready = request.phase.withLock { phase -> HTTPResponse? in
+            if case .responded(let response) = phase {
+                phase = .sent
+                return response
+            }
+            phase = .suspended
+            request.daemon.rememberSuspended(request)
+            MHD_suspend_connection(connection)
+            return nil
+        }
+        if let ready { return queue(ready, on: connection, daemon: daemon) }
+        return .YES
+    }
+
+    /// MHD_RequestCompletedCallback: the request is over (sent, failed, timed out or closed).
+    static func requestCompleted(
+        _ cls: UnsafeMutableRawPointer?, _ requestSlot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?,
+        _ termination: MHD_RequestTerminationCode
+    ) {
+        guard let cls, let requestSlot, let slot = requestSlot.pointee else { return }
+        let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
+        requestSlot.pointee = nil
+        // Balances passRetained in the first access-handler call.
+        let request = Unmanaged<RequestContext>.fromOpaque(slot).takeRetainedValue()
+        let wasSuspended = request.phase.withLock { phase -> Bool in
+            defer { phase = .finished }
+            if case .suspended = phase { return true }
+            return false
+        }
+        if wasSuspended { daemon.forgetSuspended(request) }
+        daemon.activeRequests.subtract(1, ordering: .relaxed)
+        if termination.rawValue != 0 /* MHD_REQUEST_TERMINATED_COMPLETED_OK */ {
+            daemon.logger.debug("http.request.aborted", metadata: ["http.termination": "\(termination.rawValue)"])
+        }
+    }
+
+    /// MHD_OPTION_EXTERNAL_LOGGER, formatted by the shim.
+    static func log(_ cls: UnsafeMutableRawPointer?, _ message: UnsafePointer<CChar>) {
+        guard let cls else { return }
+        let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
+        var text = String(cString: message)
+        while text.last?.isNewline == true { text.removeLast() }
+        daemon.lastDaemonMessage.withLock { $0 = text }
+        daemon.logger.debug("http.daemon.log", metadata: ["http.daemon.message": .string(text)])
+    }
+
+    // MARK: - Helpers
+
+    private static func queue(_ response: HTTPResponse, on connection: OpaquePointer, daemon: DaemonContext)
+        -> MHD_Result
+    {
+        let created = response.body.withUnsafeBytes { bytes in
+            bytes.isEmpty
+                ? MHD_create_response_from_buffer(0, nil, .RESPMEM_PERSISTENT)
+                : MHD_create_response_from_buffer(
+                    bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress), .RESPMEM_MUST_COPY)
+        }
+        guard let created else { return .NO }
+        defer { MHD_destroy_response(created) }
+        var hasContentType = false
+        for (name, value) in response.headers {
+            switch name.lowercased() {
+            case "content-length", "transfer-encoding": continue  // libmicrohttpd's job
+            case "content-type": hasContentType = true
+            default: break
+            }
+            if MHD_add_response_header(created, name, value) != .YES {
+                daemon.logger.debug("http.response.header_rejected", metadata: ["http.header": .string(name)])
+            }
+        }
+        if !hasContentType { _ = MHD_add_response_header(created, "Content-Type", "application/octet-stream") }
+        if daemon.closingConnections.load(ordering: .relaxed) {
+            _ = MHD_add_response_header(created, "Connection", "close")
+        }
+        return MHD_queue_response(connection, UInt32(clamping: response.status), created)
+    }
+
+    private static func values(of kind: MHD_ValueKind, on connection: OpaquePointer, lowercased: Bool)
+        -> [String: String]
+    {
+        var collected: (values: [String: String], lowercased: Bool) = ([:], lowercased)
+        withUnsafeMutablePointer(to: &collected) { pointer in
+            _ = MHD_get_connection_values(connection, kind, { cls, _, key, value in
+                guard let cls, let key else { return .YES }
+                let target = cls.assumingMemoryBound(to: (values: [String: String], lowercased: Bool).self)
+                var name = String(cString: key)
+                if target.pointee.lowercased { name = name.lowercased() }
+                let text = value.map { String(cString: $0) } ?? ""
+                if target.pointee.lowercased, let earlier = target.pointee.values[name] {
+                    target.pointee.values[name] = earlier + ", " + text
+                } else {
+                    target.pointee.values[name] = text
+                }
+                return .YES
+            }, pointer)
+        }
+        return collected.values
+    }
+
+    private static func remoteAddress(of connection: OpaquePointer) -> String? {
+        withUnsafeTemporaryAllocation(of: CChar.self, capacity: 64) { buffer in
+            guard let base = buffer.baseAddress,
+                  CMicroHTTPD_client_address(connection, base, socklen_t(buffer.count)) != 0
+            else { return nil }
+            return String(cString: base)
+        }
+    }
+}

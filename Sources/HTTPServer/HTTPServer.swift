@@ -1,0 +1,192 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+internal import CMicroHTTPD
+package import Logging
+import Synchronization
+
+/// An HTTP/1.1 server over libmicrohttpd: an epoll thread pool, keep-alive, and limits
+/// (connections, per-IP connections, idle timeout, body size) enforced by the library.
+///
+/// Handlers answer through a completion; while they wait, the connection is suspended and
+/// holds no thread. `start()` returns once listening; `stop()` stops accepting, gives in-flight
+/// requests `shutdownGracePeriod`, answers any still waiting with 503, then stops the daemon.
+package final class HTTPServer: Sendable {
+    package struct Configuration: Sendable {
+        /// Numeric IPv4 ("127.0.0.1", "0.0.0.0"), bracketed or bare numeric IPv6 ("[::1]"), or "localhost".
+        package var host: String
+        /// 0 picks a free port; read it back from `HTTPServer.port`.
+        package var port: Int
+        /// Threads in libmicrohttpd's pool, each with its own epoll set.
+        package var threadCount: Int
+        /// Open connections at once; more are refused by libmicrohttpd.
+        package var connectionLimit: Int
+        /// Open connections at once from one address; `nil` for no limit.
+        package var perIPConnectionLimit: Int?
+        /// A connection idle this long (no bytes either way) is closed; whole seconds, rounded up.
+        package var connectionTimeout: Duration
+        /// Larger bodies get 413 and never reach the handler.
+        package var maxBodyBytes: Int
+        /// How long `stop()` waits for in-flight requests before answering them 503.
+        package var shutdownGracePeriod: Duration
+
+        package init(
+            host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
+            connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
+            maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5)
+        ) {
+            self.host = host
+            self.port = port
+            self.threadCount = threadCount
+            self.connectionLimit = connectionLimit
+            self.perIPConnectionLimit = perIPConnectionLimit
+            self.connectionTimeout = connectionTimeout
+            self.maxBodyBytes = maxBodyBytes
+            self.shutdownGracePeriod = shutdownGracePeriod
+        }
+
+        /// Processors online, at least 1.
+        package static var processorCount: Int { max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) }
+    }
+
+    /// A running daemon and what must outlive it.
+    /// `@unchecked Sendable`: the pointers are only used under `state`'s lock, by start and stop.
+    private struct Running: @unchecked Sendable {
+        var daemon: OpaquePointer
+        var listenSocket: Int32
+        var context: Unmanaged<DaemonContext>
+        var logTarget: UnsafeMutablePointer<CMicroHTTPD_LogTarget>
+        var port: Int
+    }
+
+    package let configuration: Configuration
+    private let handler: any HTTPHandler
+    private let logger: Logger
+    private let state = Mutex<Running?>(nil)
+
+    package init(configuration: Configuration, handler: any HTTPHandler, logger: Logger = Logger(label: "http-server")) {
+        self.configuration = configuration
+        self.handler = handler
+        self.logger = logger
+    }
+
+    /// A server whose handler answers synchronously (it must not block).
+    package convenience init(
+        configuration: Configuration, logger: Logger = Logger(label: "http-server"), respond: @escaping @Sendable (HTTPRequest) -> HTTPResponse
+    ) {
+        self.init(configuration: configuration, handler: ClosureHTTPHandler(synchronous: respond), logger: logger)
+    }
+
+    /// A server whose handler is `async`, run in a task per request.
+    package convenience init(
+        configuration: Configuration, logger: Logger = Logger(label: "http-server"),
+        asyncRespond: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
+    ) {
+        self.init(configuration: configuration, handler: AsyncHTTPHandler(asyncRespond), logger: logger)
+    }
+
+    deinit { stop() }
+
+    /// The bound port (the real one when configured with 0); 0 when not running.
+    package var port: Int { state.withLock { $0?.port ?? 0 } }
+
+    /// Binds, starts the thread pool, and returns once connections are accepted.
+    package func start() throws {
+        try state.withLock { running throws(HTTPServerError) in
+            let configuration = configuration
+            let address = "\(configuration.host):\(configuration.port)"
+            guard running == nil else {
+                throw HTTPServerError(code: .alreadyRunning, operation: "start", address: address,
+                                      message: "the server is already running")
+            }
+            let listenSocket = try ListeningSocket.open(host: configuration.host, port: configuration.port)
+            let context = Unmanaged.passRetained(
+                DaemonContext(handler: handler, logger: logger, maxBodyBytes: configuration.maxBodyBytes))
+            let logTarget = UnsafeMutablePointer<CMicroHTTPD_LogTarget>.allocate(capacity: 1)
+            logTarget.initialize(to: CMicroHTTPD_LogTarget(
+                function: { cls, message in DaemonContext.log(cls, message) }, context: context.toOpaque()))
+
+            let timeout = configuration.connectionTimeout.components
+            let timeoutSeconds = max(1, timeout.seconds + (timeout.attoseconds > 0 ? 1 : 0))
+            let daemon = CMicroHTTPD_start(
+                listenSocket, 0,
+                UInt32(clamping: max(1, configuration.threadCount)),
+                UInt32(clamping: max(1, configuration.connectionLimit)),
+                UInt32(clamping: max(0, configuration.perIPConnectionLimit ?? 0)),
+                UInt32(clamping: timeoutSeconds),
+                { cls, connection, url, method, _, uploadData, uploadDataSize, requestSlot in
+                    DaemonContext.accessHandler(cls, connection, url, method, uploadData, uploadDataSize, requestSlot)
+                },
+                context.toOpaque(),
+                { cls, _, requestSlot, termination in
+                    DaemonContext.requestCompleted(cls, requestSlot, termination)
+                },
+                context.toOpaque(),
+                logTarget)
+            guard let daemon else {
+                let detail = context.takeUnretainedValue().lastDaemonMessage.withLock { $0 }
+                close(listenSocket)
+                context.release()
+                logTarget.deinitialize(count: 1)
+                logTarget.deallocate()
+                throw HTTPServerError(code: .daemonStartFailed, operation: "MHD_start_daemon", address: address,
+                                      message: detail ?? "libmicrohttpd did not start")
+            }
+            var port = Int(CMicroHTTPD_bound_port(daemon))
+            if port == 0 { port = ListeningSocket.localPort(of: listenSocket) }
+            running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
+                              port: port)
+            logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
+                                                          "http.port": .int(port),
+                                                          "http.threads": .int(configuration.threadCount)])
+        }
+    }
+
+    /// Stops accepting, waits up to `shutdownGracePeriod` for in-flight requests (asking
+    /// keep-alive clients to close), answers any still waiting with 503, then stops the daemon.
+    /// Returns at once when not running.
+    package func stop() {
+        state.withLock { running in
+            guard let current = running else { return }
+            running = nil
+            let context = current.context.takeUnretainedValue()
+            context.closingConnections.store(true, ordering: .relaxed)
+            // After quiescing the listen socket is ours to close, but only after MHD_stop_daemon.
+            let quiesced = MHD_quiesce_daemon(current.daemon)
+
+            let clock = ContinuousClock()
+            let deadline = clock.now.advanced(by: configuration.shutdownGracePeriod)
+            while context.activeRequests.load(ordering: .relaxed) > 0, clock.now < deadline {
+                usleep(2_000)
+            }
+            context.rejectingRequests.store(true, ordering: .relaxed)
+            let answered = context.answerSuspended(with: .serverError(status: 503, "shutting_down"))
+            if answered > 0 {
+                logger.warning("http.server.shutdown_answered_waiting", metadata: ["http.requests": .int(answered)])
+                // Let the resumed connections send their 503 before the daemon closes them.
+                let flushDeadline = clock.now.advanced(by: .milliseconds(250))
+                while context.activeRequests.load(ordering: .relaxed) > 0, clock.now < flushDeadline {
+                    usleep(2_000)
+                }
+            }
+            MHD_stop_daemon(current.daemon)
+            if quiesced >= 0 { close(quiesced) }
+            // The callbacks can no longer run: release what they used.
+            current.context.release()
+            current.logTarget.deinitialize(count: 1)
+            current.logTarget.deallocate()
+            logger.info("http.server.stopped", metadata: ["http.port": .int(current.port)])
+        }
+    }
+
+    /// Starts, runs until the task is cancelled, then stops (for a service task group).
+    package func run() async throws {
+        try start()
+        defer { stop() }
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(3600))
+        }
+    }
+}
