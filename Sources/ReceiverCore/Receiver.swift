@@ -1,6 +1,6 @@
 import AppleClient
 import Foundation
-package import HTTPServer
+import HTTPServer
 package import Logging
 package import SiwaCore
 

@@ -1,7 +1,7 @@
 package import AppleClient
 import Foundation
 package import HTTPServer
-import Logging
+package import Logging
 package import SiwaCore
 
 /// Routes the receiver's one listener: the notification POST, `/healthz`, `/readyz`, `/metrics`.
