@@ -3,7 +3,8 @@
 # they need and nothing more, the app-facing functions run as their owner, 003 is harmless when
 # applied twice, and a migrating user that may not create roles is told so and still succeeds.
 #
-# Self-contained: needs the PostgreSQL server binaries (Debian: postgresql) and psql; picks a free
+# Self-contained: needs the PostgreSQL server binaries and psql (Debian: postgresql, installed with
+# apt-get when missing and run as root); picks a free
 # port, runs the cluster in a temp dir (as the postgres user when run as root), stops it at exit.
 # Exit status 0 when every check passed, 1 otherwise.
 set -uo pipefail
@@ -11,7 +12,14 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 sql_dir=$(cd "$here/../../sql" && pwd)
 
-pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+find_pg() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+pg_bin=${PG_BIN:-$(find_pg)}
+if [[ -z "$pg_bin" && $(id -u) -eq 0 ]]; then  # Debian: install the server when it is missing
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q postgresql >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1; }
+    pg_bin=$(find_pg)
+fi
 if [[ -z "$pg_bin" || ! -x "$pg_bin/initdb" ]]; then
     echo "roles-check: PostgreSQL server binaries not found (set PG_BIN or install postgresql)" >&2
     exit 1
