@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Checks sql/003_roles.sql against a throwaway PostgreSQL cluster: the three group roles get what
+# they need and nothing more, the app-facing functions run as their owner, 003 is harmless when
+# applied twice, and a migrating user that may not create roles is told so and still succeeds.
+#
+# Self-contained: needs the PostgreSQL server binaries and psql (Debian: postgresql, installed with
+# apt-get when missing and run as root); picks a free
+# port, runs the cluster in a temp dir (as the postgres user when run as root), stops it at exit.
+# Exit status 0 when every check passed, 1 otherwise.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+sql_dir=$(cd "$here/../../sql" && pwd)
+
+find_pg() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+pg_bin=${PG_BIN:-$(find_pg)}
+if [[ -z "$pg_bin" && $(id -u) -eq 0 ]]; then  # Debian: install the server when it is missing
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q postgresql >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1; }
+    pg_bin=$(find_pg)
+fi
+if [[ -z "$pg_bin" || ! -x "$pg_bin/initdb" ]]; then
+    echo "roles-check: PostgreSQL server binaries not found (set PG_BIN or install postgresql)" >&2
+    exit 1
+fi
+command -v psql >/dev/null || { echo "roles-check: psql not found" >&2; exit 1; }
+
+port=${PGPORT_CHECK:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)))}
+tmp=$(mktemp -d)
+as_pg=()
+if [[ $(id -u) -eq 0 ]]; then
+    chown postgres "$tmp"
+    as_pg=(runuser -u postgres --)
+fi
+
+cleanup() {
+    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -m immediate -w stop >/dev/null 2>&1
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+"${as_pg[@]}" "$pg_bin/initdb" -D "$tmp/data" -A trust -U postgres --no-sync >"$tmp/initdb.log" 2>&1 \
+    || { cat "$tmp/initdb.log" >&2; exit 1; }
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -w -l "$tmp/server.log" \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp -c fsync=off" start >/dev/null \
+    || { cat "$tmp/server.log" >&2; exit 1; }
+echo "roles-check: PostgreSQL $("$pg_bin/postgres" -V | awk '{print $3}') on 127.0.0.1:$port"
+
+passed=0
+failed=0
+ok()   { passed=$((passed + 1)); echo "  ok    $*"; }
+fail() { failed=$((failed + 1)); echo "  FAIL  $*"; }
+
+# q USER DB SQL: run SQL as USER, print the unaligned result; exit status of psql.
+q() { psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U "$1" -d "$2" -c "$3" 2>"$tmp/err"; }
+
+# allowed USER DB WHAT SQL
+allowed() {
+    local out
+    if out=$(q "$1" "$2" "$4"); then ok "$1 may $3"; else fail "$1 may $3: $(cat "$tmp/err")"; fi
+}
+# denied USER DB WHAT SQL: must fail with a permission error (not any error)
+denied() {
+    if q "$1" "$2" "$4" >/dev/null; then
+        fail "$1 must not $3, but could"
+    elif grep -q 'permission denied' "$tmp/err"; then
+        ok "$1 must not $3"
+    else
+        fail "$1 must not $3: failed for another reason: $(cat "$tmp/err")"
+    fi
+}
+# expect WHAT ACTUAL EXPECTED
+expect() { if [[ "$2" == "$3" ]]; then ok "$1"; else fail "$1: got '$2', want '$3'"; fi; }
+
+apply() {  # apply USER DB FILE...: apply migration files in one transaction, like `siwa migrate`
+    local user=$1 db=$2; shift 2
+    local args=()
+    for f in "$@"; do args+=(-f "$sql_dir/$f"); done
+    psql -X -q -v ON_ERROR_STOP=1 --single-transaction -h 127.0.0.1 -p "$port" -U "$user" -d "$db" "${args[@]}" 2>&1
+}
+
+privileges() {  # a listing of every privilege in schema siwa, to compare before/after
+    q postgres "$1" "
+      SELECT c.relname || ':' || coalesce(c.relacl::text, '') FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'siwa' AND c.relkind = 'r'
+      UNION ALL
+      SELECT 'col ' || c.relname || '.' || a.attname || ':' || a.attacl::text FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+       WHERE n.nspname = 'siwa' AND a.attacl IS NOT NULL
+      UNION ALL
+      SELECT 'fn ' || p.oid::regprocedure || ':' || coalesce(p.proacl::text, '') || ':' || p.prosecdef
+             || ':' || coalesce(p.proconfig::text, '') FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'siwa'
+      UNION ALL
+      SELECT 'schema:' || nspacl::text FROM pg_namespace WHERE nspname = 'siwa'
+      UNION ALL
+      SELECT 'role ' || rolname || ':' || rolcanlogin FROM pg_roles WHERE rolname LIKE 'siwa\_%'
+      ORDER BY 1"
+}
+
+echo "== a migrating user without CREATEROLE (database 'limited')"
+q postgres postgres "CREATE ROLE migrator LOGIN NOCREATEROLE NOSUPERUSER" >/dev/null
+q postgres postgres "CREATE DATABASE limited OWNER migrator" >/dev/null
+if out=$(apply migrator limited 001_schema.sql 002_effects.sql 003_roles.sql); then
+    ok "001-003 apply as a user who may not create roles"
+else
+    fail "001-003 as migrator: $out"
+fi
+notices=$(grep -c 'may not create roles' <<<"$out")
+expect "a NOTICE for each role it could not create" "$notices" 3
+expect "no siwa_* role created by it" "$(q postgres postgres "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'siwa\_%'")" 0
+
+echo "== migrating as superuser (database 'siwa')"
+q postgres postgres "CREATE DATABASE siwa" >/dev/null
+if out=$(apply postgres siwa 001_schema.sql 002_effects.sql 003_roles.sql); then
+    ok "001-003 apply as superuser"
+else
+    fail "001-003 as superuser: $out"
+fi
+expect "three NOLOGIN group roles exist" \
+    "$(q postgres postgres "SELECT string_agg(rolname || '=' || rolcanlogin, ',' ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'siwa\_%'")" \
+    "siwa_app=false,siwa_receiver=false,siwa_worker=false"
+before=$(privileges siwa)
+if out=$(apply postgres siwa 003_roles.sql); then ok "003 applies a second time"; else fail "003 twice: $out"; fi
+expect "003 twice leaves the same privileges" "$(privileges siwa)" "$before"
+expect "link_account and request_deletion are SECURITY DEFINER with a fixed search_path" \
+    "$(q postgres siwa "SELECT string_agg(proname || ':' || prosecdef || ':' || array_to_string(proconfig, ';'), ',' ORDER BY proname)
+                       FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace AND proname IN ('link_account', 'request_deletion')")" \
+    "link_account:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp"
+expect "no siwa function is executable by PUBLIC" \
+    "$(q postgres siwa "SELECT count(*) FROM pg_proc p WHERE pronamespace = 'siwa'::regnamespace
+                         AND has_function_privilege('public', p.oid, 'EXECUTE')")" 0
+
+# Login users, as an operator would create them.
+q postgres postgres "CREATE ROLE rcv LOGIN IN ROLE siwa_receiver; CREATE ROLE wrk LOGIN IN ROLE siwa_worker;
+                     CREATE ROLE app LOGIN IN ROLE siwa_app; CREATE ROLE nobody LOGIN" >/dev/null \
+    || fail "creating login users: $(cat "$tmp/err")"
+
+echo "== receiver (siwa_receiver)"
+insert_n() {  # insert_n JTI TYPE SUB: the receiver's statement
+    echo "INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+          VALUES ('$1', 'com.example.app', '$3', '$2', now() - interval '1 minute', 'x@privaterelay.appleid.com', true,
+                  '{\"events\": {}}', 'h.p.s')
+          ON CONFLICT (jti) DO NOTHING RETURNING jti"
+}
+allowed rcv siwa "INSERT a notification (ON CONFLICT (jti) DO NOTHING)" "$(insert_n n1 consent-revoked s1)"
+expect "the trigger queued exactly one job for it" \
+    "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1' AND kind = 'notification'")" 1
+expect "a redelivered jti returns no row" "$(q rcv siwa "$(insert_n n1 consent-revoked s1)")" ""
+expect "a redelivered jti queues no second job" \
+    "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1'")" 1
+upsert="INSERT INTO siwa.rejections (minute, reason, count) VALUES (date_trunc('minute', now()), 'bad_signature', 1)
+        ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + EXCLUDED.count"
+allowed rcv siwa "upsert a rejection counter" "$upsert"
+allowed rcv siwa "upsert the same counter again" "$upsert"
+expect "the counter is 2" "$(q postgres siwa "SELECT count FROM siwa.rejections WHERE reason = 'bad_signature'")" 2
+denied rcv siwa "SELECT siwa.accounts" "SELECT * FROM siwa.accounts"
+denied rcv siwa "SELECT notifications beyond jti" "SELECT email, jws FROM siwa.notifications"
+denied rcv siwa "SELECT siwa.jobs" "SELECT * FROM siwa.jobs"
+denied rcv siwa "SELECT siwa.account_changes" "SELECT * FROM siwa.account_changes"
+denied rcv siwa "UPDATE siwa.notifications" "UPDATE siwa.notifications SET outcome = 'x'"
+denied rcv siwa "DELETE siwa.jobs" "DELETE FROM siwa.jobs"
+denied rcv siwa "INSERT siwa.accounts" "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('c', 's', 'active')"
+denied rcv siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
+denied rcv siwa "call siwa.request_deletion" "SELECT siwa.request_deletion('c', 's')"
+
+echo "== worker (siwa_worker)"
+allowed rcv siwa "INSERT a second notification" "$(insert_n n2 email-disabled s2)"
+claim="UPDATE siwa.jobs SET state = 'running', attempt = attempt + 1, locked_by = 'check', locked_until = now() + interval '1 minute'
+       WHERE id IN (SELECT id FROM siwa.jobs WHERE state = 'available' AND run_at <= now()
+                    ORDER BY priority, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED)
+       RETURNING id"
+allowed wrk siwa "claim jobs (FOR UPDATE SKIP LOCKED)" "$claim"
+job1=$(q postgres siwa "SELECT id FROM siwa.jobs WHERE notification_jti = 'n1'")
+job2=$(q postgres siwa "SELECT id FROM siwa.jobs WHERE notification_jti = 'n2'")
+expect "apply_notification (consent-revoked)" "$(q wrk siwa "SELECT siwa.apply_notification('n1', $job1)")" applied
+expect "apply_notification (email-disabled)" "$(q wrk siwa "SELECT siwa.apply_notification('n2', $job2)")" applied
+allowed wrk siwa "complete jobs" "UPDATE siwa.jobs SET state = 'completed', outcome = 'applied', finalized_at = now(), locked_by = NULL, locked_until = NULL WHERE id IN ($job1, $job2)"
+allowed wrk siwa "read and update accounts" "UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = 'com.example.app' RETURNING sub"
+allowed wrk siwa "pause a client" "INSERT INTO siwa.paused_clients (client_id, reason) VALUES ('com.example.app', 'invalid_client') ON CONFLICT (client_id) DO UPDATE SET next_probe_at = now()"
+allowed wrk siwa "unpause a client" "DELETE FROM siwa.paused_clients WHERE client_id = 'com.example.app'"
+allowed wrk siwa "read account_changes" "SELECT count(*) FROM siwa.account_changes"
+allowed wrk siwa "retention: delete processed notifications" "DELETE FROM siwa.notifications WHERE processed_at < now() - interval '30 days'"
+allowed wrk siwa "retention: delete finalized jobs" "DELETE FROM siwa.jobs WHERE finalized_at < now() - interval '30 days'"
+allowed wrk siwa "retention: delete old rejection counters" "DELETE FROM siwa.rejections WHERE minute < now() - interval '30 days'"
+allowed wrk siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('com.example.app', 'nosuch')"
+denied wrk siwa "create objects in schema siwa" "CREATE TABLE siwa.evil (x int)"
+
+echo "== app (siwa_app)"
+del1=$(q app siwa "SELECT siwa.request_deletion('com.example.app', 's2')") \
+    && ok "app may call siwa.request_deletion (job $del1)" || fail "app request_deletion: $(cat "$tmp/err")"
+del2=$(q app siwa "SELECT siwa.request_deletion('com.example.app', 's2')")
+expect "calling request_deletion again returns the same job" "$del2" "$del1"
+expect "the account is pending_deletion" \
+    "$(q postgres siwa "SELECT status FROM siwa.accounts WHERE sub = 's2'")" pending_deletion
+link=$(q app siwa "SELECT siwa.link_account('com.example.app', 's3', 'user-3', 'c0de')") \
+    && ok "app may call siwa.link_account (job $link)" || fail "app link_account: $(cat "$tmp/err")"
+expect "link_account queued an exchange job" \
+    "$(q postgres siwa "SELECT kind || '/' || priority FROM siwa.jobs WHERE id = ${link:-0}")" "exchange/0"
+expect "app reads account_changes (deletion_requested)" \
+    "$(q app siwa "SELECT change FROM siwa.account_changes WHERE sub = 's2' ORDER BY id DESC LIMIT 1")" deletion_requested
+denied app siwa "SELECT siwa.accounts" "SELECT * FROM siwa.accounts"
+denied app siwa "UPDATE siwa.accounts" "UPDATE siwa.accounts SET status = 'active'"
+denied app siwa "SELECT siwa.jobs" "SELECT * FROM siwa.jobs"
+denied app siwa "UPDATE siwa.jobs" "UPDATE siwa.jobs SET state = 'cancelled'"
+denied app siwa "SELECT siwa.notifications" "SELECT * FROM siwa.notifications"
+denied app siwa "INSERT siwa.account_changes" "INSERT INTO siwa.account_changes (client_id, sub, change) VALUES ('c', 's', 'x')"
+denied app siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
+denied app siwa "call siwa.record_change" "SELECT siwa.record_change('c', 's', 'x', NULL, NULL, NULL)"
+denied app siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('c', 's')"
+
+echo "== a login user in no siwa role"
+denied nobody siwa "use schema siwa" "SELECT * FROM siwa.account_changes"
+denied nobody siwa "call siwa.request_deletion" "SELECT siwa.request_deletion('c', 's')"
+
+echo "== the limited database, once the roles exist"
+if out=$(apply migrator limited 003_roles.sql); then
+    ok "003 re-applied by the user who may not create roles"
+else
+    fail "003 again as migrator: $out"
+fi
+expect "no NOTICE now that the roles exist" "$(grep -c 'may not create roles' <<<"$out")" 0
+allowed rcv limited "INSERT a notification there (grants reached existing roles)" "$(insert_n l1 email-enabled s1)"
+allowed app limited "call siwa.request_deletion there" "SELECT siwa.request_deletion('com.example.app', 's1')"
+denied app limited "SELECT siwa.accounts there" "SELECT * FROM siwa.accounts"
+
+echo "roles-check: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
