@@ -1,0 +1,62 @@
+import Foundation
+import Logging
+import Postgres
+import SiwaCore
+
+/// A fresh database with every migration applied. Our SQL lives in the fixed schema `siwa`, so
+/// tests isolate by database rather than by schema: each test gets `test_<random>` of its own.
+struct MigratedDatabase: Sendable {
+    let name: String
+    /// URI of this database, for connections and for child processes' `DATABASE_URL`.
+    let url: String
+    private let adminURL: String
+
+    static func make() async throws -> MigratedDatabase {
+        let base = try await TestDatabase.shared.baseURL()
+        let name = "test_" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        let admin = try await PostgresConnection.connect(to: base, logger: TestDatabase.logger)
+        defer { admin.close() }
+        try await admin.simpleQuery("CREATE DATABASE \(name)")
+        let database = MigratedDatabase(name: name, url: Self.url(base, database: name), adminURL: base)
+        let connection = try await database.connect()
+        defer { connection.close() }
+        try await Migrator(logger: TestDatabase.logger).migrate(connection)
+        return database
+    }
+
+    func connect() async throws -> PostgresConnection {
+        try await PostgresConnection.connect(to: url, logger: TestDatabase.logger)
+    }
+
+    /// Drops the database, ending any session still connected to it.
+    func drop() async {
+        guard let admin = try? await PostgresConnection.connect(to: adminURL, logger: TestDatabase.logger) else {
+            return
+        }
+        defer { admin.close() }
+        try? await admin.simpleQuery("DROP DATABASE IF EXISTS \(name) WITH (FORCE)")
+    }
+
+    /// Replaces the database name in a `postgresql://` URI, or `dbname` in key=value conninfo.
+    static func url(_ base: String, database: String) -> String {
+        if base.contains("://"), var components = URLComponents(string: base) {
+            components.path = "/" + database
+            return components.string ?? base
+        }
+        let parts = base.split(separator: " ").filter { !$0.hasPrefix("dbname=") }
+        return (parts + ["dbname=\(database)"]).joined(separator: " ")
+    }
+}
+
+/// Runs `body` against a fresh migrated database and drops it afterwards.
+func withMigratedDatabase<T>(_ body: (MigratedDatabase) async throws -> T) async throws -> T {
+    let database = try await MigratedDatabase.make()
+    do {
+        let value = try await body(database)
+        await database.drop()
+        return value
+    } catch {
+        await database.drop()
+        throw error
+    }
+}
