@@ -1,0 +1,34 @@
+import Foundation
+import Logging
+import Postgres
+import SiwaCore
+
+/// `siwa migrate`: applies the embedded `sql/NNN_*.sql` files not yet recorded in `siwa.schema_migrations`.
+enum MigrateCommand: CLICommand {
+    static let name = "migrate"
+    static let summary = "apply the SQL migrations (safe to run twice, or from two processes at once)"
+
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        let databaseURL: String
+        let settings: CommonSettings
+        do {
+            databaseURL = try CommonSettings.databaseURL(source)
+            settings = try CommonSettings(source)
+        } catch {
+            FileHandle.standardError.write(Data("siwa migrate: \(error)\n".utf8))
+            return 2
+        }
+        let logger = Logger(label: "siwa-migrate", level: settings.logLevel)
+        do {
+            let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-migrate", logger: logger)
+            defer { connection.close() }
+            let applied = try await Migrator(logger: logger).migrate(connection)
+            print(applied.isEmpty ? "up to date" : "applied \(applied.map(String.init).joined(separator: ", "))")
+            return 0
+        } catch {
+            logger.error("migration failed", metadata: ["error": "\(error)"])
+            FileHandle.standardError.write(Data("siwa migrate: \(error)\n".utf8))
+            return 1
+        }
+    }
+}
