@@ -4,6 +4,7 @@ import Glibc
 import Darwin
 #endif
 internal import CMicroHTTPD
+import Dispatch
 package import Logging
 import Synchronization
 
@@ -146,7 +147,8 @@ package final class HTTPServer: Sendable {
 
     /// Stops accepting, waits up to `shutdownGracePeriod` for in-flight requests (asking
     /// keep-alive clients to close), answers any still waiting with 503, then stops the daemon.
-    /// Returns at once when not running.
+    /// Blocks for up to the grace period (plus a short flush): from async code prefer `run()`'s
+    /// cancellation or call it off the cooperative pool. Returns at once when not running.
     package func stop() {
         state.withLock { running in
             guard let current = running else { return }
@@ -181,12 +183,18 @@ package final class HTTPServer: Sendable {
         }
     }
 
-    /// Starts, runs until the task is cancelled, then stops (for a service task group).
+    /// Starts, runs until the task is cancelled, then stops (for a service task group). The
+    /// blocking `stop()` runs on a Dispatch thread, off the cooperative pool.
     package func run() async throws {
         try start()
-        defer { stop() }
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(3600))
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                self.stop()
+                continuation.resume()
+            }
         }
     }
 }

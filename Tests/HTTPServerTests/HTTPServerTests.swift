@@ -19,9 +19,21 @@ struct HTTPServerTests {
             maxBodyBytes: maxBodyBytes, shutdownGracePeriod: .seconds(1))
         let server = HTTPServer(configuration: configuration, handler: handler)
         try server.start()
-        defer { server.stop() }
         #expect(server.port > 0)
-        return try await body(server)
+        let result: T
+        do {
+            result = try await body(server)
+        } catch {
+            await Self.stop(server)
+            throw error
+        }
+        await Self.stop(server)
+        return result
+    }
+
+    /// `stop()` blocks (grace period): keep it off the cooperative pool.
+    static func stop(_ server: HTTPServer) async {
+        await onOwnThread { server.stop() }
     }
 
     static let session = URLSession(configuration: .ephemeral)
@@ -81,7 +93,7 @@ struct HTTPServerTests {
         try await withServer(handler: handler) { server in
             let client = try RawHTTPClient(port: server.port)
             client.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            let (text, _) = client.read()
+            let (text, _) = await client.read()
             #expect(text.hasPrefix("HTTP/1.1 204"))
             #expect(text.lowercased().contains("content-type: application/octet-stream"))
         }
@@ -97,7 +109,8 @@ struct HTTPServerTests {
                 // Answer from another thread, at least 50 ms later, and only after the fast
                 // request was served (or 2 s passed): if the slow one held the server's only
                 // thread, the fast one could not be served and this would time out.
-                DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) {
+                Thread.detachNewThread {
+                    usleep(50_000)
                     let deadline = ContinuousClock.now + .seconds(2)
                     while fastServed.value == 0, ContinuousClock.now < deadline { usleep(1000) }
                     respond(.text("slow"))
@@ -112,7 +125,6 @@ struct HTTPServerTests {
         let configuration = HTTPServer.Configuration(host: "127.0.0.1", port: 0, threadCount: 1)
         let server = HTTPServer(configuration: configuration, handler: handler)
         try server.start()
-        defer { server.stop() }
         let port = server.port
         let started = ContinuousClock.now
         async let slow = send("GET", "/slow", port: port)
@@ -124,6 +136,7 @@ struct HTTPServerTests {
         #expect(slowResult.status == 200)
         #expect(String(decoding: slowResult.body, as: UTF8.self) == "slow")
         #expect(ContinuousClock.now - started < .seconds(1))
+        await Self.stop(server)
     }
 
     @Test func asyncHandlerAdapter() async throws {
@@ -135,6 +148,23 @@ struct HTTPServerTests {
             let result = try await send("GET", "/async", port: server.port)
             #expect(result.status == 200)
             #expect(String(decoding: result.body, as: UTF8.self) == #"{"path":"/async"}"#)
+        }
+    }
+
+    @Test func keepAliveConnectionServesSuspendedRequestsInTurn() async throws {
+        let handler = AsyncHTTPHandler { request in
+            try? await Task.sleep(for: .milliseconds(5))
+            return .text("answer \(request.path)")
+        }
+        try await withServer(handler: handler) { server in
+            let client = try RawHTTPClient(port: server.port)
+            for index in 0..<3 {
+                client.send("POST /\(index) HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+                let (text, _) = await client.read { $0.hasSuffix("answer /\(index)") }
+                #expect(text.hasPrefix("HTTP/1.1 200"))
+                #expect(text.hasSuffix("answer /\(index)"))
+                #expect(!text.lowercased().contains("connection: close"))
+            }
         }
     }
 
@@ -164,7 +194,7 @@ struct HTTPServerTests {
                 client.send("\r\n")
             }
             client.send("0\r\n\r\n")
-            let (text, _) = client.read { $0.contains("\r\n\r\n") }
+            let (text, _) = await client.read { $0.contains("\r\n\r\n") }
             #expect(text.hasPrefix("HTTP/1.1 413"))
             #expect(calls.value == 1)
         }
@@ -180,7 +210,7 @@ struct HTTPServerTests {
             let client = try RawHTTPClient(port: server.port, receiveTimeout: 2)
             let started = ContinuousClock.now
             client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n")
-            let (text, _) = client.read { $0.contains("\r\n\r\n") }
+            let (text, _) = await client.read { $0.contains("\r\n\r\n") }
             #expect(text.hasPrefix("HTTP/1.1 413"))
             #expect(ContinuousClock.now - started < .seconds(1))
             #expect(calls.value == 0)
@@ -198,7 +228,7 @@ struct HTTPServerTests {
                 let result = try await send("GET", "/other", port: server.port)
                 #expect(result.status == 201)
             }
-            let (text, end) = stalled.read()
+            let (text, end) = await stalled.read()
             let elapsed = ContinuousClock.now - started
             #expect(end == .closed)
             #expect(!text.contains("201"))
@@ -240,8 +270,8 @@ struct HTTPServerTests {
         let client = try RawHTTPClient(port: server.port)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         try await Task.sleep(for: .milliseconds(50))
-        server.stop()
-        let (text, _) = client.read { $0.contains("\r\n\r\n") }
+        await Self.stop(server)
+        let (text, _) = await client.read { $0.contains("\r\n\r\n") }
         #expect(text.hasPrefix("HTTP/1.1 503"))
     }
 
@@ -272,4 +302,12 @@ final class Counter: Sendable {
     private let count = Atomic<Int>(0)
     func increment() { count.add(1, ordering: .sequentiallyConsistent) }
     var value: Int { count.load(ordering: .sequentiallyConsistent) }
+}
+
+/// Runs blocking work on a new thread: neither the cooperative pool nor Dispatch's (both sized
+/// to the two cores here) may be held by one test while others run in parallel.
+func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        Thread.detachNewThread { continuation.resume(returning: body()) }
+    }
 }

@@ -6,7 +6,9 @@ import Darwin
 
 /// A blocking TCP client for what URLSession will not do: half requests, lying Content-Length,
 /// hand-written chunked bodies.
-final class RawHTTPClient {
+///
+/// `@unchecked Sendable`: each test uses its client from one task at a time.
+final class RawHTTPClient: @unchecked Sendable {
     let fd: Int32
 
     init(port: Int, receiveTimeout: Double = 5) throws {
@@ -50,8 +52,13 @@ final class RawHTTPClient {
 
     enum ReadEnd: Equatable { case closed, timedOut, error }
 
+    /// `readBlocking(until:)` on its own thread, so that a blocking `recv` holds no shared pool.
+    func read(until done: @escaping @Sendable (String) -> Bool = { _ in false }) async -> (text: String, end: ReadEnd) {
+        await onOwnThread { self.readBlocking(until: done) }
+    }
+
     /// Reads until the peer closes, the timeout passes, or `until` matches what was read so far.
-    func read(until done: (String) -> Bool = { _ in false }) -> (text: String, end: ReadEnd) {
+    func readBlocking(until done: (String) -> Bool) -> (text: String, end: ReadEnd) {
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {
