@@ -18,7 +18,7 @@ package final class Receiver: Sendable {
         self.logger = logger
         let http = AppleHTTP(baseURL: configuration.appleBaseURL, timeout: .seconds(5))
         keys = AppleKeySet(
-            http: http, logger: logger,
+            http: http, logger: logger, minimumRefetchInterval: .seconds(configuration.keyRefetchInterval),
             metrics: .init(
                 refreshes: metrics.counter("siwa_receiver_jwks_refreshes_total", help: "Fetches of Apple's key set."),
                 failures: metrics.counter(

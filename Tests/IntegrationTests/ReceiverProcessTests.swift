@@ -1,0 +1,243 @@
+import CryptoCore
+import Foundation
+import JOSE
+import LocalPostgres
+import Postgres
+import SiwaCore
+import Testing
+
+/// A real `siwa-receiver` process on 127.0.0.1, a real PostgreSQL, and a local stand-in for
+/// Apple's key endpoint, driven over HTTP.
+@Suite("siwa-receiver process") struct ReceiverProcessTests {
+    /// Starts a receiver against `database` and waits until it is ready.
+    static func startReceiver(
+        databaseURL: String, keys: TestAppleKeys, extra: [String: String] = [:]
+    ) async throws -> (ServiceProcess, String) {
+        let port = freePort()
+        var environment = [
+            "DATABASE_URL": databaseURL, "SIWA_CLIENT_IDS": "com.example.app,com.example.app.web",
+            "SIWA_LISTEN": "127.0.0.1:\(port)", "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "debug",
+        ]
+        environment.merge(extra) { _, new in new }
+        let receiver = try ServiceProcess("siwa-receiver", environment: environment)
+        let base = "http://127.0.0.1:\(port)"
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            if let (status, _) = try? await HTTP.request("GET", base + "/readyz"), status == 200 { return (receiver, base) }
+            guard receiver.isRunning else { break }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw ServiceProcessError(message: "receiver never became ready:\n\(receiver.log)")
+    }
+
+    @Test func validNotificationIsStoredWithItsJob() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+            let jti = "jti-\(UUID().uuidString)"
+            let jws = try keys.sign(TestAppleKeys.claims(type: "email-disabled", sub: "s1", jti: jti, email: "a@privaterelay.appleid.com"))
+            let (status, body) = try await HTTP.request("POST", base + "/apple/notifications", body: TestAppleKeys.body(jws))
+            #expect(status == 200, "\(body)")
+
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let rows = try await connection.query(
+                "SELECT client_id, sub, event_type, email, is_private_email, jws FROM siwa.notifications WHERE jti = \(jti)")
+            #expect(rows.count == 1)
+            let row = try #require(rows.first)
+            #expect(try row.decode(String.self, column: "client_id") == "com.example.app")
+            #expect(try row.decode(String.self, column: "event_type") == "email-disabled")
+            #expect(try row.decode(Bool?.self, column: "is_private_email") == true)
+            #expect(try row.decode(String.self, column: "jws") == jws)
+            let jobs = try await connection.query("SELECT kind FROM siwa.jobs WHERE notification_jti = \(jti)")
+            #expect(jobs.count == 1)
+            await receiver.stop()
+            #expect(await receiver.waitForExit() == 0)
+        }
+    }
+
+    @Test func concurrentDuplicatesGiveOneRowAndOneJob() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+            defer { Task { await receiver.stop() } }
+            let jti = "dup-\(UUID().uuidString)"
+            let body = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(jti: jti)))
+            let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                for _ in 0..<24 {
+                    group.addTask { try await HTTP.request("POST", base + "/apple/notifications", body: body).status }
+                }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+            #expect(statuses.allSatisfy { $0 == 200 }, "\(statuses)")
+            let connection = try await database.connect()
+            defer { connection.close() }
+            #expect(try await connection.query("SELECT 1 FROM siwa.notifications WHERE jti = \(jti)").count == 1)
+            #expect(try await connection.query("SELECT 1 FROM siwa.jobs WHERE notification_jti = \(jti)").count == 1)
+        }
+    }
+
+    @Test func contractStatusTable() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+            defer { Task { await receiver.stop() } }
+            let path = base + "/apple/notifications"
+            let otherKey = try RSA.PrivateKey.generate()
+
+            func post(_ body: Data) async throws -> (Int, String) { try await HTTP.request("POST", path, body: body) }
+            func signed(_ claims: [String: Any]) throws -> Data { TestAppleKeys.body(try keys.sign(claims)) }
+
+            let header = Base64URL.encode(Array(#"{"alg":"none","kid":"test-key-1"}"#.utf8))
+            let payload = Base64URL.encode(try JSONSerialization.data(withJSONObject: TestAppleKeys.claims()))
+            let hsHeader = Base64URL.encode(Array(#"{"alg":"HS256","kid":"test-key-1"}"#.utf8))
+            let hsSignature = HMACSHA256.authenticationCode(
+                for: Array("\(hsHeader).\(payload)".utf8), key: Array(keys.signingKey.publicKey.pemRepresentation.utf8))
+
+            let cases: [(String, Data, Int, String)] = [
+                ("not JSON", Data("hello".utf8), 400, "body_not_json"),
+                ("no payload", Data(#"{"token":"x"}"#.utf8), 400, "payload_missing"),
+                ("payload not a string", Data(#"{"payload":42}"#.utf8), 400, "payload_missing"),
+                ("two parts", Data(#"{"payload":"abc.def"}"#.utf8), 400, "jws_malformed"),
+                ("alg none", TestAppleKeys.body("\(header).\(payload)."), 401, "alg_not_allowed"),
+                ("HS256 keyed with the public key", TestAppleKeys.body("\(hsHeader).\(payload).\(Base64URL.encode(hsSignature))"), 401, "alg_not_allowed"),
+                ("another key under our kid", TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), with: otherKey)), 401, "bad_signature"),
+                ("wrong iss", try signed(TestAppleKeys.claims(issuer: "https://evil.example")), 401, "wrong_issuer"),
+                ("wrong aud", try signed(TestAppleKeys.claims(audience: "com.other.app")), 401, "wrong_audience"),
+                ("expired", try signed(TestAppleKeys.claims(expires: Date().addingTimeInterval(-3600))), 401, "expired"),
+                ("events missing", try signed(["iss": "https://appleid.apple.com", "aud": "com.example.app", "jti": "x"]), 400, "events_missing"),
+            ]
+            for (name, body, status, code) in cases {
+                let (gotStatus, gotBody) = try await post(body)
+                #expect(gotStatus == status, "\(name): \(gotBody)")
+                #expect(gotBody == #"{"error":"\#(code)"}"#, "\(name)")
+            }
+
+            // A second audience from SIWA_CLIENT_IDS, docs-shaped claims without exp: accepted.
+            let docsShaped: [String: Any] = [
+                "iss": "https://appleid.apple.com", "aud": "com.example.app.web", "iat": 1_508_184_845, "jti": "docs-\(UUID())",
+                "events": ["type": "account-delete", "sub": "s9", "event_time": 1_508_184_845],
+            ]
+            #expect(try await post(signed(docsShaped)).0 == 200)
+
+            #expect(try await HTTP.request("POST", path, body: Data(count: 64 * 1024 + 1)).status == 413)
+            #expect(try await HTTP.request("GET", path).status == 405)
+            #expect(try await HTTP.request("POST", base + "/elsewhere", body: Data("{}".utf8)).status == 404)
+            #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
+            let metrics = try await HTTP.request("GET", base + "/metrics").body
+            #expect(metrics.contains(#"siwa_receiver_requests_total{reason="alg_not_allowed",status="401"} 2"#))
+            #expect(metrics.contains("siwa_receiver_commit_seconds_bucket"))
+
+            // Nothing rejected was stored.
+            let connection = try await database.connect()
+            defer { connection.close() }
+            #expect(try await connection.query("SELECT 1 FROM siwa.notifications").count == 1)
+        }
+    }
+
+    @Test func unknownKeyIsRefetchedOnceThenRefused() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await Self.startReceiver(
+                databaseURL: database.url, keys: keys, extra: ["SIWA_JWKS_REFETCH_INTERVAL": "1"])
+            defer { Task { await receiver.stop() } }
+            let path = base + "/apple/notifications"
+            // Apple rotates in a new key: the first token under it triggers a refetch and passes.
+            let rotated = try RSA.PrivateKey.generate()
+            keys.publish([(keys.keyID, keys.signingKey.publicKey), ("rotated-2", rotated.publicKey)])
+            try await Task.sleep(for: .milliseconds(1100))  // past the refetch interval since start-up
+            let newKid = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "rotated-2", with: rotated))
+            #expect(try await HTTP.request("POST", path, body: newKid).status == 200)
+
+            // Kids Apple does not have: 401, and a burst of them refetches at most once per interval.
+            let before = keys.fetchCount
+            let started = ContinuousClock.now
+            for _ in 0..<20 {
+                let forged = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "nope-\(UUID())", with: rotated))
+                let (status, body) = try await HTTP.request("POST", path, body: forged)
+                #expect(status == 401 && body.contains("unknown_kid"), "\(status) \(body)")
+            }
+            let allowed = 1 + Int((ContinuousClock.now - started).seconds)
+            #expect(keys.fetchCount - before <= allowed, "\(keys.fetchCount - before) fetches for 20 forged kids")
+
+            // Apple's key endpoint down: cached keys keep verifying; an unseen kid is 503, not 401.
+            keys.setUp(false)
+            try await Task.sleep(for: .milliseconds(1100))
+            #expect(try await HTTP.request("POST", path, body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims()))).status == 200)
+            let unseen = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "unseen-3", with: rotated))
+            let (status, body) = try await HTTP.request("POST", path, body: unseen)
+            #expect(status == 503 && body.contains("keys_unavailable"), "\(status) \(body)")
+        }
+    }
+
+    @Test func databaseOutageAnswers503ThenRecoversAndLosesNothing() async throws {
+        // A cluster of its own: stopping the shared one would break the other tests.
+        let cluster = try await LocalPostgresClusterForTest.start()
+        defer { Task { await cluster.destroy() } }
+        let setup = try await PostgresConnection.connect(to: cluster.url, logger: TestDatabase.logger)
+        try await SiwaMigrations.apply(setup)
+        setup.close()
+
+        let keys = try TestAppleKeys()
+        defer { keys.stop() }
+        let (receiver, base) = try await Self.startReceiver(databaseURL: cluster.url, keys: keys)
+        defer { Task { await receiver.stop() } }
+        let path = base + "/apple/notifications"
+
+        var accepted: [String] = []
+        var statuses: [Int: Int] = [:]
+        func send(_ count: Int) async throws {
+            for _ in 0..<count {
+                let jti = "outage-\(UUID().uuidString)"
+                let status = try await HTTP.request("POST", path, body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(jti: jti)))).status
+                statuses[status, default: 0] += 1
+                if status == 200 { accepted.append(jti) }
+                #expect(status == 200 || status == 503, "got \(status)")
+            }
+        }
+        try await send(20)
+        try await cluster.stop()
+        try await send(20)
+        #expect(statuses[503, default: 0] >= 20, "every request during the outage is refused: \(statuses)")
+        try await cluster.startAgain()
+        // Recovers on its own: within a bounded time requests succeed again.
+        let deadline = ContinuousClock.now + .seconds(20)
+        var recovered = false
+        while ContinuousClock.now < deadline && !recovered {
+            let jti = "after-\(UUID().uuidString)"
+            if try await HTTP.request("POST", path, body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(jti: jti)))).status == 200 {
+                accepted.append(jti)
+                recovered = true
+            } else {
+                try await Task.sleep(for: .milliseconds(200))
+            }
+        }
+        #expect(recovered)
+        try await send(20)
+
+        let check = try await PostgresConnection.connect(to: cluster.url, logger: TestDatabase.logger)
+        defer { check.close() }
+        let stored = try await check.query("SELECT jti FROM siwa.notifications").map { try $0.decode(String.self, column: "jti") }
+        #expect(Set(accepted).isSubset(of: Set(stored)), "every 200 is in the table")
+        #expect(accepted.count >= 41)
+    }
+
+    @Test func badConfigurationExitsWithStatus2AndOneLine() async throws {
+        let cases: [([String: String], String)] = [
+            (["SIWA_CLIENT_IDS": "a"], "DATABASE_URL"),
+            (["DATABASE_URL": "postgresql://x@127.0.0.1:1/x"], "SIWA_CLIENT_IDS"),
+            (["DATABASE_URL": "postgresql://x@127.0.0.1:1/x", "SIWA_CLIENT_IDS": "a", "SIWA_LISTEN": "nope"], "SIWA_LISTEN"),
+            (["DATABASE_URL": "postgresql://x@127.0.0.1:1/x", "SIWA_CLIENT_IDS": "a", "SIWA_LOG_LEVEL": "loud"], "SIWA_LOG_LEVEL"),
+        ]
+        for (environment, variable) in cases {
+            let process = try ServiceProcess("siwa-receiver", environment: environment)
+            #expect(await process.waitForExit() == 2)
+            let lines = process.log.split(separator: "\n")
+            #expect(lines.count == 1 && lines[0].contains(variable), "\(process.log)")
+        }
+    }
+}
