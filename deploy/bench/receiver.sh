@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Receiver benchmark (issue: receiver). In one run on this machine, on 127.0.0.1 only:
+#  1. signs N distinct notifications with a local fake Apple key (siwa simulate --output),
+#  2. starts PostgreSQL (fsync and synchronous_commit on), the fake Apple's key endpoint and
+#     siwa-receiver (release build),
+#  3. drives the receiver with wrk at 16 and 64 connections,
+#  4. runs pgbench with a single-row INSERT of the same shape at the same concurrency,
+#  5. prints requests/s, p50/p99, non-2xx, rows stored, resident memory and the ratio.
+# Usage: deploy/bench/receiver.sh [N=40000] [SECONDS=8]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PATH:/opt/swift/usr/bin"
+N=${1:-40000}
+DURATION=${2:-8}
+
+deploy/scripts/install-deps.sh wrk >/dev/null
+echo "==> building (release)"
+swift build -c release --product siwa >/dev/null
+swift build -c release --product siwa-receiver >/dev/null
+BIN=$(swift build -c release --show-bin-path)
+work=$(mktemp -d /tmp/siwa-bench-receiver.XXXXXX)
+
+source deploy/scripts/throwaway-postgres.sh
+pg_throwaway_start fsync=on synchronous_commit=on
+children=()
+cleanup() {
+  for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  pg_throwaway_stop
+  rm -rf "$work"
+}
+trap cleanup EXIT
+echo "==> PostgreSQL on 127.0.0.1:$PG_PORT (fsync on, synchronous_commit on)"
+"$BIN/siwa" migrate --database-url "$DATABASE_URL" >/dev/null
+
+fake_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" --state-dir "$work/fake" >"$work/fake.log" 2>&1 &
+children+=($!)
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$fake_port/auth/keys" >/dev/null 2>&1 && break; sleep 0.1; done
+
+echo "==> signing $((2 * N)) notifications"
+start=$(date +%s.%N)
+"$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies16.txt" \
+  --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c16-
+"$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies64.txt" \
+  --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c64-
+echo "    signed in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_LISTEN="127.0.0.1:$port" \
+  SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" SIWA_LOG_LEVEL=warn \
+  "$BIN/siwa-receiver" 2>"$work/receiver.log" &
+receiver_pid=$!
+children+=($receiver_pid)
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+url="http://127.0.0.1:$port/apple/notifications"
+
+rss_mb() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
+declare -A rps p50 p99 non2xx pg_tps
+for c in 16 64; do
+  BODIES_FILE="$work/bodies$c.txt" WRK_THREADS=2 wrk -t2 -c"$c" -d"${DURATION}s" --latency \
+    -s deploy/bench/post-bodies.lua "$url" >"$work/wrk$c.txt" 2>&1
+  line=$(grep '^RESULT' "$work/wrk$c.txt")
+  rps[$c]=$(sed 's/.*rps=\([0-9.]*\).*/\1/' <<<"$line")
+  p50[$c]=$(sed 's/.*p50_ms=\([0-9.]*\).*/\1/' <<<"$line")
+  p99[$c]=$(sed 's/.*p99_ms=\([0-9.]*\).*/\1/' <<<"$line")
+  non2xx[$c]=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$line")
+done
+receiver_rss=$(rss_mb "$receiver_pid")
+stored=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.notifications")
+jobs=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.jobs")
+kill "$receiver_pid"; wait "$receiver_pid" 2>/dev/null || true
+
+# The peer: one single-row INSERT per transaction into a table of the same shape, from pgbench.
+psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres <<'SQL'
+CREATE TABLE bench_notifications (LIKE siwa.notifications INCLUDING DEFAULTS INCLUDING INDEXES);
+SQL
+sample_jws=$(head -1 "$work/bodies16.txt" | python3 -c 'import json,sys; print(json.load(sys.stdin)["payload"])')
+cat >"$work/insert.sql" <<SQL
+INSERT INTO bench_notifications (jti, client_id, sub, event_type, event_time, claims, jws)
+VALUES (md5(random()::text || clock_timestamp()::text), 'com.example.app', 'sub', 'consent-revoked', now(),
+        '{"iss":"https://appleid.apple.com","aud":"com.example.app","events":"{}"}', '$sample_jws');
+SQL
+for c in 16 64; do
+  pg_tps[$c]=$("$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$c" -j 2 -T "$DURATION" \
+    -f "$work/insert.sql" postgres 2>/dev/null | awk '/^tps/ {print $3; exit}')
+done
+
+printf '\nReceiver benchmark (%s distinct signed notifications per run, %ss per run, 2 wrk threads)\n' "$N" "$DURATION"
+printf '%-6s %12s %9s %9s %8s %14s %8s  %s\n' conns "receiver r/s" "p50 ms" "p99 ms" non2xx "pgbench tx/s" ratio "targets"
+for c in 16 64; do
+  ratio=$(python3 -c "print(f'{${rps[$c]} / ${pg_tps[$c]}:.2f}')")
+  printf '%-6s %12s %9s %9s %8s %14s %8s  %s\n' "$c" "${rps[$c]}" "${p50[$c]}" "${p99[$c]}" "${non2xx[$c]}" \
+    "${pg_tps[$c]}" "$ratio" "ratio >= 0.80; p99 <= 20 ms at 64"
+done
+printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
+printf 'receiver resident memory after the runs: %s MB (target <= 64 MB)\n' "$receiver_rss"
+printf 'python peer (PyJWT + psycopg pool + uvicorn), measured earlier on this machine: ~1.8k req/s; target >= 5x\n'
