@@ -6,6 +6,7 @@ let commands: [any CLICommand.Type] = [
     MigrateCommand.self,
     StatusCommand.self,
     JobsCommand.self,
+    DevCommand.self,
 ]
 
 func printUsage() {

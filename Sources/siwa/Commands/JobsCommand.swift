@@ -81,7 +81,7 @@ enum JobsCommand: CLICommand {
             if note.count > 60 { note = String(note.prefix(57)) + "..." }
             if row.guardsPendingDeletion { note = "pending deletion" + (note.isEmpty ? "" : "; " + note) }
             table.append([
-                String(row.id), row.kind, row.state, row.clientID, row.sub, "\(row.attempt)/\(row.maxAttempts)",
+                String(row.id), row.kind, row.state, row.clientID, row.sub, "\(row.attempt)/\(row.maxAttempts >= Int(Int32.max) ? "∞" : String(row.maxAttempts))",
                 String(row.errorCount), CLI.iso8601(row.runAt), note,
             ])
         }
