@@ -111,8 +111,8 @@ final class DevStack: @unchecked Sendable {
     init(settings: DevSettings) {
         self.settings = settings
         // say() reports each step; the libraries' own info lines only at SIWA_LOG_LEVEL=debug.
-        logger = Self.formattedLogger(level: max(settings.logLevel, .warning) == .warning && settings.logLevel <= .debug
-            ? settings.logLevel : max(settings.logLevel, .warning), output: output)
+        logger = Self.formattedLogger(
+            level: settings.logLevel <= .debug ? settings.logLevel : max(settings.logLevel, .warning), output: output)
     }
 
     /// Our own log lines (LocalPostgres, Migrator) go through a pipe and the same formatter as the children's.
