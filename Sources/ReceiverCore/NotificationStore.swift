@@ -178,7 +178,10 @@ package final class NotificationStore: Sendable {
         do {
             let connection = try PostgresConnection.connectBlocking(
                 to: conninfo, applicationName: "siwa-receiver", logger: logger)
-            state.withLock { $0.databaseDownUntil = nil }
+            state.withLock { state in
+                state.databaseDownUntil = nil
+                state.lastSuccess = .now  // a fresh session is proof enough for /readyz
+            }
             return connection
         } catch {
             logger.error("database unreachable; answering 503 until it is back", metadata: ["error": "\(error)"])

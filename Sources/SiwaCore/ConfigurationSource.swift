@@ -66,6 +66,13 @@ package struct ConfigurationSource: Sendable {
 
     package func isSet(switch name: String) -> Bool { switches.contains(name) }
 
+    /// A command's own option (`--state S` for `siwa jobs list`), from the command line only: never
+    /// from the environment, where a variable named `STATE` could otherwise leak in.
+    package func option(_ name: String) -> String? {
+        guard let value = flags[name], !value.isEmpty else { return nil }
+        return value
+    }
+
     /// The raw value: flag, then environment, then `X_FILE` (trailing newline trimmed). Empty counts as unset.
     package func string(_ variable: String) throws(ConfigurationError) -> String? {
         if let flag = flags[Self.flagName(for: variable)], !flag.isEmpty { return flag }

@@ -4,6 +4,9 @@ import SiwaCore
 /// Every subcommand; each lives in Commands/<Name>Command.swift.
 let commands: [any CLICommand.Type] = [
     MigrateCommand.self,
+    StatusCommand.self,
+    JobsCommand.self,
+    DevCommand.self,
 ]
 
 func printUsage() {

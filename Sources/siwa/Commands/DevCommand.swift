@@ -1,0 +1,433 @@
+import CryptoCore
+import Foundation
+import LocalPostgres
+import Logging
+import Postgres
+import SiwaCore
+import Synchronization
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// `siwa dev`: the whole stack on this machine. A throwaway PostgreSQL (unless `DATABASE_URL` is
+/// set), `siwa fake-apple` (unless `--no-fake-apple` or `SIWA_APPLE_BASE_URL`), migrations,
+/// `siwa-receiver` and one `siwa-worker`, their logs in readable form; Ctrl-C stops it all.
+/// `--once` (or `SIWA_DEV_EXIT_AFTER=SECONDS`) stops after readiness, for smoke tests.
+enum DevCommand: CLICommand {
+    static let name = "dev"
+    static let summary = "run the whole stack here: throwaway PostgreSQL, fake Apple, receiver, worker [--once]"
+    static let switches: Set<String> = ["once", "no-fake-apple", "no-worker"]
+
+    static let variables = [
+        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
+        "SIWA_LOG_LEVEL", "SIWA_OPS_LISTEN", "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS",
+        "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY", "SIWA_RETENTION_DAYS", "SIWA_DEV_EXIT_AFTER",
+        "SIWA_DEV_READY_TIMEOUT",
+    ]
+
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        let settings: DevSettings
+        do {
+            settings = try DevSettings(source)
+        } catch {
+            CLI.error(name, "\(error)")
+            return 2
+        }
+        return await DevStack(settings: settings).run()
+    }
+}
+
+/// Everything `siwa dev` reads before starting anything.
+struct DevSettings {
+    var databaseURL: String?
+    var clientIDs: String
+    var listen: ListenAddress
+    var listenGiven: Bool
+    var opsListen: ListenAddress
+    var opsListenGiven: Bool
+    var notificationPath: String
+    var appleBaseURL: URL?
+    var useFakeApple: Bool
+    var logLevel: Logger.Level
+    /// All four of SIWA_TEAM_ID, SIWA_KEY_ID, SIWA_PRIVATE_KEY_FILE, SIWA_TOKEN_KEYS are set.
+    var hasAppleCredentials: Bool
+    var once: Bool
+    /// `--no-worker`: receiver only (workers run elsewhere, or are being debugged by hand).
+    var startWorker: Bool
+    var exitAfter: Int?
+    var readyTimeout: Int
+    /// Folder of `siwa`, `siwa-receiver`, `siwa-worker`.
+    var binDirectory: URL
+
+    init(_ source: ConfigurationSource) throws {
+        let known = DevCommand.variables + DevCommand.variables.map { $0 + "_FILE" }
+        if let unknown = source.unknownFlags(known: known).first {
+            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
+        }
+        if try source.string("DATABASE_URL") != nil { databaseURL = try CommonSettings.databaseURL(source) }
+        clientIDs = (try source.list("SIWA_CLIENT_IDS") ?? ["com.example.app"]).joined(separator: ",")
+        listenGiven = try source.string("SIWA_LISTEN") != nil
+        listen = try source.listenAddress("SIWA_LISTEN", default: "127.0.0.1:8080")
+        opsListenGiven = try source.string("SIWA_OPS_LISTEN") != nil
+        opsListen = try source.listenAddress("SIWA_OPS_LISTEN", default: "127.0.0.1:9090")
+        notificationPath = try source.string("SIWA_NOTIFICATION_PATH") ?? "/apple/notifications"
+        let common = try CommonSettings(source)
+        logLevel = common.logLevel
+        appleBaseURL = try source.string("SIWA_APPLE_BASE_URL") != nil ? common.appleBaseURL : nil
+        useFakeApple = appleBaseURL == nil && !source.isSet(switch: "no-fake-apple")
+        hasAppleCredentials = try ["SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS"]
+            .allSatisfy { try source.string($0) != nil }
+        once = source.isSet(switch: "once")
+        startWorker = !source.isSet(switch: "no-worker")
+        exitAfter = try source.string("SIWA_DEV_EXIT_AFTER") == nil
+            ? nil : try source.integer("SIWA_DEV_EXIT_AFTER", default: 0, range: 0...31_536_000)
+        readyTimeout = try source.integer("SIWA_DEV_READY_TIMEOUT", default: 60, range: 1...3600)
+        binDirectory = Self.executableDirectory()
+    }
+
+    /// The folder of the running `siwa` (`/proc/self/exe`, else argv[0] with symlinks resolved).
+    static func executableDirectory() -> URL {
+        if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            return URL(fileURLWithPath: path).deletingLastPathComponent()
+        }
+        return URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+    }
+}
+
+/// One run of `siwa dev`: starts in order, stops in reverse order, always cleans up.
+final class DevStack: @unchecked Sendable {
+    // @unchecked Sendable: mutable state is touched only by `run()`'s task; the reader threads
+    // touch only `output` (Sendable).
+    private let settings: DevSettings
+    private let output = DevOutput()
+    private let logger: Logger
+    private var cluster: LocalPostgresCluster?
+    private var children: [DevProcess] = []
+    private var temporaryDirectory: String?
+    /// The first SIGINT/SIGTERM, checked by every wait so Ctrl-C works during start-up too.
+    private let signalName = Mutex<String?>(nil)
+
+    init(settings: DevSettings) {
+        self.settings = settings
+        // say() reports each step; the libraries' own info lines only at SIWA_LOG_LEVEL=debug.
+        logger = Self.formattedLogger(
+            level: settings.logLevel <= .debug ? settings.logLevel : max(settings.logLevel, .warning), output: output)
+    }
+
+    /// Our own log lines (LocalPostgres, Migrator) go through a pipe and the same formatter as the children's.
+    private static func formattedLogger(level: Logger.Level, output: DevOutput) -> Logger {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { return Logger(label: "siwa-dev", level: level) }
+        let readEnd = fds[0]
+        Thread.detachNewThread {
+            DevProcess.readLines(readEnd) { output.line(DevLogFormatter.format($0, prefix: "dev")) }
+        }
+        return Logger(label: "siwa-dev", level: level, sink: LogSink(fileDescriptor: fds[1]))
+    }
+
+    private func say(_ text: String) { output.line("[dev] " + text) }
+
+    func run() async -> Int32 {
+        let signals = Task { [self] in
+            let name = await Termination.wait()
+            signalName.withLock { $0 = name }
+        }
+        defer { signals.cancel() }
+        var status: Int32 = 0
+        do {
+            let urls = try await start()
+            printURLs(urls)
+            status = try await waitUntilDone()
+        } catch let error as DevStopped {
+            say("\(error.signal): stopping")
+        } catch {
+            output.line("[dev] error: \(error)")
+            status = 1
+        }
+        await stopAll()
+        return status
+    }
+
+    // MARK: Start
+
+    struct URLs {
+        var database: String
+        var receiver: String
+        var endpoint: String
+        var workerOps: String
+        var fakeApple: String?
+        var appleBase: String
+    }
+
+    private func start() async throws -> URLs {
+        let receiverPath = settings.binDirectory.appendingPathComponent("siwa-receiver").path
+        let workerPath = settings.binDirectory.appendingPathComponent("siwa-worker").path
+        let siwaPath = settings.binDirectory.appendingPathComponent("siwa").path
+        for path in [receiverPath] + (settings.startWorker ? [workerPath] : []) where !FileManager.default.isExecutableFile(atPath: path) {
+            throw DevError(
+                "\(path) is missing: build every product first (swift build, or swift build -c release)")
+        }
+        var template = Array("/tmp/siwa-dev-XXXXXX".utf8CString)
+        guard mkdtemp(&template) != nil else { throw DevError("mkdtemp failed (errno \(errno))") }
+        let directory = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        temporaryDirectory = directory
+
+        // Database.
+        let databaseURL: String
+        if let url = settings.databaseURL {
+            databaseURL = url
+            say("using DATABASE_URL")
+        } else {
+            say("starting a throwaway PostgreSQL (initdb, pg_ctl; a few seconds)...")
+            let cluster = try await LocalPostgresCluster.start(logger: logger)
+            self.cluster = cluster
+            databaseURL = cluster.url
+            say("PostgreSQL ready on port \(cluster.port) (data in \(cluster.directory), removed on exit)")
+        }
+        say("migrating...")
+        let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-dev", logger: logger)
+        let applied: [Int]
+        do {
+            applied = try await Migrator(logger: logger).migrate(connection)
+            connection.close()
+        } catch {
+            connection.close()
+            throw error
+        }
+        say(applied.isEmpty ? "schema up to date" : "applied migrations \(applied.map(String.init).joined(separator: ", "))")
+
+        // Apple: the fake, a given base URL, or the real one.
+        var appleBase = settings.appleBaseURL?.absoluteString ?? "https://appleid.apple.com"
+        var fakeApple: String?
+        if settings.useFakeApple {
+            fakeApple = try await startFakeApple(siwaPath: siwaPath)
+            appleBase = fakeApple!
+        }
+
+        // Listeners: the defaults, or a free port when the default is busy.
+        var listen = settings.listen
+        if !settings.listenGiven && !DevPorts.isFree(host: listen.host, port: listen.port) {
+            listen.port = DevPorts.free() ?? 0
+            say("port 8080 is busy; the receiver listens on \(listen.port)")
+        }
+        var opsListen = settings.opsListen
+        if !settings.opsListenGiven && !DevPorts.isFree(host: opsListen.host, port: opsListen.port) {
+            opsListen.port = DevPorts.free() ?? 0
+        }
+
+        var environment = ProcessInfo.processInfo.environment
+        environment["DATABASE_URL"] = databaseURL
+        environment["SIWA_CLIENT_IDS"] = settings.clientIDs
+        environment["SIWA_APPLE_BASE_URL"] = appleBase
+        environment["SIWA_LOG_LEVEL"] = "\(settings.logLevel)"
+        environment["SIWA_NOTIFICATION_PATH"] = settings.notificationPath
+        // Our own settings must not leak into the children as stray variables.
+        environment["SIWA_DEV_EXIT_AFTER"] = nil
+        environment["SIWA_DEV_READY_TIMEOUT"] = nil
+
+        var receiverEnvironment = environment
+        receiverEnvironment["SIWA_LISTEN"] = listen.description
+        for secret in ["SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS"] {
+            receiverEnvironment[secret] = nil  // the receiver holds no Apple secrets
+            receiverEnvironment[secret + "_FILE"] = nil
+        }
+        try spawn("receiver", receiverPath, environment: receiverEnvironment)
+
+        var workerEnvironment = environment
+        workerEnvironment["SIWA_OPS_LISTEN"] = opsListen.description
+        if !settings.startWorker {
+        } else if settings.hasAppleCredentials {
+            say("worker uses the Apple credentials from the environment")
+        } else if fakeApple != nil {
+            // A throwaway key pair and token key, so exchange and revoke run end to end against the fake.
+            let credentials = try makeThrowawayCredentials(in: directory)
+            workerEnvironment.merge(credentials) { _, new in new }
+            say("worker signs client secrets with a throwaway key (\(directory)/AuthKey_DEVKEY0001.p8)")
+        } else {
+            workerEnvironment["SIWA_APPLE_CALLS"] = "disabled"
+            say("no Apple credentials: worker runs with SIWA_APPLE_CALLS=disabled (no exchange, no revoke)")
+        }
+        if settings.startWorker {
+            try spawn("worker", workerPath, environment: workerEnvironment)
+        } else {
+            say("--no-worker: no worker started; jobs wait in siwa.jobs")
+        }
+
+        let receiver = "http://\(Self.dialHost(listen.host)):\(listen.port)"
+        try await waitForReady(url: receiver + "/readyz", what: "receiver")
+        return URLs(
+            database: databaseURL, receiver: receiver, endpoint: receiver + settings.notificationPath,
+            workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", fakeApple: fakeApple,
+            appleBase: appleBase)
+    }
+
+    /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
+    /// `listening on http://127.0.0.1:PORT` line it prints.
+    private func startFakeApple(siwaPath: String) async throws -> String {
+        let found = Mutex<String?>(nil)
+        let lines = Mutex<[String]>([])
+        let output = output
+        let process = try DevProcess(
+            name: "fake-apple", executable: siwaPath,
+            arguments: ["fake-apple", "--listen", "127.0.0.1:0"],
+            environment: ProcessInfo.processInfo.environment.merging(["SIWA_CLIENT_IDS": settings.clientIDs]) { $1 }
+        ) { line in
+            if let range = line.range(of: #"listening on (http://[^\s"]+)"#, options: .regularExpression) {
+                let url = line[range].dropFirst("listening on ".count)
+                found.withLock { if $0 == nil { $0 = String(url).trimmingCharacters(in: CharacterSet(charactersIn: "/")) } }
+            }
+            lines.withLock { $0.append(line) }
+            output.line(DevLogFormatter.format(line, prefix: "fake-apple"))
+        }
+        children.append(process)
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            try checkSignal()
+            if let url = found.withLock({ $0 }) {
+                say("fake Apple listening on \(url)")
+                return url
+            }
+            if let status = process.status {
+                try? await Task.sleep(for: .milliseconds(100))  // let the reader thread flush
+                let text = lines.withLock { $0.joined(separator: " ") }
+                if text.contains("unknown command") {
+                    throw DevError(
+                        "this build has no `siwa fake-apple`; run with --no-fake-apple or set SIWA_APPLE_BASE_URL")
+                }
+                throw DevError("siwa fake-apple exited with status \(status) before listening")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw DevError("siwa fake-apple printed no \"listening on http://...\" line within 20 s")
+    }
+
+    private func spawn(_ name: String, _ path: String, environment: [String: String]) throws {
+        let output = output
+        children.append(
+            try DevProcess(name: name, executable: path, arguments: [], environment: environment) { line in
+                output.line(DevLogFormatter.format(line, prefix: name))
+            })
+    }
+
+    /// A P-256 `.p8`, a team and key ID, and one AES-256 token key, all in the temp dir.
+    private func makeThrowawayCredentials(in directory: String) throws -> [String: String] {
+        let key = try P256.Signing.PrivateKey.generate()
+        let keyPath = directory + "/AuthKey_DEVKEY0001.p8"
+        guard FileManager.default.createFile(
+            atPath: keyPath, contents: Data(key.pemRepresentation.utf8), attributes: [.posixPermissions: 0o600])
+        else { throw DevError("cannot write \(keyPath)") }
+        let tokenKey = Data(SecureRandom.bytes(count: 32)).base64EncodedString()
+        return [
+            "SIWA_TEAM_ID": "DEVTEAM000", "SIWA_KEY_ID": "DEVKEY0001", "SIWA_PRIVATE_KEY_FILE": keyPath,
+            "SIWA_TOKEN_KEYS": "dev1:\(tokenKey)",
+        ]
+    }
+
+    /// Polls `url` until it answers 200, a child dies, or the timeout passes.
+    private func waitForReady(url: String, what: String) async throws {
+        say("waiting for the \(what) (\(url))...")
+        let deadline = ContinuousClock.now + .seconds(settings.readyTimeout)
+        var lastAnswer = "no answer"
+        while ContinuousClock.now < deadline {
+            try checkSignal()
+            if let dead = children.first(where: { !$0.isRunning }) {
+                throw DevError("\(dead.name) exited with status \(dead.status ?? -1) during start-up")
+            }
+            var request = URLRequest(url: URL(string: url)!)
+            request.timeoutInterval = 2
+            if let (data, response) = try? await URLSession.shared.data(for: request),
+                let http = response as? HTTPURLResponse
+            {
+                if http.statusCode == 200 { return }
+                lastAnswer = "\(http.statusCode) \(String(decoding: data, as: UTF8.self))"
+            }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        throw DevError("the \(what) was not ready within \(settings.readyTimeout) s (last answer: \(lastAnswer))")
+    }
+
+    private func printURLs(_ urls: URLs) {
+        let clientID = settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app"
+        var text = """
+
+            siwa dev is running. Ctrl-C stops everything\(cluster != nil ? " and deletes the database" : "").
+
+              notification endpoint  POST \(urls.endpoint)
+              receiver health        \(urls.receiver)/healthz  \(urls.receiver)/readyz
+              receiver metrics       \(urls.receiver)/metrics
+            \(settings.startWorker ? """
+                  worker ops             \(urls.workerOps)/healthz  \(urls.workerOps)/readyz
+                  worker metrics         \(urls.workerOps)/metrics
+                """ : "  worker                 not started (--no-worker)\n")\
+              Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
+              DATABASE_URL           \(urls.database)
+
+            """
+        if let fake = urls.fakeApple {
+            text += """
+
+                Try it (signs a notification with the fake's key and posts it):
+                  siwa simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
+                --receiver-url \(urls.endpoint) --fake-apple-url \(fake)
+
+                """
+        }
+        text += "  siwa status --database-url '\(urls.database)'\n"
+        output.line(text)
+    }
+
+    // MARK: Run and stop
+
+    private struct DevStopped: Error { var signal: String }
+
+    private func checkSignal() throws {
+        if let name = signalName.withLock({ $0 }) { throw DevStopped(signal: name) }
+    }
+
+    /// Returns the exit status: 0 for a signal, `--once` or the exit timer; 1 if a child died.
+    private func waitUntilDone() async throws -> Int32 {
+        if settings.once {
+            say("--once: everything started and ready; stopping")
+            return 0
+        }
+        let stopAt = settings.exitAfter.map { ContinuousClock.now + .seconds($0) }
+        while true {
+            if let name = signalName.withLock({ $0 }) {
+                say("\(name): stopping")
+                return 0
+            }
+            if let dead = children.first(where: { !$0.isRunning }) {
+                say("\(dead.name) exited unexpectedly (status \(dead.status ?? -1)); stopping the rest")
+                return 1
+            }
+            if let stopAt, ContinuousClock.now >= stopAt {
+                say("SIWA_DEV_EXIT_AFTER reached; stopping")
+                return 0
+            }
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+    }
+
+    /// Children in reverse start order (SIGTERM, 10 s, SIGKILL), then the cluster and the temp dir.
+    private func stopAll() async {
+        for child in children.reversed() where child.isRunning {
+            let status = await child.stop(grace: .seconds(10))
+            say("\(child.name) stopped (status \(status.map(String.init) ?? "?"))")
+        }
+        if let cluster {
+            await cluster.destroy()
+            say("PostgreSQL stopped and its directory removed")
+        }
+        if let temporaryDirectory { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
+    }
+
+    /// Where to connect for a listener bound to `host` (a wildcard listens on loopback too).
+    private static func dialHost(_ host: String) -> String {
+        switch host {
+        case "0.0.0.0", "": return "127.0.0.1"
+        case "::": return "[::1]"
+        default: return host.contains(":") ? "[\(host)]" : host
+        }
+    }
+}

@@ -1,0 +1,212 @@
+import Foundation
+import JobQueue
+import Postgres
+import SiwaCore
+
+/// `siwa status [--json]`: the queue, pending deletions, paused client IDs and the last hour's
+/// traffic, readable in five seconds. Exit 0, or 1 with one line when the database is unreachable.
+enum StatusCommand: CLICommand {
+    static let name = "status"
+    static let summary = "queue, pending deletions, paused client IDs, last hour's notifications [--json]"
+    static let switches: Set<String> = ["json"]
+
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        guard let (url, logger) = CLI.databaseSettings(name, source) else { return 2 }
+        guard let connection = await CLI.connect(name, url: url, logger: logger) else { return 1 }
+        defer { connection.close() }
+        let report: StatusReport
+        do {
+            report = try await StatusReport.load(connection)
+        } catch {
+            CLI.error(name, "cannot read the status: \(CLI.oneLine(error))")
+            return 1
+        }
+        print(source.isSet(switch: "json") ? CLI.json(report.jsonObject) : report.text)
+        return 0
+    }
+}
+
+/// What `siwa status` shows, read in one snapshot (a REPEATABLE READ transaction).
+struct StatusReport {
+    struct PausedClient {
+        var clientID: String
+        var reason: String
+        var pausedAt: Date
+        var nextProbeAt: Date
+    }
+
+    var generatedAt: Date
+    /// jobs[kind][state] = count, every kind and state present.
+    var jobs: [String: [String: Int]]
+    var readyJobs: Int
+    var oldestReadySeconds: Double?
+    var pendingDeletions: Int
+    var oldestPendingDeletionSeconds: Double?
+    var oldestPendingDeletion: (clientID: String, sub: String)?
+    var pausedClients: [PausedClient]
+    var notificationsLastHour: Int
+    var rejectionsLastHour: [String: Int]
+
+    var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
+
+    static func load(_ connection: PostgresConnection) async throws -> StatusReport {
+        try await connection.simpleQuery("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        do {
+            let report = try await read(connection)
+            try await connection.simpleQuery("COMMIT")
+            return report
+        } catch {
+            try? await connection.simpleQuery("ROLLBACK")
+            throw error
+        }
+    }
+
+    private static func read(_ connection: PostgresConnection) async throws -> StatusReport {
+
+        var jobs: [String: [String: Int]] = [:]
+        for kind in JobAdministration.kinds {
+            jobs[kind] = Dictionary(uniqueKeysWithValues: JobAdministration.states.map { ($0, 0) })
+        }
+        for row in try await connection.query("SELECT kind, state, count(*) AS n FROM siwa.jobs GROUP BY kind, state") {
+            jobs[try row.decode(String.self, column: "kind"), default: [:]][try row.decode(String.self, column: "state")] =
+                try row.decode(Int.self, column: "n")
+        }
+
+        let ready = try await connection.query(
+            """
+            SELECT count(*) AS n, extract(epoch FROM now() - min(run_at))::float8 AS oldest
+              FROM siwa.jobs WHERE state = 'available' AND run_at <= now()
+            """)[0]
+
+        // A deletion is as old as its revoke job (the account row's updated_at moves on later events).
+        let deletions = try await connection.query(
+            """
+            SELECT a.client_id, a.sub,
+                   extract(epoch FROM now() - coalesce(
+                       (SELECT min(j.created_at) FROM siwa.jobs j
+                         WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
+                           AND j.state <> 'cancelled'),
+                       a.updated_at))::float8 AS age,
+                   count(*) OVER () AS total
+              FROM siwa.accounts a
+             WHERE a.status = 'pending_deletion'
+             ORDER BY age DESC
+             LIMIT 1
+            """)
+        let paused = try await connection.query(
+            "SELECT client_id, reason, paused_at, next_probe_at FROM siwa.paused_clients ORDER BY client_id")
+        let received = try await connection.query(
+            "SELECT count(*) AS n FROM siwa.notifications WHERE received_at > now() - interval '1 hour'")[0]
+        var rejections: [String: Int] = [:]
+        for row in try await connection.query(
+            """
+            SELECT reason, sum(count)::bigint AS n FROM siwa.rejections
+             WHERE minute > now() - interval '1 hour' GROUP BY reason
+            """)
+        {
+            rejections[try row.decode(String.self, column: "reason")] = try row.decode(Int.self, column: "n")
+        }
+
+        let oldestDeletion = try deletions.first.map {
+            (clientID: try $0.decode(String.self, column: "client_id"), sub: try $0.decode(String.self, column: "sub"))
+        }
+        return StatusReport(
+            generatedAt: Date(),
+            jobs: jobs,
+            readyJobs: try ready.decode(Int.self, column: "n"),
+            oldestReadySeconds: try ready.decode(Double?.self, column: "oldest"),
+            pendingDeletions: try deletions.first?.decode(Int.self, column: "total") ?? 0,
+            oldestPendingDeletionSeconds: try deletions.first?.decode(Double?.self, column: "age"),
+            oldestPendingDeletion: oldestDeletion,
+            pausedClients: try paused.map { row in
+                PausedClient(
+                    clientID: try row.decode(String.self, column: "client_id"),
+                    reason: try row.decode(String.self, column: "reason"),
+                    pausedAt: try row.decode(Date.self, column: "paused_at"),
+                    nextProbeAt: try row.decode(Date.self, column: "next_probe_at"))
+            },
+            notificationsLastHour: try received.decode(Int.self, column: "n"),
+            rejectionsLastHour: rejections)
+    }
+
+    // MARK: Rendering
+
+    var text: String {
+        var out = "siwa status at \(CLI.iso8601(generatedAt))\n\n"
+        let states = JobAdministration.states
+        var rows: [[String]] = [["jobs"] + states + ["total"]]
+        var columnTotals = [Int](repeating: 0, count: states.count)
+        for kind in JobAdministration.kinds + jobs.keys.filter({ !JobAdministration.kinds.contains($0) }).sorted() {
+            let counts = states.map { jobs[kind]?[$0] ?? 0 }
+            for (index, count) in counts.enumerated() { columnTotals[index] += count }
+            rows.append([kind] + counts.map(String.init) + [String(counts.reduce(0, +))])
+        }
+        rows.append(["total"] + columnTotals.map(String.init) + [String(columnTotals.reduce(0, +))])
+        out += CLI.table(rows, rightAligned: Set(1...states.count + 1)) + "\n\n"
+
+        var facts: [[String]] = []
+        facts.append([
+            "ready to run",
+            readyJobs == 0 ? "0" : "\(readyJobs), oldest waiting \(CLI.age(oldestReadySeconds ?? 0))",
+        ])
+        var deletion = String(pendingDeletions)
+        if let age = oldestPendingDeletionSeconds, let oldest = oldestPendingDeletion {
+            deletion += ", oldest \(CLI.age(age)) (\(oldest.clientID) \(oldest.sub))"
+        }
+        facts.append(["pending deletions", deletion])
+        facts.append([
+            "discarded jobs",
+            discardedJobs == 0 ? "0" : "\(discardedJobs)  (siwa jobs list --state discarded; siwa jobs retry ID)",
+        ])
+        facts.append(["paused client IDs", pausedClients.isEmpty ? "none" : String(pausedClients.count)])
+        let rejected = rejectionsLastHour.values.reduce(0, +)
+        facts.append(["received, last hour", String(notificationsLastHour)])
+        var rejectedText = String(rejected)
+        if rejected > 0 {
+            rejectedText +=
+                " (" + rejectionsLastHour.sorted { ($1.value, $0.key) < ($0.value, $1.key) }
+                .map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")"
+        }
+        facts.append(["rejected, last hour", rejectedText])
+        out += CLI.table(facts)
+        for client in pausedClients {
+            out +=
+                "\n  paused \(client.clientID): \(client.reason) (since \(CLI.iso8601(client.pausedAt)), "
+                + "next probe \(CLI.iso8601(client.nextProbeAt)))"
+        }
+        return out
+    }
+
+    /// Stable keys for scripts; ages in seconds (null when there is nothing waiting).
+    var jsonObject: [String: Any] {
+        var byState = Dictionary(uniqueKeysWithValues: JobAdministration.states.map { ($0, 0) })
+        for counts in jobs.values { for (state, count) in counts { byState[state, default: 0] += count } }
+        let rejected = rejectionsLastHour.values.reduce(0, +)
+        return [
+            "generated_at": CLI.iso8601(generatedAt),
+            "jobs": [
+                "by_state": byState,
+                "by_kind": jobs,
+                "ready": readyJobs,
+                "oldest_ready_seconds": oldestReadySeconds.map { $0 as Any } ?? NSNull(),
+                "discarded": discardedJobs,
+            ] as [String: Any],
+            "pending_deletions": [
+                "count": pendingDeletions,
+                "oldest_seconds": oldestPendingDeletionSeconds.map { $0 as Any } ?? NSNull(),
+                "oldest": oldestPendingDeletion.map { ["client_id": $0.clientID, "sub": $0.sub] as Any } ?? NSNull(),
+            ] as [String: Any],
+            "paused_clients": pausedClients.map {
+                [
+                    "client_id": $0.clientID, "reason": $0.reason, "paused_at": CLI.iso8601($0.pausedAt),
+                    "next_probe_at": CLI.iso8601($0.nextProbeAt),
+                ]
+            },
+            "last_hour": [
+                "notifications_received": notificationsLastHour,
+                "rejected": rejected,
+                "rejected_by_reason": rejectionsLastHour,
+            ] as [String: Any],
+        ]
+    }
+}

@@ -1,0 +1,42 @@
+import Foundation
+import Synchronization
+
+/// Turns the children's JSON log lines (`{"ts","level","logger","msg",...}`) into
+/// `[receiver] 12:04:05 info  siwa-receiver listening listen=127.0.0.1:8080`; other lines pass through.
+enum DevLogFormatter {
+    static func format(_ line: String, prefix: String) -> String {
+        guard line.hasPrefix("{"),
+            let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+            let message = object["msg"] as? String
+        else { return "[\(prefix)] \(line)" }
+        var time = object["ts"] as? String ?? ""
+        if let t = time.firstIndex(of: "T") { time = String(time[time.index(after: t)...].prefix(8)) }
+        let level = (object["level"] as? String ?? "").padding(toLength: 5, withPad: " ", startingAt: 0)
+        var text = "[\(prefix)] \(time) \(level) \(message)"
+        for key in object.keys.sorted() where !["ts", "level", "logger", "msg"].contains(key) {
+            text += " \(key)=\(render(object[key]!))"
+        }
+        return text
+    }
+
+    private static func render(_ value: Any) -> String {
+        switch value {
+        case let string as String:
+            return string.isEmpty || string.contains(where: { $0 == " " || $0 == "=" || $0 == "\"" })
+                ? "\"" + string.replacingOccurrences(of: "\"", with: "\\\"") + "\"" : string
+        default:
+            return "\(value)"
+        }
+    }
+}
+
+/// Serialises whole lines from several reader threads onto stdout.
+final class DevOutput: Sendable {
+    private let lock = Mutex(())
+
+    func line(_ text: String) {
+        lock.withLock { _ in
+            FileHandle.standardOutput.write(Data((text + "\n").utf8))
+        }
+    }
+}
