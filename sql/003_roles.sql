@@ -24,7 +24,7 @@ BEGIN
         IF coalesce(can_create, false) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
-            EXCEPTION WHEN duplicate_object THEN
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN  -- another database migrating at once
                 NULL;  -- created meanwhile by a migration of another database in this cluster
             END;
         ELSE

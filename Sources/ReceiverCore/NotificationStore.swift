@@ -131,7 +131,8 @@ package final class NotificationStore: Sendable {
     // MARK: - Committer threads
 
     private func commitLoop(index: Int) {
-        var connection: PostgresConnection?
+        // Connect up front so the first notification does not pay for it and /readyz turns green.
+        var connection: PostgresConnection? = connect()
         var lastFlush = ContinuousClock.now
         while true {
             let batch = nextBatch()
