@@ -5,7 +5,9 @@
 #     siwa-receiver (release build),
 #  3. drives the receiver with wrk at 16 and 64 connections,
 #  4. runs pgbench with a single-row INSERT of the same shape at the same concurrency,
-#  5. prints requests/s, p50/p99, non-2xx, rows stored, resident memory and the ratio.
+#  5. runs the Python peer (deploy/bench/python-peer: uvicorn + PyJWT + psycopg pool, from PyPI into
+#     a cached virtualenv) at 64 connections against the same database,
+#  6. prints requests/s, p50/p99, non-2xx, rows stored, resident memory and the ratio.
 # Usage: deploy/bench/receiver.sh [N=40000] [SECONDS=8]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,12 +40,14 @@ fake_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 children+=($!)
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$fake_port/auth/keys" >/dev/null 2>&1 && break; sleep 0.1; done
 
-echo "==> signing $((2 * N)) notifications"
+echo "==> signing $((3 * N)) notifications"
 start=$(date +%s.%N)
 "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies16.txt" \
   --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c16-
 "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies64.txt" \
   --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c64-
+"$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodiespy.txt" \
+  --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix py-
 echo "    signed in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -86,6 +90,27 @@ for c in 16 64; do
     -f "$work/insert.sql" postgres 2>/dev/null | awk '/^tps/ {print $3; exit}')
 done
 
+# The Python peer, same database, same wrk settings at 64 connections.
+venv=${SIWA_BENCH_VENV:-$HOME/.cache/siwa-bench-venv}
+if [[ ! -x "$venv/bin/uvicorn" ]]; then
+  echo "==> installing the Python peer into $venv (uvicorn, pyjwt[crypto], psycopg[binary], psycopg-pool)"
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q uvicorn 'pyjwt[crypto]' 'psycopg[binary]' psycopg-pool
+fi
+py_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" \
+  "$venv/bin/uvicorn" --app-dir deploy/bench/python-peer receiver:app --host 127.0.0.1 --port "$py_port" \
+  --workers 2 --no-access-log --log-level warning >"$work/python.log" 2>&1 &
+py_pid=$!
+children+=($py_pid)
+for _ in $(seq 150); do curl -s -o /dev/null "http://127.0.0.1:$py_port/" && break; sleep 0.1; done
+BODIES_FILE="$work/bodiespy.txt" WRK_THREADS=2 wrk -t2 -c64 -d"${DURATION}s" --latency \
+  -s deploy/bench/post-bodies.lua "http://127.0.0.1:$py_port/apple/notifications" >"$work/wrkpy.txt" 2>&1
+py_line=$(grep '^RESULT' "$work/wrkpy.txt")
+py_rps=$(sed 's/.*rps=\([0-9.]*\).*/\1/' <<<"$py_line")
+py_p99=$(sed 's/.*p99_ms=\([0-9.]*\).*/\1/' <<<"$py_line")
+py_non2xx=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$py_line")
+kill "$py_pid" 2>/dev/null; wait "$py_pid" 2>/dev/null || true
+
 printf '\nReceiver benchmark (%s distinct signed notifications per run, %ss per run, 2 wrk threads)\n' "$N" "$DURATION"
 printf '%-6s %12s %9s %9s %8s %14s %8s  %s\n' conns "receiver r/s" "p50 ms" "p99 ms" non2xx "pgbench tx/s" ratio "targets"
 for c in 16 64; do
@@ -95,4 +120,5 @@ for c in 16 64; do
 done
 printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
 printf 'receiver resident memory after the runs: %s MB (target <= 64 MB)\n' "$receiver_rss"
-printf 'python peer (PyJWT + psycopg pool + uvicorn), measured earlier on this machine: ~1.8k req/s; target >= 5x\n'
+printf 'python peer at 64 connections (uvicorn x2 + PyJWT + psycopg pool): %s r/s, p99 %s ms, non2xx %s\n' "$py_rps" "$py_p99" "$py_non2xx"
+printf 'receiver / python at 64 connections: %sx (target >= 5x)\n' "$(python3 -c "print(f'{${rps[64]} / $py_rps:.1f}')")"
