@@ -45,7 +45,7 @@ let package = Package(
                 dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
                                "Logging", "AppleClient"],
                 swiftSettings: strict),
-        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore"],
+        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),
 
         // Executables: load configuration, run.
