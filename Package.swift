@@ -55,7 +55,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "JOSE", "CryptoCore", "Logging", "WorkerCore"],
+                                         "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient"],
                           swiftSettings: strict),
 
         // Unit tests: no network, no database.

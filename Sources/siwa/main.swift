@@ -4,6 +4,9 @@ import SiwaCore
 /// Every subcommand; each lives in Commands/<Name>Command.swift.
 let commands: [any CLICommand.Type] = [
     MigrateCommand.self,
+    FakeAppleCommand.self,
+    SimulateCommand.self,
+    AccountsCommand.self,
 ]
 
 func printUsage() {
