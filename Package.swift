@@ -67,11 +67,12 @@ let package = Package(
         .testTarget(name: "ReceiverCoreTests", dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
+        .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore"],
                     swiftSettings: strict),
     ]
 )

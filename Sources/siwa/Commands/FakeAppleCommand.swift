@@ -42,7 +42,7 @@ enum FakeAppleCommand: CLICommand {
         do {
             let fake = try FakeApple(configuration: configuration, signingKey: signingKey, logger: logger)
             try fake.start()
-            print("fake-apple listening on \(fake.baseURL.absoluteString)")
+            FileHandle.standardOutput.write(Data("fake-apple listening on \(fake.baseURL.absoluteString)\n".utf8))
             if configuration.verifyKey == nil {
                 print("fake-apple: no --verify-key-file: client_secret signatures are not checked (claims still are)")
             }
