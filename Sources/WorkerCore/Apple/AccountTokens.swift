@@ -32,30 +32,37 @@ package struct AccountImporter {
         for line in lines {
             summary.lines += 1
             let number = summary.lines
-            let trimmed = line.trimmingCharacters(in: .whitespacesAndNewlines)
-            if trimmed.isEmpty || trimmed.hasPrefix("#") || (number == 1 && trimmed == "client_id,sub,app_user_id,refresh_token") {
-                continue
+            switch Self.parse(line, number: number, tokenBox: tokenBox) {
+            case .skip: break
+            case .malformed: summary.malformedLines.append(number)
+            case .row(let row): pending.append(row)
             }
-            let fields = trimmed.split(separator: ",", omittingEmptySubsequences: false).map {
-                $0.trimmingCharacters(in: .whitespaces)
-            }
-            guard fields.count == 4, !fields[0].isEmpty, !fields[1].isEmpty, !fields[3].isEmpty,
-                let sealed = try? tokenBox.seal(fields[3], clientID: fields[0], sub: fields[1])
-            else {
-                summary.malformedLines.append(number)
-                continue
-            }
-            pending.append((fields[0], fields[1], fields[2].isEmpty ? nil : fields[2], sealed))
-            if pending.count >= 500 {
+            if pending.count >= 500 || number % progressInterval == 0 {
                 try await flush(&pending, into: &summary)
             }
-            if number % progressInterval == 0 {
-                try await flush(&pending, into: &summary)
-                progress(summary)
-            }
+            if number % progressInterval == 0 { progress(summary) }
         }
         try await flush(&pending, into: &summary)
         return summary
+    }
+
+    enum ParsedLine {
+        case skip, malformed
+        case row((clientID: String, sub: String, appUserID: String?, sealed: [UInt8]))
+    }
+
+    static func parse(_ line: String, number: Int, tokenBox: TokenBox) -> ParsedLine {
+        let trimmed = line.trimmingCharacters(in: .whitespacesAndNewlines)
+        if trimmed.isEmpty || trimmed.hasPrefix("#") || (number == 1 && trimmed == "client_id,sub,app_user_id,refresh_token") {
+            return .skip
+        }
+        let fields = trimmed.split(separator: ",", omittingEmptySubsequences: false).map {
+            $0.trimmingCharacters(in: .whitespaces)
+        }
+        guard fields.count == 4, !fields[0].isEmpty, !fields[1].isEmpty, !fields[3].isEmpty,
+            let sealed = try? tokenBox.seal(fields[3], clientID: fields[0], sub: fields[1])
+        else { return .malformed }
+        return .row((fields[0], fields[1], fields[2].isEmpty ? nil : fields[2], sealed))
     }
 
     private func flush(
