@@ -1,4 +1,4 @@
-package import CryptoCore
+import CryptoCore
 import Foundation
 
 /// Refresh tokens at rest: AES-256-GCM with a random 96-bit nonce and the row's identity
