@@ -45,7 +45,7 @@ let package = Package(
                 dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
                                "Logging", "AppleClient"],
                 swiftSettings: strict),
-        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore"],
+        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),
 
         // Executables: load configuration, run.
@@ -55,7 +55,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "JOSE", "CryptoCore", "Logging", "WorkerCore"],
+                                         "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient"],
                           swiftSettings: strict),
 
         // Unit tests: no network, no database.
@@ -67,11 +67,12 @@ let package = Package(
         .testTarget(name: "ReceiverCoreTests", dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
+        .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore"],
                     swiftSettings: strict),
     ]
 )

@@ -29,6 +29,12 @@ package struct AppleTransportError: Error, CustomStringConvertible {
     package var endpoint: String
     package var detail: String
 
+    package init(kind: Kind, endpoint: String, detail: String) {
+        self.kind = kind
+        self.endpoint = endpoint
+        self.detail = detail
+    }
+
     package var description: String { "\(endpoint): \(kind.rawValue): \(detail)" }
 }
 

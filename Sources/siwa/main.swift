@@ -7,6 +7,9 @@ let commands: [any CLICommand.Type] = [
     StatusCommand.self,
     JobsCommand.self,
     DevCommand.self,
+    FakeAppleCommand.self,
+    SimulateCommand.self,
+    AccountsCommand.self,
 ]
 
 func printUsage() {

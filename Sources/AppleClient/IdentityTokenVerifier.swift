@@ -1,0 +1,66 @@
+package import Foundation
+import JOSE
+import SiwaCore
+
+/// The claims of a verified `id_token` that we act on.
+package struct AppleIdentity: Sendable, Equatable {
+    package var sub: String
+    package var email: String?
+    package var isPrivateEmail: Bool?
+}
+
+/// Why an `id_token` was refused. `rawValue` is stored as a failure reason: it holds no token content.
+package enum IdentityTokenError: String, Error, Sendable, CustomStringConvertible {
+    case malformed = "id_token_malformed"
+    case unknownKey = "id_token_unknown_key"
+    case keysUnavailable = "id_token_keys_unavailable"
+    case badSignature = "id_token_bad_signature"
+    case wrongIssuer = "id_token_wrong_issuer"
+    case wrongAudience = "id_token_wrong_audience"
+    case expired = "id_token_expired"
+    case subMismatch = "id_token_sub_mismatch"
+
+    package var description: String { rawValue }
+}
+
+/// Verifies the `id_token` from a code exchange: RS256 with Apple's key set, `iss`, `aud`, `exp`, `sub`.
+package struct IdentityTokenVerifier: Sendable {
+    package let keys: AppleKeySet
+    /// Clock skew tolerated on `exp`.
+    package var leeway: TimeInterval = 60
+
+    package init(keys: AppleKeySet) {
+        self.keys = keys
+    }
+
+    package func verify(_ token: String, clientID: String, expectedSub: String, now: Date = Date()) async throws(
+        IdentityTokenError
+    ) -> AppleIdentity {
+        guard let jws = try? CompactJWS(token) else { throw .malformed }
+        guard jws.algorithm == RS256.algorithm, let keyID = jws.keyID else { throw .badSignature }
+        let key: RS256.PublicKey
+        switch await keys.key(keyID) {
+        case .found(let found): key = found
+        case .unknownKey: throw .unknownKey
+        case .unavailable: throw .keysUnavailable
+        }
+        do { try RS256.verify(jws, publicKey: key) } catch { throw .badSignature }
+        guard let claims = try? JSONSerialization.jsonObject(with: Data(jws.payloadBytes)) as? [String: Any] else {
+            throw .malformed
+        }
+        guard claims["iss"] as? String == AppleNotification.appleIssuer else { throw .wrongIssuer }
+        let audiences: [String] =
+            if let one = claims["aud"] as? String { [one] } else { (claims["aud"] as? [String]) ?? [] }
+        guard audiences.contains(clientID) else { throw .wrongAudience }
+        guard let exp = Self.number(claims["exp"]) else { throw .malformed }
+        guard exp + leeway > now.timeIntervalSince1970 else { throw .expired }
+        guard let sub = claims["sub"] as? String, sub == expectedSub else { throw .subMismatch }
+        return AppleIdentity(
+            sub: sub, email: claims["email"] as? String, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]))
+    }
+
+    private static func number(_ value: Any?) -> Double? {
+        guard let number = value as? NSNumber, type(of: number) != type(of: NSNumber(value: true)) else { return nil }
+        return number.doubleValue.isFinite ? number.doubleValue : nil
+    }
+}

@@ -1,0 +1,160 @@
+import CryptoCore
+import Foundation
+import HTTPServer
+import JOSE
+import Synchronization
+
+extension FakeApple {
+    /// `POST /auth/token`. Returns the response and whether the client_secret was valid.
+    func token(_ form: [String: String]) -> (HTTPResponse, Bool) {
+        guard let clientID = form["client_id"], !clientID.isEmpty, let secret = form["client_secret"], !secret.isEmpty,
+            let grantType = form["grant_type"], !grantType.isEmpty
+        else { return (Self.oauthError("invalid_request"), false) }
+        guard grantType == "authorization_code" || grantType == "refresh_token" else {
+            return (Self.oauthError("unsupported_grant_type"), false)
+        }
+        guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
+        let now = Date()
+        if grantType == "authorization_code" {
+            guard let code = form["code"], !code.isEmpty else { return (Self.oauthError("invalid_request"), true) }
+            let lifetime = configuration.codeLifetime
+            let issued: FakeAppleState.Code? = state.withLock { state in
+                guard var entry = state.codes[code], !entry.used, entry.clientID == clientID,
+                    now.timeIntervalSince(entry.createdAt) <= lifetime
+                else {
+                    state.codes[code]?.used = true
+                    return nil
+                }
+                entry.used = true
+                state.codes[code] = entry
+                return entry
+            }
+            guard let issued else { return (Self.oauthError("invalid_grant"), true) }
+            let refreshToken = "r" + Self.randomHex(24)
+            state.withLock { $0.refreshTokens[refreshToken] = .init(clientID: clientID, sub: issued.sub) }
+            let idToken = signIDToken(clientID: clientID, sub: issued.sub, email: issued.email, isPrivateEmail: issued.isPrivateEmail)
+            return (
+                Self.json([
+                    "access_token": "a" + Self.randomHex(16), "token_type": "Bearer", "expires_in": 3600,
+                    "refresh_token": refreshToken, "id_token": idToken,
+                ]), true
+            )
+        }
+        guard let refreshToken = form["refresh_token"], !refreshToken.isEmpty else {
+            return (Self.oauthError("invalid_request"), true)
+        }
+        let entry = state.withLock { $0.refreshTokens[refreshToken] }
+        guard let entry, !entry.revoked, entry.clientID == clientID else { return (Self.oauthError("invalid_grant"), true) }
+        let idToken = signIDToken(clientID: clientID, sub: entry.sub, email: nil, isPrivateEmail: nil)
+        return (
+            Self.json(["access_token": "a" + Self.randomHex(16), "token_type": "Bearer", "expires_in": 3600, "id_token": idToken]),
+            true
+        )
+    }
+
+    /// `POST /auth/revoke`: 200 for any token once the client is authenticated.
+    func revoke(_ form: [String: String]) -> (HTTPResponse, Bool) {
+        guard let clientID = form["client_id"], !clientID.isEmpty, let secret = form["client_secret"], !secret.isEmpty,
+            let token = form["token"], !token.isEmpty
+        else { return (Self.oauthError("invalid_request"), false) }
+        if let hint = form["token_type_hint"], hint != "refresh_token", hint != "access_token" {
+            return (Self.oauthError("invalid_request"), false)
+        }
+        guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
+        state.withLock { state in
+            if state.refreshTokens[token]?.clientID == clientID { state.refreshTokens[token]?.revoked = true }
+        }
+        return (HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: []), true)
+    }
+
+    /// What Apple checks on a client_secret: ES256 over the team key, `kid`, `iss`, `aud`, `sub`, `exp`, `iat`.
+    func checkClientSecret(_ secret: String, clientID: String, now: Date = Date()) -> Bool {
+        guard let jws = try? CompactJWS(secret), jws.algorithm == ES256.algorithm, let keyID = jws.keyID, !keyID.isEmpty
+        else { return false }
+        if let key = configuration.verifyKey {
+            guard (try? ES256.verify(jws, publicKey: key)) != nil else { return false }
+        } else {
+            guard jws.signatureBytes.count == 64 else { return false }
+        }
+        guard let claims = try? JSONSerialization.jsonObject(with: Data(jws.payloadBytes)) as? [String: Any],
+            let iss = claims["iss"] as? String, !iss.isEmpty,
+            let sub = claims["sub"] as? String, sub == clientID,
+            let iat = (claims["iat"] as? NSNumber)?.doubleValue, let exp = (claims["exp"] as? NSNumber)?.doubleValue
+        else { return false }
+        if let teamID = configuration.teamID, iss != teamID { return false }
+        let audiences: [String] = if let one = claims["aud"] as? String { [one] } else { (claims["aud"] as? [String]) ?? [] }
+        guard audiences.contains(Self.issuer) else { return false }
+        guard exp > now.timeIntervalSince1970, exp - iat <= 15_777_000, iat <= now.timeIntervalSince1970 + 60 else { return false }
+        return true
+    }
+
+    func signIDToken(clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, key: RSA.PrivateKey? = nil) -> String {
+        let now = Int(Date().timeIntervalSince1970)
+        var claims: [String: Any] = [
+            "iss": Self.issuer, "aud": clientID, "sub": sub, "iat": now, "exp": now + 600, "auth_time": now,
+            "nonce_supported": true,
+        ]
+        if let email {
+            claims["email"] = email
+            claims["email_verified"] = "true"
+        }
+        if let isPrivateEmail { claims["is_private_email"] = isPrivateEmail ? "true" : "false" }
+        let payload = (try? JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data()
+        return (try? JWTSigner.rs256(payload: Array(payload), keyID: configuration.keyID, privateKey: key ?? signingKey)) ?? ""
+    }
+
+    /// The same answer with its `id_token` re-signed by a key Apple never published (same `kid`).
+    func resign(_ response: HTTPResponse) -> HTTPResponse {
+        guard var object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any],
+            let idToken = object["id_token"] as? String, let jws = try? CompactJWS(idToken)
+        else { return response }
+        object["id_token"] = try? JWTSigner.rs256(payload: jws.payloadBytes, keyID: configuration.keyID, privateKey: foreignKey)
+        return Self.json(object)
+    }
+
+    // MARK: Admin endpoints (fake only)
+
+    func adminRegisterCode(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
+            let clientID = object["client_id"] as? String, !clientID.isEmpty,
+            let sub = object["sub"] as? String, !sub.isEmpty
+        else { return Self.oauthError("invalid_request") }
+        let isPrivate: Bool? =
+            switch object["is_private_email"] {
+            case let flag as Bool: flag
+            case let text as String: text == "true"
+            default: nil
+            }
+        let code = registerCode(clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate)
+        return Self.json(["code": code, "expires_in": Int(configuration.codeLifetime)])
+    }
+
+    func adminInjectFailures(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
+            let endpoint = object["endpoint"] as? String, ["token", "revoke", "keys"].contains(endpoint),
+            let responses = object["responses"] as? [Any]
+        else { return Self.oauthError("invalid_request") }
+        let failures = responses.compactMap(FakeAppleFailure.init(json:))
+        guard failures.count == responses.count else { return Self.oauthError("invalid_request") }
+        let retryAfter: String? =
+            switch object["retry_after"] {
+            case let number as NSNumber: number.stringValue
+            case let text as String: text
+            default: nil
+            }
+        injectFailures(endpoint: endpoint, responses: failures, retryAfter: retryAfter)
+        return Self.json(["queued": failures.count])
+    }
+
+    func adminCalls() -> HTTPResponse {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        let data = (try? encoder.encode(calls)) ?? Data("[]".utf8)
+        return .json(String(decoding: data, as: UTF8.self))
+    }
+
+    func adminSigningKey() -> HTTPResponse {
+        Self.json(["kid": configuration.keyID, "pem": signingKey.pemRepresentation, "note": "test-only fake key"])
+    }
+}

@@ -1,0 +1,236 @@
+import AppleClient
+package import CryptoCore
+package import Foundation
+import HTTPServer
+import SiwaCore
+package import JOSE
+package import Logging
+import Synchronization
+
+/// A local stand-in for Apple's Sign in with Apple endpoints, for tests and `siwa dev`. TEST ONLY:
+/// it publishes its private signing key at `GET /fake/signing-key` so `siwa simulate` can sign
+/// notifications.
+///
+/// It checks what Apple checks on `/auth/token` and `/auth/revoke` (client_secret signature and
+/// claims, form fields, grant types, single-use codes) and can be told to fail:
+/// - `GET /auth/keys`: its RSA public key (`kid` `fake-1`).
+/// - `POST /auth/token`: `authorization_code` (codes from `POST /fake/codes`, single use, 5 min)
+///   and `refresh_token` grants.
+/// - `POST /auth/revoke`: 200, also for an unknown token; the token stops refreshing.
+/// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?}` → `{"code": ...}`.
+/// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys", responses: [503, "timeout",
+///   "invalid_client", "bad_signature", ...], retry_after: 2}`: consumed one per call.
+/// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
+/// - `GET /fake/signing-key`: `{"kid": ..., "pem": ...}`, the private key (fake only).
+package final class FakeApple: Sendable {
+    package struct Configuration: Sendable {
+        package var host: String
+        package var port: Int
+        /// Public key of the team's `.p8`; client_secret signatures are checked against it when set.
+        package var verifyKey: P256.Signing.PublicKey?
+        /// Expected client_secret `iss`, when set.
+        package var teamID: String?
+        /// How long an authorization code stays valid.
+        package var codeLifetime: TimeInterval
+        /// How long an injected `timeout` holds the request before answering 504.
+        package var hangDuration: Duration
+        /// Key id of the signing key.
+        package var keyID: String
+
+        package init(
+            host: String = "127.0.0.1", port: Int = 0, verifyKey: P256.Signing.PublicKey? = nil,
+            teamID: String? = nil, codeLifetime: TimeInterval = 300, hangDuration: Duration = .seconds(30),
+            keyID: String = "fake-1"
+        ) {
+            self.host = host
+            self.port = port
+            self.verifyKey = verifyKey
+            self.teamID = teamID
+            self.codeLifetime = codeLifetime
+            self.hangDuration = hangDuration
+            self.keyID = keyID
+        }
+    }
+
+    package static let issuer = "https://appleid.apple.com"
+
+    package let configuration: Configuration
+    /// The key notifications and id_tokens are signed with. TEST ONLY.
+    package let signingKey: RSA.PrivateKey
+    let foreignKey: RSA.PrivateKey
+    let state = Mutex(FakeAppleState())
+    private let logger: Logger
+    private let server: Mutex<HTTPServer?> = Mutex(nil)
+
+    package init(configuration: Configuration = Configuration(), signingKey: RSA.PrivateKey? = nil, logger: Logger) throws {
+        self.configuration = configuration
+        self.signingKey = try signingKey ?? RSA.PrivateKey.generate()
+        self.foreignKey = try RSA.PrivateKey.generate()
+        self.logger = logger
+    }
+
+    // MARK: Running
+
+    /// Starts listening; returns once connections are accepted.
+    package func start() throws {
+        let server = HTTPServer(
+            configuration: .init(
+                host: configuration.host, port: configuration.port, threadCount: 2, connectionTimeout: .seconds(60),
+                shutdownGracePeriod: .milliseconds(200)),
+            handler: ClosureHTTPHandler { [self] request, respond in handle(request, respond: respond) },
+            logger: logger)
+        try server.start()
+        self.server.withLock { $0 = server }
+    }
+
+    package func stop() {
+        let server = self.server.withLock { server in
+            defer { server = nil }
+            return server
+        }
+        server?.stop()
+    }
+
+    /// Starts, runs until cancelled, stops.
+    package func run() async throws {
+        try start()
+        while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                self.stop()
+                continuation.resume()
+            }
+        }
+    }
+
+    package var port: Int { server.withLock { $0?.port ?? 0 } }
+    package var baseURL: URL { URL(string: "http://\(configuration.host):\(port)")! }
+
+    // MARK: Test API (the same as the admin endpoints)
+
+    /// A fresh single-use authorization code for `(clientID, sub)`. Secret-like: never log it.
+    package func registerCode(clientID: String, sub: String, email: String? = nil, isPrivateEmail: Bool? = nil) -> String {
+        let code = "c" + Self.randomHex(16)
+        state.withLock {
+            $0.codes[code] = .init(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, createdAt: Date())
+        }
+        return code
+    }
+
+    /// Registers a refresh token as if a code exchange had issued it (imports, reconciliation tests).
+    package func registerRefreshToken(_ token: String, clientID: String, sub: String) {
+        state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub) }
+    }
+
+    package func injectFailures(endpoint: String, responses: [FakeAppleFailure], retryAfter: String? = nil) {
+        state.withLock { $0.failures[endpoint] = .init(responses: responses, retryAfter: retryAfter) }
+    }
+
+    package var calls: [FakeAppleCall] { state.withLock { $0.calls } }
+
+    /// Whether a refresh token was revoked (nil: never issued or registered).
+    package func isRevoked(refreshToken: String) -> Bool? { state.withLock { $0.refreshTokens[refreshToken]?.revoked } }
+
+    /// The refresh tokens issued for `(clientID, sub)`. Tests use it to compare with what was stored.
+    package func refreshTokens(clientID: String, sub: String) -> [String] {
+        state.withLock { $0.refreshTokens.filter { $0.value.clientID == clientID && $0.value.sub == sub }.map(\.key) }
+    }
+
+    package var jsonWebKeySet: JSONWebKeySet {
+        JSONWebKeySet(keys: [JSONWebKey(rs256: signingKey.publicKey, keyID: configuration.keyID)])
+    }
+
+    // MARK: Routing
+
+    private func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        let route = (request.method, request.path)
+        switch route {
+        case ("GET", "/auth/keys"):
+            answer(endpoint: "keys", clientID: nil, grantType: nil, respond: respond) {
+                (.json(String(decoding: jsonWebKeySet.jsonBytes(), as: UTF8.self)), false)
+            }
+        case ("POST", "/auth/token"):
+            let form = FormEncoding.decode(request.bodyText)
+            answer(endpoint: "token", clientID: form["client_id"], grantType: form["grant_type"], respond: respond) {
+                token(form)
+            }
+        case ("POST", "/auth/revoke"):
+            let form = FormEncoding.decode(request.bodyText)
+            answer(endpoint: "revoke", clientID: form["client_id"], grantType: nil, respond: respond) { revoke(form) }
+        case ("POST", "/fake/codes"):
+            respond(adminRegisterCode(request))
+        case ("POST", "/fake/failures"):
+            respond(adminInjectFailures(request))
+        case ("GET", "/fake/calls"):
+            respond(adminCalls())
+        case ("GET", "/fake/signing-key"):
+            respond(adminSigningKey())
+        case (_, "/auth/keys"), (_, "/auth/token"), (_, "/auth/revoke"):
+            respond(.json(status: 405, #"{"error":"method_not_allowed"}"#))
+        default:
+            respond(.json(status: 404, #"{"error":"not_found"}"#))
+        }
+    }
+
+    /// Applies an injected failure if one is queued, else `body`; records the call either way.
+    private func answer(
+        endpoint: String, clientID: String?, grantType: String?, respond: @escaping @Sendable (HTTPResponse) -> Void,
+        _ body: () -> (HTTPResponse, Bool)
+    ) {
+        let injected = state.withLock { $0.nextFailure(endpoint) }
+        var response: HTTPResponse
+        var validSecret = false
+        switch injected {
+        case nil:
+            (response, validSecret) = body()
+        case (.status(let status), let retryAfter)?:
+            response = .json(status: status, "{}")
+            if status == 429, let retryAfter { response.headers.append(("Retry-After", retryAfter)) }
+        case (.oauthError(let error), _)?:
+            response = Self.oauthError(error)
+        case (.badSignature, _)?:
+            (response, validSecret) = body()
+            if response.status == 200 { response = resign(response) }
+        case (.timeout, _)?:
+            record(endpoint: endpoint, clientID: clientID, grantType: grantType, status: 0, error: "timeout", validSecret: false)
+            let hang = configuration.hangDuration
+            DispatchQueue.global().asyncAfter(deadline: .now() + hang.seconds) {
+                respond(.json(status: 504, #"{"error":"timeout"}"#))
+            }
+            return
+        }
+        let error = Self.errorCode(of: response)
+        record(endpoint: endpoint, clientID: clientID, grantType: grantType, status: response.status, error: error, validSecret: validSecret)
+        respond(response)
+    }
+
+    private func record(endpoint: String, clientID: String?, grantType: String?, status: Int, error: String?, validSecret: Bool) {
+        let call = FakeAppleCall(
+            endpoint: endpoint, clientID: clientID, grantType: grantType, status: status, error: error,
+            validClientSecret: validSecret, time: Date())
+        state.withLock { $0.calls.append(call) }
+        logger.debug(
+            "fake apple call",
+            metadata: ["fake.endpoint": .string(endpoint), "http.status": .int(status), "client_id": .string(clientID ?? "")])
+    }
+
+    static func errorCode(of response: HTTPResponse) -> String? {
+        guard response.status >= 400,
+            let object = try? JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any]
+        else { return nil }
+        return object["error"] as? String
+    }
+
+    static func oauthError(_ error: String, status: Int = 400) -> HTTPResponse {
+        .json(status: status, "{\"error\":\"\(error)\"}")
+    }
+
+    static func randomHex(_ bytes: Int) -> String {
+        SecureRandom.bytes(count: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    static func json(_ object: [String: Any], status: Int = 200) -> HTTPResponse {
+        let data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
+        return .json(status: status, String(decoding: data, as: UTF8.self))
+    }
+}

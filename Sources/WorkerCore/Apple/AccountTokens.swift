@@ -1,0 +1,179 @@
+package import AppleClient
+import Foundation
+package import Postgres
+
+/// `siwa accounts import`: `client_id,sub,app_user_id,refresh_token` lines become active accounts
+/// with the token encrypted. A malformed line is reported by number (never its content) and skipped.
+package struct AccountImporter {
+    package struct Summary: Sendable, Equatable {
+        package var lines = 0
+        package var imported = 0
+        /// Rows that exist with a status other than active (deleted, revoked...): left alone.
+        package var skipped = 0
+        package var malformedLines: [Int] = []
+    }
+
+    let connection: PostgresConnection
+    let tokenBox: TokenBox
+    /// Called every `progressInterval` lines with the summary so far.
+    var progress: (Summary) -> Void
+    var progressInterval = 1000
+
+    package init(connection: PostgresConnection, tokenBox: TokenBox, progressInterval: Int = 1000, progress: @escaping (Summary) -> Void = { _ in }) {
+        self.connection = connection
+        self.tokenBox = tokenBox
+        self.progressInterval = progressInterval
+        self.progress = progress
+    }
+
+    package func run(lines: some Sequence<String>) async throws -> Summary {
+        var summary = Summary()
+        var pending: [(clientID: String, sub: String, appUserID: String?, sealed: [UInt8])] = []
+        for line in lines {
+            summary.lines += 1
+            let number = summary.lines
+            switch Self.parse(line, number: number, tokenBox: tokenBox) {
+            case .skip: break
+            case .malformed: summary.malformedLines.append(number)
+            case .row(let row): pending.append(row)
+            }
+            if pending.count >= 500 || number % progressInterval == 0 {
+                try await flush(&pending, into: &summary)
+            }
+            if number % progressInterval == 0 { progress(summary) }
+        }
+        try await flush(&pending, into: &summary)
+        return summary
+    }
+
+    enum ParsedLine {
+        case skip, malformed
+        case row((clientID: String, sub: String, appUserID: String?, sealed: [UInt8]))
+    }
+
+    static func parse(_ line: String, number: Int, tokenBox: TokenBox) -> ParsedLine {
+        let trimmed = line.trimmingCharacters(in: .whitespacesAndNewlines)
+        if trimmed.isEmpty || trimmed.hasPrefix("#") || (number == 1 && trimmed == "client_id,sub,app_user_id,refresh_token") {
+            return .skip
+        }
+        let fields = trimmed.split(separator: ",", omittingEmptySubsequences: false).map {
+            $0.trimmingCharacters(in: .whitespaces)
+        }
+        guard fields.count == 4, !fields[0].isEmpty, !fields[1].isEmpty, !fields[3].isEmpty,
+            let sealed = try? tokenBox.seal(fields[3], clientID: fields[0], sub: fields[1])
+        else { return .malformed }
+        return .row((fields[0], fields[1], fields[2].isEmpty ? nil : fields[2], sealed))
+    }
+
+    private func flush(
+        _ pending: inout [(clientID: String, sub: String, appUserID: String?, sealed: [UInt8])], into summary: inout Summary
+    ) async throws {
+        guard !pending.isEmpty else { return }
+        let rows = pending
+        pending.removeAll()
+        let imported = try await connection.withTransaction { connection in
+            var imported = 0
+            for row in rows {
+                let changed = try await connection.query(
+                    """
+                    INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, refresh_token_enc, linked_at, updated_at)
+                    VALUES (\(row.clientID), \(row.sub), \(row.appUserID), 'active', \(row.sealed), now(), now())
+                    ON CONFLICT (client_id, sub) DO UPDATE
+                       SET app_user_id = coalesce(EXCLUDED.app_user_id, accounts.app_user_id),
+                           refresh_token_enc = EXCLUDED.refresh_token_enc, updated_at = now()
+                     WHERE accounts.status = 'active'
+                    RETURNING 1
+                    """)
+                guard !changed.isEmpty else { continue }
+                _ = try await connection.query(
+                    "SELECT siwa.record_change(\(row.clientID), \(row.sub), 'imported', NULL, NULL, NULL)")
+                imported += 1
+            }
+            return imported
+        }
+        summary.imported += imported
+        summary.skipped += rows.count - imported
+    }
+}
+
+/// `siwa accounts rotate-keys`: re-encrypts every stored token whose key is not the first of
+/// `SIWA_TOKEN_KEYS`, in batches. Resumable: it selects by key id, so a rerun continues.
+package struct TokenKeyRotation {
+    package struct Summary: Sendable, Equatable {
+        package var reencrypted = 0
+        /// Rows whose token would not open with any key (reported, left as they are).
+        package var failed = 0
+    }
+
+    let connection: PostgresConnection
+    let tokenBox: TokenBox
+    let batchSize: Int
+
+    package init(connection: PostgresConnection, tokenBox: TokenBox, batchSize: Int = 500) {
+        self.connection = connection
+        self.tokenBox = tokenBox
+        self.batchSize = batchSize
+    }
+
+    /// Rows still sealed with another key.
+    package func remaining() async throws -> Int {
+        let current = Array(tokenBox.currentKeyID.utf8)
+        let rows = try await connection.query(
+            """
+            SELECT count(*) FROM siwa.accounts
+             WHERE refresh_token_enc IS NOT NULL
+               AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current)
+            """)
+        return try rows[0].decode(Int.self, at: 0)
+    }
+
+    package func run(progress: (Summary) -> Void = { _ in }) async throws -> Summary {
+        let current = Array(tokenBox.currentKeyID.utf8)
+        var summary = Summary()
+        var after = ("", "")
+        while true {
+            let box = tokenBox
+            let cursor = after
+            let batchSize = batchSize
+            let (count, done, failed, last) = try await connection.withTransaction { connection in
+                let rows = try await connection.query(
+                    """
+                    SELECT client_id, sub, refresh_token_enc FROM siwa.accounts
+                     WHERE refresh_token_enc IS NOT NULL
+                       AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current)
+                       AND (client_id, sub) > (\(cursor.0), \(cursor.1))
+                     ORDER BY client_id, sub
+                     LIMIT \(batchSize)
+                     FOR UPDATE SKIP LOCKED
+                    """)
+                var done = 0
+                var failed = 0
+                var last = cursor
+                for row in rows {
+                    let clientID = try row.decode(String.self, column: "client_id")
+                    let sub = try row.decode(String.self, column: "sub")
+                    let stored = try row.decode([UInt8].self, column: "refresh_token_enc")
+                    last = (clientID, sub)
+                    guard let token = try? box.open(stored, clientID: clientID, sub: sub),
+                        let sealed = try? box.seal(token, clientID: clientID, sub: sub)
+                    else {
+                        failed += 1
+                        continue
+                    }
+                    done += try await connection.execute(
+                        """
+                        UPDATE siwa.accounts SET refresh_token_enc = \(sealed)
+                         WHERE client_id = \(clientID) AND sub = \(sub) AND refresh_token_enc = \(stored)
+                        """)
+                }
+                return (rows.count, done, failed, last)
+            }
+            summary.reencrypted += done
+            summary.failed += failed
+            after = last
+            progress(summary)
+            if count < batchSize { break }
+        }
+        return summary
+    }
+}

@@ -1,0 +1,67 @@
+import AppleClient
+package import Foundation
+package import SiwaCore
+
+/// What the Apple handlers need from configuration. Built from the same variables as the worker's
+/// configuration (`SIWA_TEAM_ID`, `SIWA_KEY_ID`, `SIWA_PRIVATE_KEY_FILE`, `SIWA_TOKEN_KEYS`,
+/// `SIWA_APPLE_BASE_URL`, `SIWA_RECONCILE`).
+package struct AppleSettings: Sendable {
+    package var teamID: String
+    package var keyID: String
+    package var privateKeyPEMPath: String
+    /// `id:base64(32 bytes)`, comma-separated. Secret: never log it.
+    package var tokenKeys: String
+    package var baseURL: URL
+    /// Bound on every call to Apple.
+    package var timeout: Duration
+    /// `SIWA_RECONCILE=daily`: check active accounts' refresh tokens at most once a day.
+    package var reconcileDaily: Bool
+
+    package init(
+        teamID: String, keyID: String, privateKeyPEMPath: String, tokenKeys: String,
+        baseURL: URL = URL(string: "https://appleid.apple.com")!, timeout: Duration = .seconds(10),
+        reconcileDaily: Bool = false
+    ) {
+        self.teamID = teamID
+        self.keyID = keyID
+        self.privateKeyPEMPath = privateKeyPEMPath
+        self.tokenKeys = tokenKeys
+        self.baseURL = baseURL
+        self.timeout = timeout
+        self.reconcileDaily = reconcileDaily
+    }
+
+    package static let variables = [
+        "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_BASE_URL", "SIWA_RECONCILE",
+    ]
+
+    /// Reads and checks the variables (the key file must load, the token keys must parse).
+    package init(_ source: ConfigurationSource) throws(ConfigurationError) {
+        let teamID = try source.require("SIWA_TEAM_ID")
+        let keyID = try source.require("SIWA_KEY_ID")
+        let path = try source.require("SIWA_PRIVATE_KEY_FILE")
+        let tokenKeys = try source.require("SIWA_TOKEN_KEYS")
+        let reconcile: Bool
+        switch try source.string("SIWA_RECONCILE")?.lowercased() {
+        case nil, "off", "disabled", "none": reconcile = false
+        case "daily": reconcile = true
+        default: throw ConfigurationError(variable: "SIWA_RECONCILE", problem: "must be daily or off")
+        }
+        self.init(
+            teamID: teamID, keyID: keyID, privateKeyPEMPath: path, tokenKeys: tokenKeys,
+            baseURL: try CommonSettings.appleBaseURL(source), reconcileDaily: reconcile)
+        try validate()
+    }
+
+    /// Loads the key file and parses the token keys; errors name the variable, never a secret.
+    package func validate() throws(ConfigurationError) {
+        do {
+            _ = try ClientSecretSigner(teamID: teamID, keyID: keyID, privateKeyFile: privateKeyPEMPath)
+        } catch {
+            throw ConfigurationError(variable: "SIWA_PRIVATE_KEY_FILE", problem: "cannot load a P-256 .p8 key from it")
+        }
+        do { _ = try TokenBox(configuration: tokenKeys) } catch {
+            throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "\(error)".replacingOccurrences(of: "SIWA_TOKEN_KEYS: ", with: ""))
+        }
+    }
+}

@@ -1,0 +1,151 @@
+import AppleClient
+package import Foundation
+package import JobQueue
+package import Logging
+package import Postgres
+import SiwaCore
+
+/// Opt-in reconciliation (`SIWA_RECONCILE=daily`): asks Apple whether an active account's refresh
+/// token still works, at most once a day. `invalid_grant` means the user withdrew consent without
+/// us hearing of it: the account becomes `consent_revoked` exactly as the notification would make it.
+package struct ReconcileJobHandler: JobHandler {
+    package let kind = JobKind.reconcile
+    let context: AppleJobContext
+    /// A token checked more recently than this is not checked again.
+    package var minimumInterval: TimeInterval = 86_400
+
+    package init(context: AppleJobContext) {
+        self.context = context
+    }
+
+    package func run(_ job: Job, logger parent: Logger) async -> JobResult {
+        let logger = parent.with(job.idMetadata)
+        let account: (status: String, token: [UInt8]?, checkedAt: Date?)?
+        do {
+            account = try await context.pool.withConnection { connection in
+                let rows = try await connection.query(
+                    """
+                    SELECT status, refresh_token_enc, token_checked_at FROM siwa.accounts
+                     WHERE client_id = \(job.clientID) AND sub = \(job.sub)
+                    """)
+                guard let row = rows.first else { return nil }
+                return (
+                    try row.decode(String.self, column: "status"), try row.decode([UInt8]?.self, column: "refresh_token_enc"),
+                    try row.decode(Date?.self, column: "token_checked_at")
+                )
+            }
+        } catch {
+            return .failed(error: "database_error")
+        }
+        guard let account, account.status == "active", let stored = account.token else {
+            return .completed(outcome: "skipped")
+        }
+        if let checked = account.checkedAt, Date().timeIntervalSince(checked) < minimumInterval {
+            return .completed(outcome: "checked_recently")
+        }
+        let refreshToken: String
+        do {
+            refreshToken = try context.tokenBox.open(stored, clientID: job.clientID, sub: job.sub)
+        } catch {
+            logger.error("cannot decrypt the refresh token to check it; check SIWA_TOKEN_KEYS", metadata: ["error": "\(error)"])
+            return .completed(outcome: "token_undecryptable")
+        }
+        do {
+            if case .paused(let wait) = try await context.pauseCheck(clientID: job.clientID) {
+                return .snoozed(reason: "client_paused", for: wait)
+            }
+        } catch {
+            return .failed(error: "database_error")
+        }
+
+        let outcome = await context.client.refresh(refreshToken: refreshToken, clientID: job.clientID)
+        switch outcome {
+        case .success:
+            await context.resume(clientID: job.clientID, logger: logger)
+            do {
+                _ = try await context.pool.withConnection { connection in
+                    try await connection.execute(
+                        "UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = \(job.clientID) AND sub = \(job.sub)")
+                }
+            } catch {
+                return .failed(error: "database_error")
+            }
+            return .completed(outcome: "token_valid")
+        case .invalidGrant:
+            await context.resume(clientID: job.clientID, logger: logger)
+            let result = await context.commitWithCompletion(job, outcome: "consent_revoked", logger: logger) { connection in
+                let updated = try await connection.execute(
+                    """
+                    UPDATE siwa.accounts
+                       SET status = 'consent_revoked', refresh_token_enc = NULL, sessions_revoked_at = now(),
+                           token_checked_at = now(), updated_at = now()
+                     WHERE client_id = \(job.clientID) AND sub = \(job.sub) AND status = 'active'
+                    """)
+                guard updated == 1 else { return }
+                _ = try await connection.query(
+                    """
+                    SELECT siwa.record_change(\(job.clientID), \(job.sub), 'consent_revoked', 'reconcile_invalid_grant',
+                                              NULL, \(job.id))
+                    """)
+            }
+            if result == .completedByHandler {
+                context.metrics?.consentRevoked.increment()
+                logger.info("reconciliation found consent revoked")
+            }
+            return result
+        case .configurationFault(let error):
+            return await context.pause(clientID: job.clientID, error: error, job: job, logger: logger)
+        case .otherClientError(let status, let error):
+            return .failed(error: "apple_\(status)_\(error ?? "error")")
+        case .retryable, .rateLimited:
+            return context.retry(outcome, job: job, logger: logger) ?? .failed(error: "unexpected")
+        }
+    }
+}
+
+/// Queues `reconcile` jobs for active accounts whose token was not checked in the last 24 hours,
+/// in small batches, never two open jobs for one account. `run()` does it every `interval`.
+package struct ReconcileScheduler: Sendable {
+    let pool: PostgresPool
+    let logger: Logger
+    package var batchSize: Int
+    package var interval: Duration
+
+    package init(pool: PostgresPool, logger: Logger, batchSize: Int = 100, interval: Duration = .seconds(600)) {
+        self.pool = pool
+        self.logger = logger
+        self.batchSize = batchSize
+        self.interval = interval
+    }
+
+    /// Queues at most `batchSize` jobs; returns how many.
+    package func queueBatch() async throws -> Int {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
+                SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
+                 WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
+                   AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
+                   AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
+                                    WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
+                                      AND j.state IN ('available', 'running'))
+                 ORDER BY a.token_checked_at NULLS FIRST
+                 LIMIT \(batchSize)
+                """)
+        }
+    }
+
+    /// One batch per `interval` until cancelled; errors are logged and retried next time.
+    package func run() async {
+        while !Task.isCancelled {
+            do {
+                let queued = try await queueBatch()
+                if queued > 0 { logger.info("reconcile jobs queued", metadata: ["jobs.queued": .int(queued)]) }
+            } catch {
+                logger.warning("could not queue reconcile jobs", metadata: ["error": "\(error)"])
+            }
+            try? await Task.sleep(for: interval)
+        }
+    }
+}

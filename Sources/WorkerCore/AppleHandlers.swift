@@ -1,0 +1,36 @@
+import AppleClient
+import Foundation
+package import JobQueue
+package import Logging
+package import Postgres
+package import SiwaCore
+
+/// The Apple-facing handlers (`exchange`, `revoke`, `reconcile`) over a pool of their own.
+package func makeAppleHandlers(settings: AppleSettings, databaseURL: String, logger: Logger) throws -> [any JobHandler] {
+    let pool = PostgresPool(conninfo: databaseURL, size: 4, applicationName: "siwa-worker-apple", logger: logger)
+    return try makeAppleHandlers(settings: settings, pool: pool, logger: logger)
+}
+
+/// The Apple-facing handlers over the worker's pool, with their counters in `metrics` when given.
+package func makeAppleHandlers(
+    settings: AppleSettings, pool: PostgresPool, logger: Logger, metrics: MetricsRegistry? = nil
+) throws -> [any JobHandler] {
+    let context = try makeAppleJobContext(settings: settings, pool: pool, logger: logger, metrics: metrics)
+    return [
+        ExchangeJobHandler(context: context), RevokeJobHandler(context: context), ReconcileJobHandler(context: context),
+    ]
+}
+
+/// The shared state the handlers use (exposed for tests and tools).
+package func makeAppleJobContext(
+    settings: AppleSettings, pool: PostgresPool, logger: Logger, metrics: MetricsRegistry? = nil
+) throws -> AppleJobContext {
+    let signer = try ClientSecretSigner(
+        teamID: settings.teamID, keyID: settings.keyID, privateKeyFile: settings.privateKeyPEMPath)
+    let tokenBox = try TokenBox(configuration: settings.tokenKeys)
+    let http = AppleHTTP(baseURL: settings.baseURL, timeout: settings.timeout)
+    let keys = AppleKeySet(http: http, logger: logger)
+    return AppleJobContext(
+        pool: pool, client: AppleAuthClient(http: http, signer: signer), tokenBox: tokenBox,
+        identityVerifier: IdentityTokenVerifier(keys: keys), metrics: metrics.map(AppleMetrics.init(registry:)))
+}

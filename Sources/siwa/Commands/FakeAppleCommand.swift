@@ -1,0 +1,80 @@
+import CryptoCore
+import FakeApple
+import Foundation
+import Logging
+import SiwaCore
+
+/// `siwa fake-apple [--listen 127.0.0.1:9443] [--verify-key-file KEY.pem|.p8] [--team-id T]
+/// [--signing-key-file rsa.pem]`: a local stand-in for Apple (TEST ONLY). Prints its base URL.
+enum FakeAppleCommand: CLICommand {
+    static let name = "fake-apple"
+    static let summary = "run a local stand-in for Apple's token/revoke/keys endpoints (test only)"
+
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        let configuration: FakeApple.Configuration
+        let signingKey: RSA.PrivateKey?
+        let logLevel: Logger.Level
+        do {
+            let flags = try CommandFlags.source()
+            logLevel = try CommonSettings(source).logLevel
+            let listen = try flags.listenAddress("LISTEN", default: "127.0.0.1:9443")
+            var verifyKey: P256.Signing.PublicKey?
+            if let path = try flags.string("VERIFY_KEY_FILE") {
+                guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else {
+                    throw ConfigurationError(variable: "--verify-key-file", problem: "cannot read \(path)")
+                }
+                if let key = try? P256.Signing.PublicKey(pemRepresentation: pem) {
+                    verifyKey = key
+                } else if let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) {
+                    verifyKey = key.publicKey
+                } else {
+                    throw ConfigurationError(variable: "--verify-key-file", problem: "not a P-256 public key or .p8")
+                }
+            }
+            signingKey = try loadOrCreateSigningKey(try flags.string("SIGNING_KEY_FILE"))
+            configuration = FakeApple.Configuration(
+                host: listen.host, port: listen.port, verifyKey: verifyKey, teamID: try flags.string("TEAM_ID"))
+        } catch {
+            FileHandle.standardError.write(Data("siwa fake-apple: \(error)\n".utf8))
+            return 2
+        }
+        let logger = Logger(label: "fake-apple", level: logLevel)
+        do {
+            let fake = try FakeApple(configuration: configuration, signingKey: signingKey, logger: logger)
+            try fake.start()
+            FileHandle.standardOutput.write(Data("fake-apple listening on \(fake.baseURL.absoluteString)\n".utf8))
+            if configuration.verifyKey == nil {
+                print("fake-apple: no --verify-key-file: client_secret signatures are not checked (claims still are)")
+            }
+            let signal = await Termination.wait()
+            logger.info("fake-apple stopping", metadata: ["signal": .string(signal)])
+            fake.stop()
+            return 0
+        } catch {
+            FileHandle.standardError.write(Data("siwa fake-apple: \(error)\n".utf8))
+            return 1
+        }
+    }
+
+    /// Reuses the RSA key at `path` (so restarts keep the receiver's cached key valid), or creates it.
+    static func loadOrCreateSigningKey(_ path: String?) throws -> RSA.PrivateKey? {
+        guard let path else { return nil }
+        if let pem = try? String(contentsOfFile: path, encoding: .utf8) {
+            do { return try RSA.PrivateKey(pemRepresentation: pem) } catch {
+                throw ConfigurationError(variable: "--signing-key-file", problem: "not an RSA private key PEM")
+            }
+        }
+        let key = try RSA.PrivateKey.generate()
+        guard FileManager.default.createFile(atPath: path, contents: Data(key.pemRepresentation.utf8), attributes: [.posixPermissions: 0o600])
+        else { throw ConfigurationError(variable: "--signing-key-file", problem: "cannot write \(path)") }
+        return key
+    }
+}
+
+/// Command-specific flags (`--sub`, `--listen`, ...), read from the command line only: unlike the
+/// settings, they never come from the environment (an `EMAIL` variable must not leak into a test).
+enum CommandFlags {
+    static func source() throws(ConfigurationError) -> ConfigurationSource {
+        try ConfigurationSource(arguments: Array(CommandLine.arguments.dropFirst(2)), environment: [:])
+    }
+}
