@@ -71,7 +71,7 @@ let package = Package(
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient"],
                     swiftSettings: strict),
     ]
 )

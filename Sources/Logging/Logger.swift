@@ -3,7 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-public import Foundation
+import Foundation
 
 /// A small structured logger whose API is a subset of swift-log's, so adopting swift-log later only
 /// swaps the dependency. Every record is one JSON object on one line of stderr.

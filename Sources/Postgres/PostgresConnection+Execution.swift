@@ -135,11 +135,15 @@ extension PostgresConnection {
         guard PQstatus(connection) == CONNECTION_OK else { return false }
         let socket = PQsocket(connection)
         guard socket >= 0 else { return false }
-        var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
-        let ready = poll(&descriptor, 1, 0)
-        if ready > 0 {
-            // Data or EOF waiting while idle: a notification, or the server saying goodbye.
+        // Data or EOF waiting while idle: notifications, or the server saying goodbye (a FATAL
+        // 57P01 message, which libpq hands to the notice processor, then EOF on the next read).
+        for _ in 0..<8 {
+            var descriptor = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 0) > 0 else { break }
             if PQconsumeInput(connection) == 0 { return false }
+            // Parses what arrived (keeping notifications for waitForNotifications).
+            _ = PQisBusy(connection)
+            if PQstatus(connection) != CONNECTION_OK { return false }
         }
         return PQstatus(connection) == CONNECTION_OK
     }

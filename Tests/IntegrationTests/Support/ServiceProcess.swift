@@ -1,0 +1,92 @@
+import Foundation
+
+/// One of our executables (`siwa-receiver`, `siwa-worker`, `siwa`) run as a real child process,
+/// with its stderr (JSON log lines) captured to a file the test can read.
+final class ServiceProcess: @unchecked Sendable {
+    // @unchecked: `process` is only touched from the test's own task.
+    let name: String
+    let logPath: String
+    private let process: Process
+
+    /// The build folder holding the executables: the one this test bundle runs from.
+    static var binDirectory: URL {
+        let besideTests = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        if FileManager.default.isExecutableFile(atPath: besideTests.appendingPathComponent("siwa-receiver").path) {
+            return besideTests
+        }
+        return URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent(".build/debug")
+    }
+
+    static func executable(_ name: String) throws -> URL {
+        let url = binDirectory.appendingPathComponent(name)
+        guard FileManager.default.isExecutableFile(atPath: url.path) else {
+            throw ServiceProcessError(message: "\(url.path) is missing: build everything first (swift build --build-tests)")
+        }
+        return url
+    }
+
+    init(_ name: String, arguments: [String] = [], environment: [String: String]) throws {
+        self.name = name
+        logPath = FileManager.default.temporaryDirectory.appendingPathComponent("\(name)-\(UUID().uuidString).log").path
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        process = Process()
+        process.executableURL = try Self.executable(name)
+        process.arguments = arguments
+        // A clean environment: only what the test says, plus PATH.
+        process.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
+        process.standardOutput = FileHandle(forWritingAtPath: logPath)
+        process.standardError = FileHandle(forWritingAtPath: logPath)
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    var isRunning: Bool { process.isRunning }
+    var processIdentifier: Int32 { process.processIdentifier }
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Waits for exit (bounded); returns the status, or nil if it is still running at the deadline.
+    func waitForExit(timeout: Duration = .seconds(20)) async -> Int32? {
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        return process.isRunning ? nil : process.terminationStatus
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL.
+    func stop() async {
+        guard process.isRunning else { return }
+        signal(SIGTERM)
+        if await waitForExit(timeout: .seconds(10)) == nil {
+            signal(SIGKILL)
+            _ = await waitForExit(timeout: .seconds(5))
+        }
+    }
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        try? FileManager.default.removeItem(atPath: logPath)
+    }
+}
+
+struct ServiceProcessError: Error, CustomStringConvertible {
+    var message: String
+    var description: String { message }
+}
+
+/// A TCP port nothing listens on right now (bind to 0, read it, close).
+func freePort() -> Int {
+    let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(socketFD) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketFD, $0, length) } }
+    _ = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(socketFD, $0, &length) }
+    }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
