@@ -323,44 +323,47 @@ package struct JobQueue: Sendable {
     // MARK: Retention
 
     /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows.
-    package func pruneCompleted(olderThan age: Duration, batch: Int = 10_000) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                DELETE FROM siwa.jobs WHERE id IN (
-                    SELECT id FROM siwa.jobs
-                     WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
-                       AND state IN ('completed', 'cancelled')
-                     LIMIT \(batch))
-                """)
-        }
+    package static func pruneCompletedQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        DELETE FROM siwa.jobs WHERE id IN (
+            SELECT id FROM siwa.jobs
+             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
+               AND state IN ('completed', 'cancelled')
+             LIMIT \(batch))
+        """
     }
 
-    /// Deletes notifications processed before now - `age` (at most `batch`), their completed or
-    /// cancelled jobs first, in one transaction. Discarded jobs are kept (an operator may retry them:
+    /// Deletes notifications processed before now - `age` (at most `batch`), with their completed or
+    /// cancelled jobs, in one statement. Discarded jobs are kept (an operator may still retry them;
     /// the effect then reports `missing`).
-    package func pruneNotifications(olderThan age: Duration, batch: Int = 10_000) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                WITH victims AS (
-                    SELECT jti FROM siwa.notifications
-                     WHERE processed_at < now() - make_interval(secs => \(age.seconds))
-                     LIMIT \(batch)
-                ), jobs AS (
-                    DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
-                       AND state IN ('completed', 'cancelled')
-                )
-                DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
-                """)
-        }
+    package static func pruneNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        WITH victims AS (
+            SELECT jti FROM siwa.notifications
+             WHERE processed_at < now() - make_interval(secs => \(age.seconds))
+             LIMIT \(batch)
+        ), jobs AS (
+            DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
+               AND state IN ('completed', 'cancelled')
+        )
+        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
+        """
     }
 
     /// Per-minute rejection counters older than `age`.
+    package static func pruneRejectionsQuery(olderThan age: Duration) -> PostgresQuery {
+        "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))"
+    }
+
+    package func pruneCompleted(olderThan age: Duration) async throws -> Int {
+        try await pool.withConnection { try await $0.execute(Self.pruneCompletedQuery(olderThan: age)) }
+    }
+
+    package func pruneNotifications(olderThan age: Duration) async throws -> Int {
+        try await pool.withConnection { try await $0.execute(Self.pruneNotificationsQuery(olderThan: age)) }
+    }
+
     package func pruneRejections(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))")
-        }
+        try await pool.withConnection { try await $0.execute(Self.pruneRejectionsQuery(olderThan: age)) }
     }
 }
