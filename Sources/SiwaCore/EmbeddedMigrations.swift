@@ -451,8 +451,9 @@ extension Migration {
                 SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
             $$;
 
-            -- Claims up to p_limit due notification jobs (SKIP LOCKED), applies each with
-            -- siwa.apply_notification and completes it with the fence, all in the caller's transaction.
+            -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies each with
+            -- siwa.apply_notification and completes it, all in the caller's transaction. p_worker and
+            -- p_lease_seconds are unused: the row lock is the lease (kept in the signature for callers).
             -- p_isolate = false: no subtransactions (fast path; any error aborts the whole batch, the caller
             -- retries with p_isolate = true). p_isolate = true: each job in its own subtransaction; a job
             -- that raises is failed with backoff (or discarded at max_attempts) and the rest commit.
@@ -466,7 +467,6 @@ extension Migration {
                 ids bigint[];
                 jtis text[];
                 attempts integer[];
-                received timestamptz[];
                 done_ids bigint[] := '{}';
                 done_attempts integer[] := '{}';
                 done_outcomes text[] := '{}';
@@ -475,23 +475,17 @@ extension Migration {
                 message text;
                 final_state text;
             BEGIN
-                WITH due AS (
-                    SELECT j.id FROM siwa.jobs j
-                     WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT p_limit
-                       FOR UPDATE SKIP LOCKED
-                ), claimed AS (
-                    UPDATE siwa.jobs j
-                       SET state = 'running', attempt = j.attempt + 1, locked_by = p_worker,
-                           locked_until = now() + make_interval(secs => p_lease_seconds)
-                      FROM due WHERE j.id = due.id
-                    RETURNING j.id, j.notification_jti, j.attempt
-                )
-                SELECT array_agg(c.id ORDER BY c.id), array_agg(c.notification_jti ORDER BY c.id),
-                       array_agg(c.attempt ORDER BY c.id), array_agg(n.received_at ORDER BY c.id)
-                  INTO ids, jtis, attempts, received
-                  FROM claimed c LEFT JOIN siwa.notifications n ON n.jti = c.notification_jti;
+                -- The row locks taken here are the lease: held until this transaction ends, so no other
+                -- worker can take these jobs, and a crash rolls everything back (nothing half-applied, nothing
+                -- stuck). Each job row is written once, by its completion, which also grows `attempt`.
+                SELECT array_agg(d.id ORDER BY d.priority, d.run_at, d.id), array_agg(d.notification_jti ORDER BY d.priority, d.run_at, d.id),
+                       array_agg(d.attempt ORDER BY d.priority, d.run_at, d.id)
+                  INTO ids, jtis, attempts
+                  FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
+                         WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT p_limit
+                           FOR UPDATE SKIP LOCKED) d;
 
                 IF ids IS NULL THEN
                     RETURN;
@@ -511,8 +505,8 @@ extension Migration {
                                    run_at = now() + siwa.job_backoff(jsonb_array_length(j.errors) + 1, p_backoff_base, p_backoff_cap),
                                    finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
                                                        THEN now() END,
-                                   locked_by = NULL, locked_until = NULL
-                             WHERE j.id = ids[i] AND j.state = 'running' AND j.attempt = attempts[i]
+                                   attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
+                             WHERE j.id = ids[i] AND j.state = 'available' AND j.attempt = attempts[i]
                             RETURNING j.state INTO final_state;
                             job_id := ids[i]; jti := jtis[i]; outcome := NULL; error := message;
                             state := coalesce(final_state, 'lost'); delay_seconds := NULL;
@@ -527,15 +521,16 @@ extension Migration {
                     done_outcomes := done_outcomes || result;
                 END LOOP;
 
-                -- The fence: only this claim (state running, same attempt) completes the job.
+                -- Completion, fenced by the row lock and by state and attempt as read at the claim.
                 RETURN QUERY
                 WITH d AS (
                     SELECT * FROM unnest(done_ids, done_attempts, done_outcomes) AS d(id, attempt, outcome)
                 ), completed AS (
                     UPDATE siwa.jobs j
-                       SET state = 'completed', outcome = d.outcome, finalized_at = now(), locked_by = NULL, locked_until = NULL
+                       SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
+                           locked_by = NULL, locked_until = NULL
                       FROM d
-                     WHERE j.id = d.id AND j.state = 'running' AND j.attempt = d.attempt
+                     WHERE j.id = d.id AND j.state = 'available' AND j.attempt = d.attempt
                     RETURNING j.id, j.notification_jti, d.outcome
                 )
                 SELECT c.id, c.notification_jti, c.outcome, NULL::text, 'completed'::text,

@@ -92,7 +92,7 @@ package struct WorkerConfiguration: Sendable {
         shutdownGrace = try Self.duration(source, "SIWA_SHUTDOWN_GRACE", default: .seconds(30), range: .zero ... .seconds(3600))
         completedJobRetention = try Self.duration(
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
-        notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 50, range: 1...1000)
+        notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 100, range: 1...1000)
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
     }
