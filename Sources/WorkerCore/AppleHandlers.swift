@@ -34,3 +34,15 @@ package func makeAppleJobContext(
         pool: pool, client: AppleAuthClient(http: http, signer: signer), tokenBox: tokenBox,
         identityVerifier: IdentityTokenVerifier(keys: keys), metrics: metrics.map(AppleMetrics.init(registry:)))
 }
+
+/// The Apple settings of a worker configuration, checked; nil when Apple calls are disabled.
+package func appleSettings(_ configuration: WorkerConfiguration) throws(ConfigurationError) -> AppleSettings? {
+    let apple = configuration.apple
+    guard apple.callsEnabled else { return nil }
+    let settings = AppleSettings(
+        teamID: apple.teamID, keyID: apple.keyID, privateKeyPEMPath: apple.privateKeyPath,
+        tokenKeys: apple.tokenKeys.map { "\($0.id):\($0.base64)" }.joined(separator: ","),
+        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily)
+    try settings.validate()
+    return settings
+}

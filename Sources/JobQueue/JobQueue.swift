@@ -1,0 +1,369 @@
+package import Foundation
+package import Postgres
+
+/// Every statement the worker and the CLI run against `siwa.jobs`, in one place.
+///
+/// Fencing: a claim sets `state = 'running'` and grows `attempt`; every later write of that run
+/// says `WHERE id = … AND state = 'running' AND attempt = …`. A worker whose lease expired (and whose
+/// job was rescued or claimed again) matches nothing, so it can neither complete nor fail the job.
+/// Each write returns whether it matched.
+package struct JobQueue: Sendable {
+    package let pool: PostgresPool
+
+    package init(pool: PostgresPool) {
+        self.pool = pool
+    }
+
+    // MARK: Claiming
+
+    /// Columns decoded by `job(from:)`.
+    static let jobColumns = """
+        j.id, j.kind, j.client_id, j.sub, j.notification_jti, j.args::text AS args, j.attempt, j.max_attempts,
+        jsonb_array_length(j.errors) AS error_count, j.created_at
+        """
+
+    /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification`), oldest
+    /// first by (priority, run_at, id), skipping rows other workers hold and jobs of paused client IDs.
+    package static func claimQuery(worker: String, limit: Int, lease: Duration) -> PostgresQuery {
+        """
+        UPDATE siwa.jobs j
+           SET state = 'running', attempt = j.attempt + 1, locked_by = \(worker),
+               locked_until = now() + make_interval(secs => \(lease.seconds))
+          FROM (SELECT c.id FROM siwa.jobs c
+                 WHERE c.state = 'available' AND c.kind <> 'notification' AND c.run_at <= now()
+                   AND NOT EXISTS (SELECT 1 FROM siwa.paused_clients p
+                                    WHERE p.client_id = c.client_id AND p.next_probe_at > now())
+                 ORDER BY c.priority, c.run_at, c.id
+                 LIMIT \(limit)
+                   FOR UPDATE OF c SKIP LOCKED) due
+         WHERE j.id = due.id
+        RETURNING \(unsafeSQL: jobColumns)
+        """
+    }
+
+    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [Job] {
+        guard limit > 0 else { return [] }
+        let rows = try await pool.withConnection { try await $0.query(Self.claimQuery(worker: worker, limit: limit, lease: lease)) }
+        return try rows.map(Self.job(from:)).sorted { $0.id < $1.id }
+    }
+
+    package static func job(from row: PostgresRow) throws -> Job {
+        let kindText = try row.decode(String.self, column: "kind")
+        guard let kind = JobKind(rawValue: kindText) else {
+            throw PostgresError(.decodingFailed, message: "unknown job kind \"\(kindText)\"", column: "kind")
+        }
+        return Job(
+            id: try row.decode(Int64.self, column: "id"), kind: kind,
+            clientID: try row.decode(String.self, column: "client_id"), sub: try row.decode(String.self, column: "sub"),
+            notificationJTI: try row.decode(String?.self, column: "notification_jti"),
+            argumentsJSON: try row.decode(String.self, column: "args"), attempt: try row.decode(Int.self, column: "attempt"),
+            maxAttempts: try row.decode(Int.self, column: "max_attempts"),
+            errorCount: try row.decode(Int.self, column: "error_count"),
+            createdAt: try row.decode(Date.self, column: "created_at"))
+    }
+
+    // MARK: Notifications (the hot path)
+
+    /// One claimed notification job, as `siwa.run_notification_batch` reports it.
+    package struct NotificationResult: Sendable, Equatable {
+        package var jobID: Int64
+        package var jti: String?
+        /// `applied`, `no_change`, `stale`, … (nil when it failed).
+        package var outcome: String?
+        package var error: String?
+        /// `completed`, `available` (retry scheduled), `discarded`, or `lost` (fence did not match).
+        package var state: String
+        /// received_at → applied, when known.
+        package var delaySeconds: Double?
+    }
+
+    /// Claims, applies and completes up to `limit` notification jobs in one statement (one
+    /// transaction). The fast path uses no subtransactions; if any job raises, the batch is rolled
+    /// back and run again with one subtransaction per job, so only the failing job is retried.
+    package func runNotificationBatch(
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy
+    ) async throws -> [NotificationResult] {
+        try await pool.withConnection { connection in
+            do {
+                return try await Self.runNotificationBatch(
+                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: false)
+            } catch let error as PostgresError where error.code == .queryFailed {
+                return try await Self.runNotificationBatch(
+                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: true)
+            }
+        }
+    }
+
+    package static func runNotificationBatch(
+        on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
+        isolate: Bool
+    ) async throws -> [NotificationResult] {
+        let rows = try await connection.query(
+            """
+            SELECT job_id, jti, outcome, error, state, delay_seconds
+              FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
+                                                \(policy.base.seconds), \(policy.cap.seconds))
+            """)
+        return try rows.map { row in
+            NotificationResult(
+                jobID: try row.decode(Int64.self, column: "job_id"), jti: try row.decode(String?.self, column: "jti"),
+                outcome: try row.decode(String?.self, column: "outcome"),
+                error: try row.decode(String?.self, column: "error"), state: try row.decode(String.self, column: "state"),
+                delaySeconds: try row.decode(Double?.self, column: "delay_seconds"))
+        }
+    }
+
+    // MARK: Finishing a claimed job (fenced)
+
+    package static func completeQuery(_ job: Job, outcome: String) -> PostgresQuery {
+        """
+        UPDATE siwa.jobs SET state = 'completed', outcome = \(outcome), finalized_at = now(),
+               locked_by = NULL, locked_until = NULL
+         WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
+        """
+    }
+
+    /// For handlers that complete the job in the transaction of their own effect: false means the
+    /// lease was lost, and the caller must roll its effect back.
+    package static func complete(_ job: Job, outcome: String, on connection: PostgresConnection) async throws -> Bool {
+        try await connection.execute(completeQuery(job, outcome: outcome)) == 1
+    }
+
+    package func complete(_ job: Job, outcome: String) async throws -> Bool {
+        try await pool.withConnection { try await Self.complete(job, outcome: outcome, on: $0) }
+    }
+
+    /// Records the error; back to `available` after `retryIn`, or `discarded` when `discard`.
+    package func fail(_ job: Job, error: String, retryIn: Duration, discard: Bool) async throws -> Bool {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs
+                   SET errors = errors || jsonb_build_array(jsonb_build_object(
+                           'attempt', attempt, 'at', now(), 'error', \(error)::text)),
+                       state = CASE WHEN \(discard) THEN 'discarded' ELSE 'available' END,
+                       run_at = CASE WHEN \(discard) THEN run_at ELSE now() + make_interval(secs => \(retryIn.seconds)) END,
+                       finalized_at = CASE WHEN \(discard) THEN now() END,
+                       locked_by = NULL, locked_until = NULL
+                 WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
+                """) == 1
+        }
+    }
+
+    /// Back to `available` at now + `duration` without recording an error.
+    package func snooze(_ job: Job, for duration: Duration) async throws -> Bool {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET state = 'available', run_at = now() + make_interval(secs => \(duration.seconds)),
+                       locked_by = NULL, locked_until = NULL
+                 WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
+                """) == 1
+        }
+    }
+
+    /// Writes what `JobLifecycle.decide` chose. Returns false when the lease was lost.
+    package func apply(_ action: JobAction, to job: Job) async throws -> Bool {
+        switch action {
+        case .nothing: true
+        case .complete(let outcome): try await complete(job, outcome: outcome)
+        case .retry(let error, let delay): try await fail(job, error: error, retryIn: delay, discard: false)
+        case .discard(let error): try await fail(job, error: error, retryIn: .zero, discard: true)
+        case .snooze(_, let duration): try await snooze(job, for: duration)
+        }
+    }
+
+    // MARK: Leases
+
+    /// Heartbeat: pushes `locked_until` to now + `lease` for jobs this worker still holds.
+    package func extendLeases(_ jobs: [Job], lease: Duration) async throws -> Int {
+        guard !jobs.isEmpty else { return 0 }
+        return try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => \(lease.seconds))
+                  FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[]) AS h(id, attempt)
+                 WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                """)
+        }
+    }
+
+    /// Shutdown: hands jobs this worker still holds back to the queue, due now, no error recorded.
+    package func release(_ jobs: [Job]) async throws -> Int {
+        guard !jobs.isEmpty else { return 0 }
+        return try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+                  FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[]) AS h(id, attempt)
+                 WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                """)
+        }
+    }
+
+    /// Jobs whose lease expired (their worker died or hung) become available again. Any worker may
+    /// run this; the next claim grows `attempt`, which fences the first worker out.
+    package func rescueExpired() async throws -> Int {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+                 WHERE state = 'running' AND locked_until < now()
+                """)
+        }
+    }
+
+    // MARK: Operator actions (`siwa jobs …`)
+
+    /// Makes a discarded, cancelled or scheduled job due now, with a fresh failure budget (its
+    /// error history stays). Returns false when no such job is in one of those states.
+    package func retry(id: Int64) async throws -> Bool {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET \(unsafeSQL: Self.retrySet)
+                 WHERE id = \(id) AND state IN ('discarded', 'cancelled', 'available')
+                """) == 1
+        }
+    }
+
+    /// `retry(id:)` for every discarded job of an account (all client IDs when `clientID` is nil).
+    package func retry(sub: String, clientID: String? = nil) async throws -> Int {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET \(unsafeSQL: Self.retrySet)
+                 WHERE sub = \(sub) AND (\(clientID)::text IS NULL OR client_id = \(clientID)::text)
+                   AND state = 'discarded'
+                """)
+        }
+    }
+
+    static let retrySet = """
+        state = 'available', run_at = now(), finalized_at = NULL, locked_by = NULL, locked_until = NULL,
+        max_attempts = least(2147483647, jsonb_array_length(errors)::bigint + max_attempts)::integer
+        """
+
+    /// Cancels a job that is not running or finished. Returns false otherwise.
+    package func cancel(id: Int64) async throws -> Bool {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET state = 'cancelled', finalized_at = now()
+                 WHERE id = \(id) AND state IN ('available', 'discarded')
+                """) == 1
+        }
+    }
+
+    /// A job as operators see it: never its `args` (an exchange's holds an authorization code).
+    package struct Summary: Sendable, Equatable {
+        package var id: Int64
+        package var kind: String
+        package var state: String
+        package var clientID: String
+        package var sub: String
+        package var notificationJTI: String?
+        package var attempt: Int
+        package var maxAttempts: Int
+        package var errorCount: Int
+        package var lastError: String?
+        package var outcome: String?
+        package var runAt: Date
+        package var createdAt: Date
+        package var finalizedAt: Date?
+    }
+
+    /// Newest first. Every filter is optional.
+    package func list(
+        state: String? = nil, kind: JobKind? = nil, sub: String? = nil, clientID: String? = nil, limit: Int = 50
+    ) async throws -> [Summary] {
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                """
+                SELECT id, kind, state, client_id, sub, notification_jti, attempt, max_attempts,
+                       jsonb_array_length(errors) AS error_count, errors -> -1 ->> 'error' AS last_error,
+                       outcome, run_at, created_at, finalized_at
+                  FROM siwa.jobs
+                 WHERE (\(state)::text IS NULL OR state = \(state)::text)
+                   AND (\(kind?.rawValue)::text IS NULL OR kind = \(kind?.rawValue)::text)
+                   AND (\(sub)::text IS NULL OR sub = \(sub)::text)
+                   AND (\(clientID)::text IS NULL OR client_id = \(clientID)::text)
+                 ORDER BY id DESC
+                 LIMIT \(limit)
+                """)
+        }
+        return try rows.map { row in
+            Summary(
+                id: try row.decode(Int64.self, column: "id"), kind: try row.decode(String.self, column: "kind"),
+                state: try row.decode(String.self, column: "state"),
+                clientID: try row.decode(String.self, column: "client_id"), sub: try row.decode(String.self, column: "sub"),
+                notificationJTI: try row.decode(String?.self, column: "notification_jti"),
+                attempt: try row.decode(Int.self, column: "attempt"),
+                maxAttempts: try row.decode(Int.self, column: "max_attempts"),
+                errorCount: try row.decode(Int.self, column: "error_count"),
+                lastError: try row.decode(String?.self, column: "last_error"),
+                outcome: try row.decode(String?.self, column: "outcome"), runAt: try row.decode(Date.self, column: "run_at"),
+                createdAt: try row.decode(Date.self, column: "created_at"),
+                finalizedAt: try row.decode(Date?.self, column: "finalized_at"))
+        }
+    }
+
+    /// Jobs per state and kind (for `siwa status` and the queue-depth gauge).
+    package func counts() async throws -> [(state: String, kind: String, count: Int)] {
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                "SELECT state, kind, count(*) AS n FROM siwa.jobs WHERE state IN ('available', 'running', 'discarded') GROUP BY 1, 2")
+        }
+        return try rows.map {
+            (try $0.decode(String.self, column: "state"), try $0.decode(String.self, column: "kind"),
+             try $0.decode(Int.self, column: "n"))
+        }
+    }
+
+    // MARK: Retention
+
+    /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows.
+    package static func pruneCompletedQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        DELETE FROM siwa.jobs WHERE id IN (
+            SELECT id FROM siwa.jobs
+             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
+               AND state IN ('completed', 'cancelled')
+             LIMIT \(batch))
+        """
+    }
+
+    /// Deletes notifications processed before now - `age` (at most `batch`), with their completed or
+    /// cancelled jobs, in one statement. Discarded jobs are kept (an operator may still retry them;
+    /// the effect then reports `missing`).
+    package static func pruneNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        WITH victims AS (
+            SELECT jti FROM siwa.notifications
+             WHERE processed_at < now() - make_interval(secs => \(age.seconds))
+             LIMIT \(batch)
+        ), jobs AS (
+            DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
+               AND state IN ('completed', 'cancelled')
+        )
+        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
+        """
+    }
+
+    /// Per-minute rejection counters older than `age`.
+    package static func pruneRejectionsQuery(olderThan age: Duration) -> PostgresQuery {
+        "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))"
+    }
+
+    package func pruneCompleted(olderThan age: Duration) async throws -> Int {
+        try await pool.withConnection { try await $0.execute(Self.pruneCompletedQuery(olderThan: age)) }
+    }
+
+    package func pruneNotifications(olderThan age: Duration) async throws -> Int {
+        try await pool.withConnection { try await $0.execute(Self.pruneNotificationsQuery(olderThan: age)) }
+    }
+
+    package func pruneRejections(olderThan age: Duration) async throws -> Int {
+        try await pool.withConnection { try await $0.execute(Self.pruneRejectionsQuery(olderThan: age)) }
+    }
+}

@@ -1,0 +1,353 @@
+internal import Dispatch
+internal import Foundation
+internal import HTTPServer
+package import JobQueue
+package import Logging
+internal import Postgres
+package import SiwaCore
+internal import Synchronization
+
+/// The running worker: applies notification effects in batches, runs the Apple-calling jobs through
+/// their handlers, keeps leases alive, rescues expired ones, prunes old rows, and serves /metrics.
+///
+/// Wake-ups come from `LISTEN siwa_jobs` (unless `listenNotify` is false) and from a poll every
+/// `pollInterval`; the poll alone drains the queue. On SIGTERM/SIGINT it stops claiming, lets
+/// in-flight jobs finish for `shutdownGrace`, hands the rest back (fenced) and returns.
+package final class Worker: Sendable {
+    package let configuration: WorkerConfiguration
+    package let registry: MetricsRegistry
+    private let metrics: WorkerMetrics
+    private let logger: Logger
+    private let handlers: [JobKind: any JobHandler]
+    private let pool: PostgresPool
+    private let queue: JobQueue
+    private let policy = RetryPolicy(base: .seconds(1), cap: .seconds(3600))
+    private let server: HTTPServer
+    private let state = Mutex(State())
+    private let notificationBell = Doorbell()
+    private let callBell = Doorbell()
+    private let maintenanceBell = Doorbell()
+
+    /// Retention runs in one worker at a time (transaction-scoped advisory lock).
+    static let retentionLockKey: Int64 = 0x5_1_1A_0002
+
+    private struct State {
+        var stopping = false
+        var inFlight: [Int64: Job] = [:]
+    }
+
+    /// - Parameter registry: shared with the handlers so their counters appear on `/metrics`.
+    package init(
+        configuration: WorkerConfiguration, handlers: [any JobHandler], logger: Logger,
+        registry: MetricsRegistry = MetricsRegistry()
+    ) {
+        self.registry = registry
+        self.configuration = configuration
+        self.logger = logger
+        var byKind: [JobKind: any JobHandler] = [:]
+        for handler in handlers where handler.kind != .notification { byKind[handler.kind] = handler }
+        self.handlers = byKind
+        metrics = WorkerMetrics(registry: registry)
+        pool = PostgresPool(
+            conninfo: configuration.databaseURL, size: 3 + min(configuration.concurrency, 8),
+            acquireTimeout: .seconds(10), applicationName: "siwa-worker", logger: logger)
+        queue = JobQueue(pool: pool)
+        let registry = registry
+        let pool = pool
+        server = HTTPServer(
+            configuration: .init(
+                host: configuration.opsListen.host, port: configuration.opsListen.port, threadCount: 1,
+                connectionLimit: 64, connectionTimeout: .seconds(10), maxBodyBytes: 1024,
+                shutdownGracePeriod: .seconds(1)),
+            logger: logger,
+            asyncRespond: { request in
+                guard request.method == "GET" else { return .json(status: 405, #"{"error":"method_not_allowed"}"#) }
+                switch request.path {
+                case "/healthz": return .json(#"{"status":"ok"}"#)
+                case "/readyz":
+                    let ready = (try? await pool.withConnection { try await $0.query("SELECT 1") }) != nil
+                    return ready ? .json(#"{"status":"ready"}"#) : .json(status: 503, #"{"error":"database_unreachable"}"#)
+                case "/metrics":
+                    return HTTPResponse(
+                        status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")],
+                        body: Array(registry.render().utf8))
+                default: return .json(status: 404, #"{"error":"not_found"}"#)
+                }
+            })
+    }
+
+    /// The bound ops port (useful with port 0).
+    package var opsPort: Int { server.port }
+
+    private var stopping: Bool { state.withLock { $0.stopping } }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down gracefully and returns.
+    package func run() async throws {
+        try server.start()
+        logger.info(
+            "siwa-worker started",
+            metadata: [
+                "worker_id": .string(configuration.workerID), "ops_listen": "\(configuration.opsListen.host):\(server.port)",
+                "concurrency": .int(configuration.concurrency), "listen_notify": .bool(configuration.listenNotify),
+                "apple_calls": .bool(configuration.apple.callsEnabled),
+                "handlers": .string(handlers.keys.map(\.rawValue).sorted().joined(separator: ",")),
+            ])
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.notificationLoop() }
+            group.addTask { await self.dispatchLoop() }
+            group.addTask { await self.maintenanceLoop() }
+            if configuration.listenNotify { group.addTask { await self.listenLoop() } }
+            let signal = await Termination.wait()
+            logger.info("siwa-worker stopping", metadata: ["signal": .string(signal)])
+            state.withLock { $0.stopping = true }
+            notificationBell.ring()
+            callBell.ring()
+            maintenanceBell.ring()
+            await group.waitForAll()
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                self.server.stop()
+                continuation.resume()
+            }
+        }
+        pool.close()
+        logger.info("siwa-worker stopped")
+    }
+
+    // MARK: Wake-ups
+
+    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings the claim loops after a short
+    /// random delay, so several workers woken by one NOTIFY do not all claim in the same instant.
+    private func listenLoop() async {
+        var connection: PostgresConnection?
+        while !stopping {
+            do {
+                if connection == nil {
+                    let fresh = try await PostgresConnection.connect(
+                        to: configuration.databaseURL, applicationName: "siwa-worker-listen", logger: logger)
+                    try await fresh.listen("siwa_jobs")
+                    connection = fresh
+                    notificationBell.ring()  // anything queued while we were not listening
+                    callBell.ring()
+                }
+                let notifications = try await connection!.waitForNotifications(timeout: .milliseconds(250))
+                if !notifications.isEmpty, !stopping {
+                    try? await Task.sleep(for: .microseconds(Int.random(in: 0...2000)))
+                    notificationBell.ring()
+                    callBell.ring()
+                }
+            } catch {
+                logger.warning("siwa-worker listen connection failed; polling meanwhile", metadata: ["error": "\(error)"])
+                connection?.close()
+                connection = nil
+                await maintenanceBellFreeSleep(.seconds(1))
+            }
+        }
+        connection?.close()
+    }
+
+    private func maintenanceBellFreeSleep(_ duration: Duration) async {
+        let deadline = ContinuousClock.now + duration
+        while !stopping, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(50)) }
+    }
+
+    // MARK: Notifications (hot path)
+
+    private func notificationLoop() async {
+        let batch = configuration.notificationBatch
+        var failures = 0
+        while !stopping {
+            do {
+                var claimed = 0
+                repeat {
+                    let results = try await queue.runNotificationBatch(
+                        worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
+                    claimed = results.count
+                    record(results)
+                    failures = 0
+                } while claimed == batch && !stopping
+            } catch {
+                failures += 1
+                metrics.batchFailures.increment()
+                logger.error(
+                    "siwa-worker notification batch failed", metadata: ["kind": "notification", "error": "\(error)"])
+                await maintenanceBellFreeSleep(policy.delay(afterFailures: min(failures, 5)) + .milliseconds(100))
+                continue
+            }
+            if stopping { break }
+            await notificationBell.wait(timeout: configuration.pollInterval)
+        }
+    }
+
+    private func record(_ results: [JobQueue.NotificationResult]) {
+        guard !results.isEmpty else { return }
+        let counters = metrics[.notification]
+        counters.claimed.increment(by: results.count)
+        for result in results {
+            switch result.state {
+            case "completed":
+                counters.completed.increment()
+                if let delay = result.delaySeconds { metrics.effectDelay.observe(max(0, delay)) }
+            case "available":
+                counters.retried.increment()
+                logger.warning(
+                    "siwa-worker notification job failed; retrying",
+                    metadata: ["job_id": .int(Int(result.jobID)), "kind": "notification", "error": .string(result.error ?? "")])
+            case "discarded":
+                counters.discarded.increment()
+                logger.error(
+                    "siwa-worker notification job discarded",
+                    metadata: ["job_id": .int(Int(result.jobID)), "kind": "notification", "error": .string(result.error ?? "")])
+            default:
+                logger.warning(
+                    "siwa-worker lost the lease of a notification job", metadata: ["job_id": .int(Int(result.jobID))])
+            }
+        }
+    }
+
+    // MARK: Apple-calling kinds
+
+    private func dispatchLoop() async {
+        await withDiscardingTaskGroup { group in
+            while !stopping {
+                let free = configuration.concurrency - state.withLock { $0.inFlight.count }
+                var claimedAll = false
+                if free > 0 {
+                    do {
+                        let jobs = try await queue.claim(
+                            worker: configuration.workerID, limit: free, lease: configuration.jobLease)
+                        claimedAll = !jobs.isEmpty && jobs.count == free
+                        if !jobs.isEmpty {
+                            state.withLock { state in for job in jobs { state.inFlight[job.id] = job } }
+                            metrics.inFlight.set(Double(state.withLock { $0.inFlight.count }))
+                        }
+                        for job in jobs {
+                            metrics[job.kind].claimed.increment()
+                            group.addTask { await self.execute(job) }
+                        }
+                    } catch {
+                        logger.error("siwa-worker claim failed", metadata: ["error": "\(error)"])
+                        await maintenanceBellFreeSleep(.seconds(1))
+                        continue
+                    }
+                }
+                if stopping { break }
+                // A full claim may leave more due jobs: go again as soon as a slot frees (the bell).
+                _ = claimedAll
+                await callBell.wait(timeout: configuration.pollInterval)
+            }
+            // Shutdown: no more claims; give in-flight jobs the grace period, then hand them back.
+            let deadline = ContinuousClock.now + configuration.shutdownGrace
+            while state.withLock({ !$0.inFlight.isEmpty }), ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+            let leftover = state.withLock { Array($0.inFlight.values) }
+            if !leftover.isEmpty {
+                let released = (try? await queue.release(leftover)) ?? 0
+                logger.warning(
+                    "siwa-worker released unfinished jobs at shutdown",
+                    metadata: ["count": .int(leftover.count), "released": .int(released)])
+                group.cancelAll()
+            }
+        }
+    }
+
+    private func execute(_ job: Job) async {
+        let jobLogger = logger.with([
+            "job_id": .int(Int(job.id)), "kind": .string(job.kind.rawValue), "client_id": .string(job.clientID),
+        ])
+        let action: JobAction
+        if let handler = handlers[job.kind] {
+            let result = await handler.run(job, logger: jobLogger)
+            action = JobLifecycle.decide(result, job: job, policy: policy)
+        } else {
+            jobLogger.error(
+                "siwa-worker has no handler for this job kind; snoozing it (never dropped)",
+                metadata: ["snooze_seconds": .int(Int(JobLifecycle.unhandledKindSnooze.components.seconds))])
+            action = JobLifecycle.unhandled(job)
+        }
+        do {
+            if try await queue.apply(action, to: job) {
+                metrics.count(action, kind: job.kind)
+                switch action {
+                case .retry(let error, let delay):
+                    jobLogger.warning(
+                        "siwa-worker job failed; retrying",
+                        metadata: ["error": .string(error), "retry_in_seconds": .double(delay.seconds)])
+                case .discard(let error):
+                    jobLogger.error("siwa-worker job discarded", metadata: ["error": .string(error)])
+                default:
+                    jobLogger.debug("siwa-worker job finished")
+                }
+            } else {
+                jobLogger.warning("siwa-worker lost the job's lease; its result is dropped (another run owns it)")
+            }
+        } catch {
+            jobLogger.error("siwa-worker could not record a job's result; its lease will expire", metadata: ["error": "\(error)"])
+        }
+        let count = state.withLock { state in
+            state.inFlight[job.id] = nil
+            return state.inFlight.count
+        }
+        metrics.inFlight.set(Double(count))
+        callBell.ring()
+    }
+
+    // MARK: Maintenance
+
+    private func maintenanceLoop() async {
+        let tick = min(configuration.jobLease / 3, .seconds(5))
+        let retentionEvery: Duration = .seconds(300)
+        var lastRetention = ContinuousClock.now - retentionEvery + .seconds(10)  // first run soon after start
+        while !stopping {
+            await maintenanceBell.wait(timeout: tick)
+            if stopping { break }
+            do {
+                let held = state.withLock { Array($0.inFlight.values) }
+                if !held.isEmpty { _ = try await queue.extendLeases(held, lease: configuration.jobLease) }
+                let rescued = try await queue.rescueExpired()
+                if rescued > 0 {
+                    logger.warning("siwa-worker rescued jobs whose lease expired", metadata: ["count": .int(rescued)])
+                    notificationBell.ring()
+                    callBell.ring()
+                }
+                let depth = try await pool.withConnection { connection in
+                    try await connection.query(
+                        "SELECT count(*) AS n FROM siwa.jobs WHERE state = 'available' AND run_at <= now()")
+                }
+                metrics.queueDepth.set(Double(try depth.first?.decode(Int.self, column: "n") ?? 0))
+                if ContinuousClock.now - lastRetention >= retentionEvery {
+                    lastRetention = ContinuousClock.now
+                    try await retention()
+                }
+            } catch {
+                logger.warning("siwa-worker maintenance failed", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// Deletes what outlived its purpose, in one worker at a time.
+    private func retention() async throws {
+        let retentionDays = configuration.retentionDays
+        let completedAge = configuration.completedJobRetention
+        let removed = try await pool.withConnection { connection in
+            try await connection.withTransaction { connection -> [Int]? in
+                let lock = try await connection.query(
+                    "SELECT pg_try_advisory_xact_lock(\(Self.retentionLockKey)) AS locked")
+                guard try lock.first?.decode(Bool.self, column: "locked") == true else { return nil }
+                return [
+                    try await connection.execute(JobQueue.pruneCompletedQuery(olderThan: completedAge)),
+                    try await connection.execute(
+                        JobQueue.pruneNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
+                    try await connection.execute(JobQueue.pruneRejectionsQuery(olderThan: .seconds(2 * 86_400))),
+                ]
+            }
+        }
+        if let removed, removed.contains(where: { $0 > 0 }) {
+            logger.info(
+                "siwa-worker retention",
+                metadata: ["jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2])])
+        }
+    }
+}

@@ -1,0 +1,155 @@
+package import Foundation
+package import Logging
+package import SiwaCore
+
+/// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
+/// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).
+package struct WorkerConfiguration: Sendable {
+    package static let variables = [
+        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_TEAM_ID", "SIWA_KEY_ID",
+        "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
+        "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
+        "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
+        "SIWA_WORKER_ID", "SIWA_RECONCILE",
+    ]
+
+    /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
+    package struct Apple: Sendable {
+        /// false when `SIWA_APPLE_CALLS=disabled`: then the other fields may be empty.
+        package var callsEnabled: Bool
+        package var baseURL: URL
+        package var teamID: String
+        package var keyID: String
+        package var privateKeyPath: String
+        /// `SIWA_TOKEN_KEYS` as given, in order (the first encrypts): `(id, base64 of 32 bytes)`.
+        package var tokenKeys: [(id: String, base64: String)]
+        /// `SIWA_RECONCILE=daily`: check active accounts' refresh tokens with Apple at most once a day.
+        package var reconcileDaily: Bool
+    }
+
+    package var databaseURL: String
+    package var clientIDs: [String]
+    package var apple: Apple
+    package var concurrency: Int
+    package var retentionDays: Int
+    package var opsListen: ListenAddress
+    package var logLevel: Logger.Level
+    /// Longest wait between claims when no NOTIFY arrives.
+    package var pollInterval: Duration
+    /// false: poll only (PgBouncer in transaction pooling mode passes no NOTIFY).
+    package var listenNotify: Bool
+    package var jobLease: Duration
+    package var shutdownGrace: Duration
+    package var completedJobRetention: Duration
+    /// Notification jobs per claim-and-apply transaction.
+    package var notificationBatch: Int
+    /// `locked_by` on claimed rows; defaults to host:pid.
+    package var workerID: String
+
+    package init(_ source: ConfigurationSource) throws(ConfigurationError) {
+        if let unknown = source.unknownFlags(known: Self.variables + Self.variables.map { $0 + "_FILE" }).first {
+            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
+        }
+        databaseURL = try CommonSettings.databaseURL(source)
+        clientIDs = try CommonSettings.clientIDs(source)
+        let common = try CommonSettings(source)
+        logLevel = common.logLevel
+
+        let callsText = try source.string("SIWA_APPLE_CALLS") ?? "enabled"
+        guard ["enabled", "disabled"].contains(callsText) else {
+            throw ConfigurationError(variable: "SIWA_APPLE_CALLS", problem: "expected enabled or disabled, got \"\(callsText)\"")
+        }
+        let callsEnabled = callsText == "enabled"
+        func appleValue(_ variable: String) throws(ConfigurationError) -> String {
+            if callsEnabled {
+                guard let value = try source.string(variable) else {
+                    throw ConfigurationError(variable: variable, problem: "is required (unless SIWA_APPLE_CALLS=disabled)")
+                }
+                return value
+            }
+            return try source.string(variable) ?? ""
+        }
+        let teamID = try appleValue("SIWA_TEAM_ID")
+        let keyID = try appleValue("SIWA_KEY_ID")
+        let keyPath = try appleValue("SIWA_PRIVATE_KEY_FILE")
+        if !keyPath.isEmpty, !FileManager.default.isReadableFile(atPath: keyPath) {
+            throw ConfigurationError(variable: "SIWA_PRIVATE_KEY_FILE", problem: "cannot read \(keyPath)")
+        }
+        let tokenKeysText = try appleValue("SIWA_TOKEN_KEYS")
+        let tokenKeys = tokenKeysText.isEmpty ? [] : try Self.parseTokenKeys(tokenKeysText)
+        let reconcileDaily: Bool
+        switch try source.string("SIWA_RECONCILE")?.lowercased() {
+        case nil, "off": reconcileDaily = false
+        case "daily": reconcileDaily = true
+        case let other?: throw ConfigurationError(variable: "SIWA_RECONCILE", problem: "expected daily or off, got \"\(other)\"")
+        }
+        apple = Apple(
+            callsEnabled: callsEnabled, baseURL: common.appleBaseURL, teamID: teamID, keyID: keyID,
+            privateKeyPath: keyPath, tokenKeys: tokenKeys, reconcileDaily: reconcileDaily)
+
+        concurrency = try source.integer("SIWA_WORKER_CONCURRENCY", default: 4, range: 1...1024)
+        retentionDays = try source.integer("SIWA_RETENTION_DAYS", default: 30, range: 1...36_500)
+        opsListen = try source.listenAddress("SIWA_OPS_LISTEN", default: "127.0.0.1:9090")
+        pollInterval = try Self.duration(source, "SIWA_POLL_INTERVAL", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
+        let notifyText = (try source.string("SIWA_LISTEN_NOTIFY") ?? "true").lowercased()
+        guard let notify = ["true": true, "1": true, "yes": true, "false": false, "0": false, "no": false][notifyText] else {
+            throw ConfigurationError(variable: "SIWA_LISTEN_NOTIFY", problem: "expected true or false, got \"\(notifyText)\"")
+        }
+        listenNotify = notify
+        jobLease = try Self.duration(source, "SIWA_JOB_LEASE", default: .seconds(60), range: .seconds(1) ... .seconds(86_400))
+        shutdownGrace = try Self.duration(source, "SIWA_SHUTDOWN_GRACE", default: .seconds(30), range: .zero ... .seconds(3600))
+        completedJobRetention = try Self.duration(
+            source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
+        notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 100, range: 1...1000)
+        let host = ProcessInfo.processInfo.hostName
+        workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
+    }
+
+    /// `id:base64(32 bytes)`, comma-separated; ids unique and non-empty.
+    package static func parseTokenKeys(_ text: String) throws(ConfigurationError) -> [(id: String, base64: String)] {
+        var keys: [(id: String, base64: String)] = []
+        for item in text.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !item.isEmpty {
+            guard let colon = item.firstIndex(of: ":") else {
+                throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "expected id:base64(32 bytes), comma-separated")
+            }
+            let id = String(item[..<colon])
+            let value = String(item[item.index(after: colon)...])
+            guard !id.isEmpty, !keys.contains(where: { $0.id == id }) else {
+                throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "key ids must be non-empty and unique")
+            }
+            guard let bytes = Data(base64Encoded: value), bytes.count == 32 else {
+                throw ConfigurationError(
+                    variable: "SIWA_TOKEN_KEYS", problem: "key \"\(id)\" is not base64 of exactly 32 bytes")
+            }
+            keys.append((id, value))
+        }
+        guard !keys.isEmpty else {
+            throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "expected id:base64(32 bytes), comma-separated")
+        }
+        return keys
+    }
+
+    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds.
+    package static func parseDuration(_ text: String) -> Duration? {
+        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)]
+        for (suffix, scale) in units where text.hasSuffix(suffix) {
+            let number = text.dropLast(suffix.count)
+            if suffix == "s", number.hasSuffix("m") { continue }
+            guard let value = Double(number), value >= 0, value.isFinite else { return nil }
+            return .milliseconds(Int64((value * scale * 1000).rounded()))
+        }
+        guard let value = Double(text), value >= 0, value.isFinite else { return nil }
+        return .milliseconds(Int64((value * 1000).rounded()))
+    }
+
+    static func duration(
+        _ source: ConfigurationSource, _ variable: String, default fallback: Duration, range: ClosedRange<Duration>
+    ) throws(ConfigurationError) -> Duration {
+        guard let text = try source.string(variable) else { return fallback }
+        guard let value = parseDuration(text), range.contains(value) else {
+            throw ConfigurationError(
+                variable: variable, problem: "expected a duration like 500ms, 30s, 5m, 7d (within \(range)), got \"\(text)\"")
+        }
+        return value
+    }
+}

@@ -1,0 +1,81 @@
+import Foundation
+import Logging
+import Postgres
+
+/// Helpers for the worker tests: queue notifications the way the receiver stores them, run real
+/// `siwa-worker` processes, and poll the database (never sleep-and-hope).
+extension MigratedDatabase {
+    /// The receiver's INSERT; the statement trigger queues one job per row. `types` cycles per row;
+    /// each row gets its own sub unless `sub` is given.
+    @discardableResult
+    func queueNotifications(
+        _ count: Int, prefix: String = "n", sub: String? = nil,
+        types: [String] = ["email-enabled", "email-disabled", "consent-revoked", "account-deleted"],
+        eventTime: String = "now() - interval '1 hour' + i * interval '1 ms'", on connection: PostgresConnection
+    ) async throws -> Int {
+        try await connection.execute(
+            """
+            INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+            SELECT \(prefix) || i, 'com.example.app', coalesce(\(sub)::text, \(prefix) || '-sub-' || i),
+                   (\(types)::text[])[1 + i % \(types.count)], \(unsafeSQL: eventTime),
+                   'x@privaterelay.appleid.com', true, '{}'::jsonb, 'header.payload.signature'
+              FROM generate_series(1, \(count)) AS i
+            """)
+    }
+
+    func startWorker(_ extra: [String: String] = [:]) throws -> ServiceProcess {
+        try ServiceProcess(
+            "siwa-worker",
+            environment: [
+                "DATABASE_URL": url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
+                "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info", "SIWA_JOB_LEASE": "2s",
+                "SIWA_POLL_INTERVAL": "200ms", "SIWA_SHUTDOWN_GRACE": "3s",
+            ].merging(extra) { _, new in new })
+    }
+}
+
+extension PostgresConnection {
+    func int(_ query: PostgresQuery) async throws -> Int {
+        try await self.query(query).first!.decode(Int.self, at: 0)
+    }
+
+    /// Polls `query` (one integer) until `done` says so, or fails after `timeout` with the last value.
+    @discardableResult
+    func waitFor(
+        _ query: PostgresQuery, timeout: Duration = .seconds(15), sourceLocation: String = #function,
+        until done: (Int) -> Bool
+    ) async throws -> Int {
+        let deadline = ContinuousClock.now + timeout
+        var value = try await int(query)
+        while !done(value) {
+            guard ContinuousClock.now < deadline else {
+                throw ServiceProcessError(message: "\(sourceLocation): timed out waiting; last value \(value) for \(query.sql)")
+            }
+            try await Task.sleep(for: .milliseconds(25))
+            value = try await int(query)
+        }
+        return value
+    }
+
+    /// The invariants every worker test ends with: each notification processed, each job completed,
+    /// at most one account change per notification, and one per applied effect.
+    func expectExactlyOnce(total: Int) async throws -> (processed: Int, applied: Int, changes: Int, notCompleted: Int, duplicates: Int) {
+        let row = try await query(
+            """
+            SELECT (SELECT count(*) FROM siwa.notifications WHERE processed_at IS NOT NULL) AS processed,
+                   (SELECT count(*) FROM siwa.notifications WHERE outcome = 'applied') AS applied,
+                   (SELECT count(*) FROM siwa.account_changes WHERE notification_jti IS NOT NULL) AS changes,
+                   (SELECT count(*) FROM siwa.jobs WHERE kind = 'notification' AND state <> 'completed') AS not_completed,
+                   (SELECT count(*) FROM (SELECT notification_jti FROM siwa.account_changes
+                     WHERE notification_jti IS NOT NULL GROUP BY 1 HAVING count(*) > 1) d) AS duplicates
+            """
+        ).first!
+        return (
+            try row.decode(Int.self, column: "processed"), try row.decode(Int.self, column: "applied"),
+            try row.decode(Int.self, column: "changes"), try row.decode(Int.self, column: "not_completed"),
+            try row.decode(Int.self, column: "duplicates")
+        )
+    }
+}
+
+let processedCount: PostgresQuery = "SELECT count(*) FROM siwa.notifications WHERE processed_at IS NOT NULL"

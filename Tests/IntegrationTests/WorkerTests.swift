@@ -1,0 +1,254 @@
+import Foundation
+import JobQueue
+import Logging
+import Postgres
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// Real `siwa-worker` processes against a real PostgreSQL, `SIWA_APPLE_CALLS=disabled`.
+@Suite("Worker processes", .serialized)
+struct WorkerTests {
+    @Test func twoWorkersApplyTwoThousandNotificationsExactlyOnce() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let first = try database.startWorker()
+            let second = try database.startWorker()
+            try await database.queueNotifications(2000, on: connection)
+            try await connection.waitFor(processedCount) { $0 == 2000 }
+            try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'") { $0 == 0 }
+            let result = try await connection.expectExactlyOnce(total: 2000)
+            #expect(result.processed == 2000)
+            #expect(result.applied == 2000)  // every sub is fresh: each event changes its account
+            #expect(result.changes == result.applied)
+            #expect(result.duplicates == 0)
+            #expect(result.notCompleted == 0)
+            // Both processes took part (SKIP LOCKED splits the backlog).
+            let workers = try await connection.int("SELECT count(DISTINCT locked_by) FROM siwa.jobs")
+            #expect(workers == 0)  // completion clears locked_by
+            await first.stop()
+            await second.stop()
+            #expect(!first.log.contains("\"level\":\"error\""), "\(first.log)")
+        }
+    }
+
+    @Test func killedWorkerLosesNothingAndAppliesNothingTwice() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            try await database.queueNotifications(500, on: connection)
+            // A job leased by a worker that died (lease running out in 2 s): rescue must free it.
+            try await database.queueNotifications(1, prefix: "leased", on: connection)
+            try await connection.execute(
+                """
+                UPDATE siwa.jobs SET state = 'running', attempt = 1, locked_by = 'dead-worker',
+                       locked_until = now() + interval '1 second'
+                 WHERE notification_jti = 'leased1'
+                """)
+            let victim = try database.startWorker(["SIWA_NOTIFICATION_BATCH": "5"])
+            try await connection.waitFor(processedCount, timeout: .seconds(10)) { $0 > 0 }
+            victim.signal(SIGKILL)
+            _ = await victim.waitForExit(timeout: .seconds(5))
+            let survivor = try database.startWorker()
+            try await connection.waitFor(processedCount) { $0 == 501 }
+            try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'") { $0 == 0 }
+            let result = try await connection.expectExactlyOnce(total: 501)
+            #expect(result.duplicates == 0)
+            #expect(result.changes == result.applied)
+            #expect(result.applied == 501)
+            await survivor.stop()
+        }
+    }
+
+    @Test func lateAndDuplicateEmailEventsDoNotMoveStateBackwards() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let worker = try database.startWorker()
+            // enabled at t=2 arrives and is processed first.
+            try await database.queueNotifications(
+                1, prefix: "enabled-t2-", sub: "alice", types: ["email-enabled"],
+                eventTime: "timestamptz '2026-01-01 00:00:02+00'", on: connection)
+            try await connection.waitFor(processedCount) { $0 == 1 }
+            // disabled at t=1 comes late; the same enabled event comes again under a new jti.
+            try await database.queueNotifications(
+                1, prefix: "disabled-t1-", sub: "alice", types: ["email-disabled"],
+                eventTime: "timestamptz '2026-01-01 00:00:01+00'", on: connection)
+            try await connection.waitFor(processedCount) { $0 == 2 }
+            try await database.queueNotifications(
+                1, prefix: "enabled-again-", sub: "alice", types: ["email-enabled"],
+                eventTime: "timestamptz '2026-01-01 00:00:02+00'", on: connection)
+            try await connection.waitFor(processedCount) { $0 == 3 }
+
+            let forwarding = try await connection.query(
+                "SELECT email_forwarding FROM siwa.accounts WHERE sub = 'alice'"
+            ).first!.decode(String.self, at: 0)
+            #expect(forwarding == "enabled")
+            let outcomes = try await connection.query("SELECT jti, outcome FROM siwa.notifications ORDER BY jti")
+            let byJTI = Dictionary(uniqueKeysWithValues: try outcomes.map {
+                (try $0.decode(String.self, at: 0), try $0.decode(String.self, at: 1))
+            })
+            #expect(byJTI == ["enabled-t2-1": "applied", "disabled-t1-1": "stale", "enabled-again-1": "no_change"])
+            #expect(try await connection.int("SELECT count(*) FROM siwa.account_changes") == 1)
+            await worker.stop()
+        }
+    }
+
+    @Test func sigtermMidBatchLosesNothing() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            try await database.queueNotifications(3000, on: connection)
+            // An Apple-calling job with no handler (calls disabled): snoozed, never dropped.
+            _ = try await connection.query("SELECT siwa.request_deletion('com.example.app', 'bob')")
+            let worker = try database.startWorker(["SIWA_NOTIFICATION_BATCH": "10"])
+            try await connection.waitFor(processedCount, timeout: .seconds(10)) { $0 > 0 }
+            worker.signal(SIGTERM)
+            let status = await worker.waitForExit(timeout: .seconds(10))
+            #expect(status == 0, "\(worker.log.suffix(2000))")
+            #expect(worker.log.contains("siwa-worker stopped"))
+            // Nothing is left leased, and what was processed is completed.
+            #expect(try await connection.int("SELECT count(*) FROM siwa.jobs WHERE state = 'running'") == 0)
+            let processed = try await connection.int(processedCount)
+            let completed = try await connection.int(
+                "SELECT count(*) FROM siwa.jobs WHERE kind = 'notification' AND state = 'completed'")
+            #expect(processed == completed)
+            let revoke = try await connection.query("SELECT state, jsonb_array_length(errors) FROM siwa.jobs WHERE kind = 'revoke'")
+            #expect(try revoke.first?.decode(String.self, at: 0) == "available")
+            #expect(try revoke.first?.decode(Int.self, at: 1) == 0)
+
+            let next = try database.startWorker()
+            try await connection.waitFor(processedCount) { $0 == 3000 }
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.jobs WHERE kind = 'notification' AND state <> 'completed'") { $0 == 0 }
+            let result = try await connection.expectExactlyOnce(total: 3000)
+            #expect(result.duplicates == 0)
+            #expect(result.changes == result.applied)
+            await next.stop()
+        }
+    }
+
+    @Test func pollOnlyWorkerDrainsTheQueue() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let worker = try database.startWorker(["SIWA_LISTEN_NOTIFY": "false", "SIWA_POLL_INTERVAL": "100ms"])
+            try await Task.sleep(for: .milliseconds(300))  // started, then jobs arrive with no NOTIFY heard
+            try await database.queueNotifications(700, on: connection)
+            try await connection.waitFor(processedCount) { $0 == 700 }
+            try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'") { $0 == 0 }
+            #expect(!worker.log.contains("siwa-worker listen"))
+            await worker.stop()
+        }
+    }
+
+    @Test func badConfigurationExitsTwoWithOneLine() async throws {
+        let worker = try ServiceProcess(
+            "siwa-worker", environment: ["DATABASE_URL": "postgresql://x@127.0.0.1:1/x", "SIWA_CLIENT_IDS": "a"])
+        #expect(await worker.waitForExit() == 2)
+        #expect(worker.log.contains("SIWA_TEAM_ID"))
+        let badKeys = try ServiceProcess(
+            "siwa-worker",
+            environment: [
+                "DATABASE_URL": "postgresql://x@127.0.0.1:1/x", "SIWA_CLIENT_IDS": "a", "SIWA_APPLE_CALLS": "disabled",
+                "SIWA_TOKEN_KEYS": "k1:c2hvcnQ=",
+            ])
+        #expect(await badKeys.waitForExit() == 2)
+        #expect(badKeys.log.contains("SIWA_TOKEN_KEYS"))
+    }
+}
+
+/// The JobQueue library against a real database: fencing, rescue, retry (what `siwa jobs` uses).
+/// Nested so it is serialized with the process tests: concurrent migrations race on 003's CREATE ROLE.
+extension WorkerTests {
+@Suite("Worker JobQueue library")
+struct JobQueueLibrary {
+    @Test func fencedCompletionRejectsTheFirstWorkerAfterRescue() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 2, logger: TestDatabase.logger)
+            defer { pool.close() }
+            let queue = JobQueue(pool: pool)
+            _ = try await connection.query("SELECT siwa.request_deletion('com.example.app', 'carol')")
+            let first = try await queue.claim(worker: "a", limit: 10, lease: .seconds(60))
+            #expect(first.count == 1)
+            #expect(first[0].kind == .revoke && first[0].attempt == 1)
+            #expect(try await queue.claim(worker: "b", limit: 10, lease: .seconds(60)).isEmpty)
+            // The lease runs out; any worker rescues; another claims it (attempt 2).
+            try await connection.execute("UPDATE siwa.jobs SET locked_until = now() - interval '1 second'")
+            #expect(try await queue.rescueExpired() == 1)
+            let second = try await queue.claim(worker: "b", limit: 10, lease: .seconds(60))
+            #expect(second.first?.attempt == 2)
+            #expect(try await queue.complete(first[0], outcome: "late") == false)
+            #expect(try await queue.extendLeases(first, lease: .seconds(60)) == 0)
+            #expect(try await queue.complete(second[0], outcome: "revoked") == true)
+            #expect(try await connection.query("SELECT outcome FROM siwa.jobs").first?.decode(String.self, at: 0) == "revoked")
+        }
+    }
+
+    @Test func failureBackoffDiscardAndOperatorRetry() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 2, logger: TestDatabase.logger)
+            defer { pool.close() }
+            let queue = JobQueue(pool: pool)
+            _ = try await connection.query("SELECT siwa.link_account('com.example.app', 'dave', 'user-1', 'code-1')")
+            try await connection.execute("UPDATE siwa.jobs SET max_attempts = 2")
+            let policy = RetryPolicy(base: .milliseconds(1), cap: .milliseconds(1))
+            var job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
+            let firstAction = JobLifecycle.decide(.failed(error: "503 from Apple"), job: job, policy: policy)
+            #expect(try await queue.apply(firstAction, to: job))
+            try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE run_at <= now() AND state = 'available'") { $0 == 1 }
+            job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
+            #expect(job.errorCount == 1)
+            #expect(try await queue.apply(JobLifecycle.decide(.failed(error: "503 again"), job: job, policy: policy), to: job))
+            var listed = try await queue.list(state: "discarded")
+            #expect(listed.count == 1)
+            #expect(listed.first?.lastError == "503 again")
+            #expect(listed.first?.errorCount == 2)
+
+            #expect(try await queue.retry(id: listed[0].id))
+            listed = try await queue.list(sub: "dave")
+            #expect(listed.first?.state == "available")
+            #expect(listed.first?.maxAttempts == 4)  // a fresh budget on top of the recorded errors
+            #expect(try await queue.retry(id: 999_999) == false)
+
+            // retry(sub:) brings back every discarded job of the account.
+            job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
+            #expect(try await queue.apply(.discard(error: "bad code"), to: job))
+            #expect(try await queue.retry(sub: "dave", clientID: "com.example.app") == 1)
+            #expect(try await queue.retry(sub: "nobody") == 0)
+            #expect(try await queue.cancel(id: job.id))
+            #expect(try await queue.list(state: "cancelled").count == 1)
+        }
+    }
+
+    @Test func claimStaysAnIndexScanAfterTheTableWasAnalyzedEmpty() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery("ANALYZE siwa.jobs; ANALYZE siwa.notifications")
+            try await database.queueNotifications(20_000, on: connection)
+            try await connection.simpleQuery("SELECT siwa.link_account('com.example.app', 'e', 'u', 'c')")
+            let notificationPlan = try await connection.query(
+                """
+                EXPLAIN SELECT j.id FROM siwa.jobs j
+                 WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
+                 ORDER BY j.priority, j.run_at, j.id LIMIT 50 FOR UPDATE SKIP LOCKED
+                """
+            ).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
+            #expect(notificationPlan.contains("Index Scan using jobs_claim_notification"), "\(notificationPlan)")
+            var explain = JobQueue.claimQuery(worker: "w", limit: 4, lease: .seconds(60))
+            explain.sql = "EXPLAIN " + explain.sql
+            let callPlan = try await connection.query(explain).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
+            #expect(callPlan.contains("jobs_claim_calls"), "\(callPlan)")
+            #expect(!callPlan.contains("Seq Scan on jobs"), "\(callPlan)")
+        }
+    }
+}
+}
