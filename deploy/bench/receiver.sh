@@ -36,7 +36,7 @@ echo "==> PostgreSQL on 127.0.0.1:$PG_PORT (fsync on, synchronous_commit on)"
 "$BIN/siwa" migrate --database-url "$DATABASE_URL" >/dev/null
 
 fake_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" --state-dir "$work/fake" >"$work/fake.log" 2>&1 &
+"$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" >"$work/fake.log" 2>&1 &
 children+=($!)
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$fake_port/auth/keys" >/dev/null 2>&1 && break; sleep 0.1; done
 
