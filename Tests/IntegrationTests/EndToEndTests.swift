@@ -2,7 +2,9 @@ import AppleClient
 import FakeApple
 import Foundation
 import Postgres
+import SiwaCore
 import Testing
+import WorkerCore
 
 /// The lifecycle through real processes: `siwa fake-apple`, `siwa-receiver`, `siwa-worker` (its real
 /// executor, retry policy and pause bookkeeping), the app-facing SQL, `siwa simulate`, `siwa status`.
@@ -36,6 +38,24 @@ import Testing
         db.close()
         listener.close()
         await database.drop()
+    }
+
+    /// The two worker settings the scenarios shorten (defaults: the constants they replaced).
+    @Test func retryBaseAndPauseProbeIntervalSettings() throws {
+        let base = ["DATABASE_URL": "postgresql://x@127.0.0.1:1/x", "SIWA_CLIENT_IDS": "a", "SIWA_APPLE_CALLS": "disabled"]
+        let defaults = try WorkerConfiguration(ConfigurationSource(arguments: [], environment: base))
+        #expect(defaults.retryBase == .seconds(1))
+        #expect(defaults.apple.pauseInterval == .seconds(300))
+        let set = try WorkerConfiguration(
+            ConfigurationSource(
+                arguments: ["--siwa-retry-base", "250ms"], environment: base.merging(["SIWA_PAUSE_PROBE_INTERVAL": "2m"]) { $1 }))
+        #expect(set.retryBase == .milliseconds(250))
+        #expect(set.apple.pauseInterval == .seconds(120))
+        for (variable, value) in [("SIWA_RETRY_BASE", "0"), ("SIWA_RETRY_BASE", "2h"), ("SIWA_PAUSE_PROBE_INTERVAL", "500ms")] {
+            #expect(throws: ConfigurationError.self, "\(variable)=\(value)") {
+                try WorkerConfiguration(ConfigurationSource(arguments: [], environment: base.merging([variable: value]) { $1 }))
+            }
+        }
     }
 
     /// Codes and refresh tokens seen during the run: none may appear in any log line.
@@ -76,6 +96,8 @@ import Testing
         let outcome = try await db.query("SELECT outcome FROM siwa.notifications WHERE sub = \(sub)")[0]
             .decode(String?.self, at: 0)
         #expect(outcome == "ignored_account_deleted")
+        #expect(try await db.int("SELECT count(*) FROM siwa.notifications WHERE sub = \(sub) AND jws IS NOT NULL") == 0,
+                "personal data of a deleted account is erased, also from the follow-up")
         #expect(try await status(sub, db) == "deleted")
         #expect(try await db.int("SELECT count(*) FROM siwa.jobs WHERE sub = \(sub) AND kind = 'revoke'") == 1, "no loop")
 
