@@ -148,7 +148,13 @@ extension FakeApple {
 
     func adminCalls() -> HTTPResponse {
         let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
+        // Milliseconds: tests compare call times (a Retry-After of 1 s is invisible at whole seconds).
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+            var container = encoder.singleValueContainer()
+            try container.encode(formatter.string(from: date))
+        }
         encoder.outputFormatting = [.sortedKeys]
         let data = (try? encoder.encode(calls)) ?? Data("[]".utf8)
         return .json(String(decoding: data, as: UTF8.self))

@@ -30,9 +30,11 @@ package func makeAppleJobContext(
     let tokenBox = try TokenBox(configuration: settings.tokenKeys)
     let http = AppleHTTP(baseURL: settings.baseURL, timeout: settings.timeout)
     let keys = AppleKeySet(http: http, logger: logger)
-    return AppleJobContext(
+    var context = AppleJobContext(
         pool: pool, client: AppleAuthClient(http: http, signer: signer), tokenBox: tokenBox,
         identityVerifier: IdentityTokenVerifier(keys: keys), metrics: metrics.map(AppleMetrics.init(registry:)))
+    context.pauseInterval = settings.pauseInterval
+    return context
 }
 
 /// The Apple settings of a worker configuration, checked; nil when Apple calls are disabled.
@@ -42,7 +44,7 @@ package func appleSettings(_ configuration: WorkerConfiguration) throws(Configur
     let settings = AppleSettings(
         teamID: apple.teamID, keyID: apple.keyID, privateKeyPEMPath: apple.privateKeyPath,
         tokenKeys: apple.tokenKeys.map { "\($0.id):\($0.base64)" }.joined(separator: ","),
-        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily)
+        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily, pauseInterval: apple.pauseInterval)
     try settings.validate()
     return settings
 }

@@ -21,7 +21,7 @@ package final class Worker: Sendable {
     private let handlers: [JobKind: any JobHandler]
     private let pool: PostgresPool
     private let queue: JobQueue
-    private let policy = RetryPolicy(base: .seconds(1), cap: .seconds(3600))
+    private let policy: RetryPolicy
     private let server: HTTPServer
     private let state = Mutex(State())
     private let notificationBell = Doorbell()
@@ -44,6 +44,7 @@ package final class Worker: Sendable {
         self.registry = registry
         self.configuration = configuration
         self.logger = logger
+        policy = RetryPolicy(base: configuration.retryBase, cap: .seconds(3600))
         var byKind: [JobKind: any JobHandler] = [:]
         for handler in handlers where handler.kind != .notification { byKind[handler.kind] = handler }
         self.handlers = byKind

@@ -10,7 +10,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
-        "SIWA_WORKER_ID", "SIWA_RECONCILE",
+        "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
     ]
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
@@ -25,6 +25,9 @@ package struct WorkerConfiguration: Sendable {
         package var tokenKeys: [(id: String, base64: String)]
         /// `SIWA_RECONCILE=daily`: check active accounts' refresh tokens with Apple at most once a day.
         package var reconcileDaily: Bool
+        /// `SIWA_PAUSE_PROBE_INTERVAL`: how long a client ID Apple refused (`invalid_client`) stays
+        /// paused before one job probes it again.
+        package var pauseInterval: Duration = .seconds(300)
     }
 
     package var databaseURL: String
@@ -45,6 +48,8 @@ package struct WorkerConfiguration: Sendable {
     package var notificationBatch: Int
     /// `locked_by` on claimed rows; defaults to host:pid.
     package var workerID: String
+    /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
+    package var retryBase: Duration
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
         if let unknown = source.unknownFlags(known: Self.variables + Self.variables.map { $0 + "_FILE" }).first {
@@ -86,6 +91,8 @@ package struct WorkerConfiguration: Sendable {
         apple = Apple(
             callsEnabled: callsEnabled, baseURL: common.appleBaseURL, teamID: teamID, keyID: keyID,
             privateKeyPath: keyPath, tokenKeys: tokenKeys, reconcileDaily: reconcileDaily)
+        apple.pauseInterval = try Self.duration(
+            source, "SIWA_PAUSE_PROBE_INTERVAL", default: .seconds(300), range: .seconds(1) ... .seconds(86_400))
 
         concurrency = try source.integer("SIWA_WORKER_CONCURRENCY", default: 4, range: 1...1024)
         retentionDays = try source.integer("SIWA_RETENTION_DAYS", default: 30, range: 1...36_500)
@@ -101,6 +108,7 @@ package struct WorkerConfiguration: Sendable {
         completedJobRetention = try Self.duration(
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
         notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 100, range: 1...1000)
+        retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
     }

@@ -16,11 +16,13 @@ package struct AppleSettings: Sendable {
     package var timeout: Duration
     /// `SIWA_RECONCILE=daily`: check active accounts' refresh tokens at most once a day.
     package var reconcileDaily: Bool
+    /// How long a client ID Apple refused stays paused before one job probes it again.
+    package var pauseInterval: Duration
 
     package init(
         teamID: String, keyID: String, privateKeyPEMPath: String, tokenKeys: String,
         baseURL: URL = URL(string: "https://appleid.apple.com")!, timeout: Duration = .seconds(10),
-        reconcileDaily: Bool = false
+        reconcileDaily: Bool = false, pauseInterval: Duration = .seconds(300)
     ) {
         self.teamID = teamID
         self.keyID = keyID
@@ -29,6 +31,7 @@ package struct AppleSettings: Sendable {
         self.baseURL = baseURL
         self.timeout = timeout
         self.reconcileDaily = reconcileDaily
+        self.pauseInterval = pauseInterval
     }
 
     package static let variables = [

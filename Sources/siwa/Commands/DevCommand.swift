@@ -200,8 +200,13 @@ final class DevStack: @unchecked Sendable {
         // Apple: the fake, a given base URL, or the real one.
         var appleBase = settings.appleBaseURL?.absoluteString ?? "https://appleid.apple.com"
         var fakeApple: String?
+        // With the fake and no real credentials: a throwaway key pair and token key, so exchange and
+        // revoke run end to end, and the fake checks every client_secret signature against that key.
+        let throwawayCredentials =
+            settings.useFakeApple && settings.startWorker && !settings.hasAppleCredentials
+            ? try makeThrowawayCredentials(in: directory) : nil
         if settings.useFakeApple {
-            fakeApple = try await startFakeApple(siwaPath: siwaPath)
+            fakeApple = try await startFakeApple(siwaPath: siwaPath, credentials: throwawayCredentials)
             appleBase = fakeApple!
         }
 
@@ -239,9 +244,7 @@ final class DevStack: @unchecked Sendable {
         if !settings.startWorker {
         } else if settings.hasAppleCredentials {
             say("worker uses the Apple credentials from the environment")
-        } else if fakeApple != nil {
-            // A throwaway key pair and token key, so exchange and revoke run end to end against the fake.
-            let credentials = try makeThrowawayCredentials(in: directory)
+        } else if let credentials = throwawayCredentials {
             workerEnvironment.merge(credentials) { _, new in new }
             say("worker signs client secrets with a throwaway key (\(directory)/AuthKey_DEVKEY0001.p8)")
         } else {
@@ -264,13 +267,16 @@ final class DevStack: @unchecked Sendable {
 
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
     /// `listening on http://127.0.0.1:PORT` line it prints.
-    private func startFakeApple(siwaPath: String) async throws -> String {
+    private func startFakeApple(siwaPath: String, credentials: [String: String]?) async throws -> String {
         let found = Mutex<String?>(nil)
         let lines = Mutex<[String]>([])
         let output = output
         let process = try DevProcess(
             name: "fake-apple", executable: siwaPath,
-            arguments: ["fake-apple", "--listen", "127.0.0.1:0"],
+            arguments: ["fake-apple", "--listen", "127.0.0.1:0"]
+                + (credentials.map {
+                    ["--verify-key-file", $0["SIWA_PRIVATE_KEY_FILE"]!, "--team-id", $0["SIWA_TEAM_ID"]!]
+                } ?? []),
             environment: ProcessInfo.processInfo.environment.merging(["SIWA_CLIENT_IDS": settings.clientIDs]) { $1 }
         ) { line in
             if let range = line.range(of: #"listening on (http://[^\s"]+)"#, options: .regularExpression) {
@@ -349,6 +355,7 @@ final class DevStack: @unchecked Sendable {
 
     private func printURLs(_ urls: URLs) {
         let clientID = settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app"
+        let siwa = siwaCommand
         var text = """
 
             siwa dev is running. Ctrl-C stops everything\(cluster != nil ? " and deletes the database" : "").
@@ -359,6 +366,7 @@ final class DevStack: @unchecked Sendable {
             \(settings.startWorker ? """
                   worker ops             \(urls.workerOps)/healthz  \(urls.workerOps)/readyz
                   worker metrics         \(urls.workerOps)/metrics
+
                 """ : "  worker                 not started (--no-worker)\n")\
               Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
               DATABASE_URL           \(urls.database)
@@ -368,13 +376,26 @@ final class DevStack: @unchecked Sendable {
             text += """
 
                 Try it (signs a notification with the fake's key and posts it):
-                  siwa simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
+                  \(siwa) simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
                 --receiver-url \(urls.endpoint) --fake-apple-url \(fake)
 
                 """
         }
-        text += "  siwa status --database-url '\(urls.database)'\n"
+        text += "  \(siwa) status --database-url '\(urls.database)'\n"
         output.line(text)
+    }
+
+    /// `siwa` when the shell finds this very binary on PATH, else its full path, so the printed
+    /// lines run as pasted (a fresh checkout has `.build/debug/siwa`, not `siwa`, on hand).
+    private var siwaCommand: String {
+        let ours = settings.binDirectory.appendingPathComponent("siwa").resolvingSymlinksInPath().path
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? ""
+        for folder in path.split(separator: ":") {
+            let candidate = URL(fileURLWithPath: String(folder)).appendingPathComponent("siwa")
+            guard FileManager.default.isExecutableFile(atPath: candidate.path) else { continue }
+            return candidate.resolvingSymlinksInPath().path == ours ? "siwa" : ours
+        }
+        return ours
     }
 
     // MARK: Run and stop

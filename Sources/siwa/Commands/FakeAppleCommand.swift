@@ -44,7 +44,9 @@ enum FakeAppleCommand: CLICommand {
             try fake.start()
             FileHandle.standardOutput.write(Data("fake-apple listening on \(fake.baseURL.absoluteString)\n".utf8))
             if configuration.verifyKey == nil {
-                print("fake-apple: no --verify-key-file: client_secret signatures are not checked (claims still are)")
+                // stdout is a pipe under `siwa dev`: write unbuffered, or the line shows up only at exit.
+                FileHandle.standardOutput.write(
+                    Data("fake-apple: no --verify-key-file: client_secret signatures are not checked (claims still are)\n".utf8))
             }
             let signal = await Termination.wait()
             logger.info("fake-apple stopping", metadata: ["signal": .string(signal)])

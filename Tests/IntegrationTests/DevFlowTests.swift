@@ -1,0 +1,122 @@
+import Foundation
+import Postgres
+import Testing
+
+/// The README's promise: a new user runs `siwa dev`, pastes the printed `siwa simulate ...` line, and
+/// sees the notification arrive, be verified, stored and applied. Ctrl-C (SIGINT) stops it all.
+@Suite(.serialized) struct DevFlowTests {
+    /// `siwa dev` over a database of ours (`DATABASE_URL` set).
+    @Test func printedSimulateLineWorksAgainstGivenDatabase() async throws {
+        let database = try await LifecycleHarness.makeDatabase()
+        do {
+            let dev = try startDev(["DATABASE_URL": database.url])
+            let output = try await runPrintedSimulateLine(dev)
+            try await expectApplied(output, databaseURL: database.url)
+            try await interruptAndExpectCleanStop(dev, output: output)
+        } catch {
+            await database.drop()
+            throw error
+        }
+        await database.drop()
+    }
+
+    /// `siwa dev` with `DATABASE_URL` unset: its own throwaway cluster, removed on Ctrl-C.
+    @Test func printedSimulateLineWorksAgainstOwnCluster() async throws {
+        let dev = try startDev([:])
+        let output = try await runPrintedSimulateLine(dev, timeout: .seconds(60))
+        let dataDirectory = try #require(Self.capture(#"data in (/tmp/siwa-pg-[A-Za-z0-9]+)"#, in: dev.log))
+        #expect(FileManager.default.fileExists(atPath: dataDirectory))
+        let databaseURL = try #require(Self.capture(#"DATABASE_URL +(\S+)"#, in: dev.log))
+        try await expectApplied(output, databaseURL: databaseURL)
+        try await interruptAndExpectCleanStop(dev, output: output)
+        #expect(dev.log.contains("PostgreSQL stopped and its directory removed"))
+        #expect(!FileManager.default.fileExists(atPath: dataDirectory), "the throwaway cluster is deleted")
+    }
+
+    // MARK: Steps
+
+    /// Explicit free ports: other tests may hold 8080/9090 (dev would pick free ones itself too).
+    private func startDev(_ environment: [String: String]) throws -> ServiceProcess {
+        try ServiceProcess(
+            "siwa", arguments: ["dev"],
+            environment: environment.merging([
+                "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
+                "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
+                "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
+            ]) { $1 })
+    }
+
+    struct PrintedLine {
+        var sub: String
+        var clientID: String
+    }
+
+    /// Waits for the printed `... simulate consent-revoked ...` line and runs it exactly as printed.
+    private func runPrintedSimulateLine(_ dev: ServiceProcess, timeout: Duration = .seconds(30)) async throws -> PrintedLine {
+        let deadline = ContinuousClock.now + timeout
+        var line: String?
+        while line == nil {
+            line = dev.log.split(separator: "\n").first { $0.contains(" simulate consent-revoked ") }.map(String.init)
+            if line != nil { break }
+            guard dev.isRunning, ContinuousClock.now < deadline else {
+                throw ServiceProcessError(message: "siwa dev printed no simulate line:\n\(dev.log)")
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let words = line!.split(separator: " ").map(String.init)
+        // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
+        let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
+        #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = Array(words.dropFirst())
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(String(decoding: output, as: UTF8.self))")
+        #expect(String(decoding: output, as: UTF8.self).hasPrefix("200"))
+        func flag(_ name: String) -> String? { words.firstIndex(of: name).map { words[$0 + 1] } }
+        return PrintedLine(sub: try #require(flag("--sub")), clientID: try #require(flag("--client-id")))
+    }
+
+    /// Stored, verified (it is in the table at all), processed, applied: the account is consent_revoked.
+    private func expectApplied(_ printed: PrintedLine, databaseURL: String) async throws {
+        let db = try await PostgresConnection.connect(to: databaseURL, logger: TestDatabase.logger)
+        defer { db.close() }
+        try await db.waitFor(
+            """
+            SELECT count(*) FROM siwa.accounts
+             WHERE client_id = \(printed.clientID) AND sub = \(printed.sub) AND status = 'consent_revoked'
+               AND sessions_revoked_at IS NOT NULL
+            """) { $0 == 1 }
+        let outcome = try await db.query(
+            "SELECT outcome FROM siwa.notifications WHERE sub = \(printed.sub) AND processed_at IS NOT NULL"
+        ).first?.decode(String?.self, at: 0)
+        #expect(outcome == "applied")
+    }
+
+    private func interruptAndExpectCleanStop(_ dev: ServiceProcess, output: PrintedLine) async throws {
+        let receiverURL = try #require(Self.capture(#"receiver health +(http://\S+)/healthz"#, in: dev.log))
+        dev.signal(SIGINT)
+        let status = await dev.waitForExit(timeout: .seconds(30))
+        #expect(status == 0, "\(dev.log)")
+        let log = dev.log
+        #expect(log.contains("SIGINT: stopping"))
+        for child in ["worker", "receiver", "fake-apple"] {
+            #expect(log.contains("[dev] \(child) stopped (status 0)"), "\(child) stopped cleanly:\n\(log)")
+        }
+        let answer = try? await HTTP.request("GET", receiverURL + "/healthz")
+        #expect(answer == nil, "the receiver still answers after Ctrl-C")
+    }
+
+    static func capture(_ pattern: String, in text: String) -> String? {
+        guard let regex = try? NSRegularExpression(pattern: pattern),
+            let match = regex.firstMatch(in: text, range: NSRange(text.startIndex..., in: text)),
+            let range = Range(match.range(at: 1), in: text)
+        else { return nil }
+        return String(text[range])
+    }
+}

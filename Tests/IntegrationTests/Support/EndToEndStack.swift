@@ -1,0 +1,133 @@
+import CryptoCore
+import FakeApple
+import Foundation
+import Postgres
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// The whole stack as real processes: `siwa fake-apple` (checking client_secret signatures against a
+/// fresh `.p8`), `siwa-receiver` and `siwa-worker` pointed at it, over a migrated database. Every
+/// process logs at debug level into a file the test reads afterwards (secret-free logs).
+final class EndToEndStack: @unchecked Sendable {
+    // @unchecked: touched only from the test's own task.
+    static let clientID = "com.example.app"
+    static let teamID = "E2ETEAM001"
+    static let keyID = "E2EKEY0001"
+
+    let database: MigratedDatabase
+    let directory: URL
+    let tokenKeys: String
+    let fake: ServiceProcess
+    let fakeURL: String
+    let receiver: ServiceProcess
+    let receiverURL: String
+    let worker: ServiceProcess
+
+    var endpoint: String { receiverURL + "/apple/notifications" }
+    var processes: [ServiceProcess] { [fake, receiver, worker] }
+
+    init(database: MigratedDatabase, workerSettings: [String: String] = [:]) async throws {
+        self.database = database
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-e2e-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let keyPath = directory.appendingPathComponent("AuthKey_\(Self.keyID).p8").path
+        try P256.Signing.PrivateKey.generate().pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
+        tokenKeys = "e2e1:" + Data(SecureRandom.bytes(count: 32)).base64EncodedString()
+
+        fake = try ServiceProcess(
+            "siwa",
+            arguments: [
+                "fake-apple", "--listen", "127.0.0.1:0", "--verify-key-file", keyPath, "--team-id", Self.teamID,
+            ],
+            environment: ["SIWA_LOG_LEVEL": "debug"])
+        fakeURL = try await Self.waitForListening(fake)
+
+        let port = freePort()
+        receiverURL = "http://127.0.0.1:\(port)"
+        receiver = try ServiceProcess(
+            "siwa-receiver",
+            environment: [
+                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_LISTEN": "127.0.0.1:\(port)",
+                "SIWA_APPLE_BASE_URL": fakeURL, "SIWA_LOG_LEVEL": "debug",
+            ])
+        worker = try ServiceProcess(
+            "siwa-worker",
+            environment: [
+                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_APPLE_BASE_URL": fakeURL,
+                "SIWA_TEAM_ID": Self.teamID, "SIWA_KEY_ID": Self.keyID, "SIWA_PRIVATE_KEY_FILE": keyPath,
+                "SIWA_TOKEN_KEYS": tokenKeys, "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "debug",
+                "SIWA_POLL_INTERVAL": "200ms", "SIWA_RETRY_BASE": "100ms", "SIWA_PAUSE_PROBE_INTERVAL": "1s",
+                "SIWA_SHUTDOWN_GRACE": "2s",
+            ].merging(workerSettings) { $1 })
+        try await waitForReceiver()
+    }
+
+    /// The base URL from the `fake-apple listening on http://...` line.
+    static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(20)) async throws -> String {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let range = process.log.range(of: #"listening on http://[0-9.]+:[0-9]+"#, options: .regularExpression) {
+                return String(process.log[range].dropFirst("listening on ".count))
+            }
+            guard process.isRunning else { throw ServiceProcessError(message: "fake-apple exited:\n\(process.log)") }
+            try await Task.sleep(for: .milliseconds(25))
+        }
+        throw ServiceProcessError(message: "fake-apple printed no listening line:\n\(process.log)")
+    }
+
+    private func waitForReceiver() async throws {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline {
+            if let (status, _) = try? await HTTP.request("GET", receiverURL + "/readyz"), status == 200 { return }
+            for process in [receiver, worker] where !process.isRunning {
+                throw ServiceProcessError(message: "\(process.name) exited during start-up:\n\(process.log)")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw ServiceProcessError(message: "the receiver was not ready:\n\(receiver.log)")
+    }
+
+    /// SIGTERM to each (worker first), then the key folder goes.
+    func stop() async {
+        for process in [worker, receiver, fake] { await process.stop() }
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    // MARK: The fake's admin endpoints
+
+    func code(sub: String, email: String? = nil) async throws -> String {
+        var object: [String: Any] = ["client_id": Self.clientID, "sub": sub]
+        if let email { object["email"] = email; object["is_private_email"] = true }
+        let (status, body) = try await HTTP.request(
+            "POST", fakeURL + "/fake/codes", body: try JSONSerialization.data(withJSONObject: object))
+        guard status == 200, let code = (try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any])?["code"] as? String
+        else { throw ServiceProcessError(message: "POST /fake/codes: \(status) \(body)") }
+        return code
+    }
+
+    func inject(_ endpoint: String, _ responses: [Any], retryAfter: Int? = nil) async throws {
+        var object: [String: Any] = ["endpoint": endpoint, "responses": responses]
+        if let retryAfter { object["retry_after"] = retryAfter }
+        let (status, body) = try await HTTP.request(
+            "POST", fakeURL + "/fake/failures", body: try JSONSerialization.data(withJSONObject: object))
+        guard status == 200 else { throw ServiceProcessError(message: "POST /fake/failures: \(status) \(body)") }
+    }
+
+    func calls() async throws -> [FakeAppleCall] {
+        let (status, body) = try await HTTP.request("GET", fakeURL + "/fake/calls")
+        guard status == 200 else { throw ServiceProcessError(message: "GET /fake/calls: \(status) \(body)") }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .custom { decoder in
+            let text = try decoder.singleValueContainer().decode(String.self)
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+            guard let date = formatter.date(from: text) else {
+                throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: text))
+            }
+            return date
+        }
+        return try decoder.decode([FakeAppleCall].self, from: Data(body.utf8))
+    }
+}
