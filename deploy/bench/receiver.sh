@@ -60,8 +60,11 @@ for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1
 url="http://127.0.0.1:$port/apple/notifications"
 
 rss_mb() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
-declare -A rps p50 p99 non2xx pg_tps
+# CPU seconds (user + system) a process has used so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+declare -A rps p50 p99 non2xx pg_tps cpu_us
 for c in 16 64; do
+  cpu_before=$(cpu_s "$receiver_pid")
   BODIES_FILE="$work/bodies$c.txt" WRK_THREADS=2 wrk -t2 -c"$c" -d"${DURATION}s" --latency \
     -s deploy/bench/post-bodies.lua "$url" >"$work/wrk$c.txt" 2>&1
   line=$(grep '^RESULT' "$work/wrk$c.txt")
@@ -69,6 +72,8 @@ for c in 16 64; do
   p50[$c]=$(sed 's/.*p50_ms=\([0-9.]*\).*/\1/' <<<"$line")
   p99[$c]=$(sed 's/.*p99_ms=\([0-9.]*\).*/\1/' <<<"$line")
   non2xx[$c]=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$line")
+  requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$line")
+  cpu_us[$c]=$(python3 -c "print(round(($(cpu_s "$receiver_pid") - $cpu_before) * 1e6 / max(1, $requests)))")
 done
 receiver_rss=$(rss_mb "$receiver_pid")
 stored=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.notifications")
@@ -112,11 +117,11 @@ py_non2xx=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$py_line")
 kill "$py_pid" 2>/dev/null; wait "$py_pid" 2>/dev/null || true
 
 printf '\nReceiver benchmark (%s distinct signed notifications per run, %ss per run, 2 wrk threads)\n' "$N" "$DURATION"
-printf '%-6s %12s %9s %9s %8s %14s %8s  %s\n' conns "receiver r/s" "p50 ms" "p99 ms" non2xx "pgbench tx/s" ratio "targets"
+printf '%-6s %12s %9s %9s %8s %10s %14s %8s  %s\n' conns "receiver r/s" "p50 ms" "p99 ms" non2xx "cpu us/req" "pgbench tx/s" ratio "targets"
 for c in 16 64; do
   ratio=$(python3 -c "print(f'{${rps[$c]} / ${pg_tps[$c]}:.2f}')")
-  printf '%-6s %12s %9s %9s %8s %14s %8s  %s\n' "$c" "${rps[$c]}" "${p50[$c]}" "${p99[$c]}" "${non2xx[$c]}" \
-    "${pg_tps[$c]}" "$ratio" "ratio >= 0.80; p99 <= 20 ms at 64"
+  printf '%-6s %12s %9s %9s %8s %10s %14s %8s  %s\n' "$c" "${rps[$c]}" "${p50[$c]}" "${p99[$c]}" "${non2xx[$c]}" \
+    "${cpu_us[$c]}" "${pg_tps[$c]}" "$ratio" "ratio >= 0.80; p99 <= 20 ms at 64"
 done
 printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
 printf 'receiver resident memory after the runs: %s MB (target <= 64 MB)\n' "$receiver_rss"
