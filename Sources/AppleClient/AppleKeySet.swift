@@ -55,6 +55,15 @@ package final class AppleKeySet: Sendable {
         }
     }
 
+    /// A key set that starts out holding `keys` (tests, tools): lookups of other kids still go to `http`.
+    package convenience init(keys: [String: RSA.PublicKey], http: AppleHTTP, logger: Logger) {
+        self.init(http: http, logger: logger)
+        state.withLock { state in
+            state.keys = keys
+            state.fetchedAt = Date()
+        }
+    }
+
     package var hasKeys: Bool { state.withLock { !$0.keys.isEmpty } }
     package var keyIDs: [String] { state.withLock { $0.keys.keys.sorted() } }
     /// Seconds since the last successful fetch, for `/metrics`.

@@ -45,7 +45,8 @@ package final class NotificationStore: Sendable {
 
     private struct State {
         var queue: [Pending] = []
-        var running = true
+        /// Until `start()` nothing would ever commit: refuse rather than queue forever.
+        var running = false
         var databaseDownUntil: ContinuousClock.Instant?
         var lastSuccess: ContinuousClock.Instant?
         var rejectionCounts: [String: Int] = [:]
@@ -68,6 +69,7 @@ package final class NotificationStore: Sendable {
     }
 
     package func start() {
+        state.withLock { $0.running = true }
         for index in 0..<options.committers {
             let thread = Thread { [self] in
                 commitLoop(index: index)

@@ -117,12 +117,39 @@ package struct NotificationVerifier: Sendable {
     }
 
     static func parse(body: [UInt8]) -> Result<(CompactJWS, String), Rejection> {
-        guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
-            return .failure(.bodyNotJSON)
+        let payload: String
+        if let exact = exactPayload(body) {
+            payload = exact
+        } else {
+            guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
+                return .failure(.bodyNotJSON)
+            }
+            guard let value = object["payload"] as? String else { return .failure(.payloadMissing) }
+            payload = value
         }
-        guard let payload = object["payload"] as? String else { return .failure(.payloadMissing) }
         guard let token = try? CompactJWS(payload) else { return .failure(.jwsMalformed) }
         return .success((token, payload))
+    }
+
+    /// The body Apple sends, `{"payload":"<JWS>"}` exactly, read without a JSON parser: every
+    /// request pays for this, and the JWS alphabet (base64url and dots) needs no unescaping. Any
+    /// other shape returns nil and goes through the full parser, so the result is the same.
+    package static func exactPayload(_ body: [UInt8]) -> String? {
+        let prefix = Array(#"{"payload":""#.utf8)
+        let suffix = Array(#""}"#.utf8)
+        guard body.count > prefix.count + suffix.count, body.starts(with: prefix), body.suffix(2).elementsEqual(suffix)
+        else { return nil }
+        let inner = body[prefix.count..<(body.count - suffix.count)]
+        for byte in inner {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."):
+                continue
+            default:
+                return nil
+            }
+        }
+        return String(decoding: inner, as: UTF8.self)
     }
 
     private func check(_ token: CompactJWS, jws: String, key: RSA.PublicKey) -> Result<VerifiedNotification, Rejection> {
