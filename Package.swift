@@ -69,7 +69,7 @@ let package = Package(
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),
-        .testTarget(name: "ReceiverCoreTests", dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore"],
+        .testTarget(name: "ReceiverCoreTests", dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore", "AppleClient", "Logging"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
