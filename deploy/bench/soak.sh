@@ -103,7 +103,7 @@ check "one 'deleted' change per deletion (wrong)" \
 check "no job stuck (not completed)" "SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'"
 echo "  stored $(sql 'SELECT count(*) FROM siwa.notifications'), answered 200 (fresh) $(sql 'SELECT count(*) FROM soak_accepted'),"\
      "deletions requested $deleted_count, deleted $(sql "SELECT count(*) FROM siwa.accounts WHERE sub LIKE 'del-%' AND status = 'deleted'"),"\
-     "revoke calls $(curl -fs "http://127.0.0.1:$fake_port/fake/calls" | python3 -c 'import json,sys; d=json.load(sys.stdin); d=d.get("calls", d); print(sum(1 for c in d if c["endpoint"]=="revoke"))')"
+     "revoke calls $(curl -fs "http://127.0.0.1:$fake_port/fake/calls" | python3 -c 'import json,sys; d=json.load(sys.stdin); d=d if isinstance(d, list) else d.get("calls", []); print(sum(1 for c in d if c["endpoint"]=="revoke"))')"
 for pid in "$receiver_pid" "${worker_pids[@]}"; do
   kill -0 "$pid" 2>/dev/null || { echo "  FAIL  process $pid died"; failed=1; }
 done
