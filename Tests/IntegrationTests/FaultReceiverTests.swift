@@ -20,14 +20,14 @@ struct FaultReceiverTests {
             defer { Task { await receiver.stop() } }
             let port = UInt16(URL(string: base)!.port!)
 
-            // 200 connections that trickle a request header, one byte a second each.
+            // 200 connections that trickle a request header, a byte every half second each.
             let slow = try (0..<200).map { _ in try RawConnection(port: port) }
             defer { slow.forEach { $0.close() } }
             let header = Array("POST /apple/notifications HTTP/1.1\r\nHost: 127.0.0.1\r\n".utf8)
             let trickle = Task {
-                for index in 0..<4 {
+                for index in 0..<8 {
                     for connection in slow { connection.send([header[index]]) }
-                    try? await Task.sleep(for: .seconds(1))
+                    try? await Task.sleep(for: .milliseconds(500))
                 }
             }
             // Meanwhile 50 well-behaved posts: every one answered 200.
