@@ -1,5 +1,5 @@
 package import AppleClient
-import CryptoCore
+package import CryptoCore
 package import Foundation
 import JOSE
 package import SiwaCore
@@ -86,6 +86,21 @@ package struct NotificationVerifier: Sendable {
 
     /// Verification without waiting: uses only cached keys.
     package func verifyCached(body: [UInt8]) -> Step {
+        verify(body: body, lookup: keys.cachedKey)
+    }
+
+    /// The whole decoding path against a fixed key set, with no I/O and no waiting: body bytes →
+    /// payload → compact JWS → alg pin → key → signature → claims. For fuzzing and in-process tests;
+    /// a kid outside `keys` is `unknown_kid`.
+    package func verify(body: [UInt8], keys: [String: RSA.PublicKey]) -> Result<VerifiedNotification, Rejection> {
+        switch verify(body: body, lookup: { keys[$0] }) {
+        case .verified(let verified): .success(verified)
+        case .rejected(let rejection): .failure(rejection)
+        case .needsKey: .failure(.unknownKey)
+        }
+    }
+
+    private func verify(body: [UInt8], lookup: (String) -> RSA.PublicKey?) -> Step {
         let token: CompactJWS
         let jwsText: String
         switch Self.parse(body: body) {
@@ -96,7 +111,7 @@ package struct NotificationVerifier: Sendable {
         // classic confusion), `RS512`, anything but RS256 is refused.
         guard token.algorithm == "RS256" else { return .rejected(.algorithmNotAllowed) }
         guard let keyID = token.keyID, !keyID.isEmpty else { return .rejected(.unknownKey) }
-        guard let key = keys.cachedKey(keyID) else { return .needsKey(keyID) }
+        guard let key = lookup(keyID) else { return .needsKey(keyID) }
         return .verifiedOrRejected(check(token, jws: jwsText, key: key))
     }
 

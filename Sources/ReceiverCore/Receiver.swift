@@ -45,7 +45,7 @@ package final class Receiver: Sendable {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
                 threadCount: configuration.httpThreads, connectionLimit: configuration.connectionLimit,
-                connectionTimeout: .seconds(10), maxBodyBytes: 64 * 1024),
+                connectionTimeout: .seconds(configuration.connectionTimeout), maxBodyBytes: 64 * 1024),
             handler: handler, logger: logger)
     }
 

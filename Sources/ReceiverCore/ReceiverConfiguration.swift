@@ -7,7 +7,7 @@ package struct ReceiverConfiguration: Sendable {
     package static let variables = [
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
-        "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_JWKS_REFETCH_INTERVAL",
+        "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_RECEIVER_CONNECTION_TIMEOUT", "SIWA_JWKS_REFETCH_INTERVAL",
     ]
 
     package var databaseURL: String
@@ -21,6 +21,8 @@ package struct ReceiverConfiguration: Sendable {
     package var databaseConnections: Int
     package var maxPending: Int
     package var connectionLimit: Int
+    /// Seconds a connection may stay idle (no bytes either way) before it is closed.
+    package var connectionTimeout: Int
     /// Least time between two fetches of Apple's keys caused by unknown kids (seconds).
     package var keyRefetchInterval: Int
 
@@ -44,6 +46,7 @@ package struct ReceiverConfiguration: Sendable {
         databaseConnections = try source.integer("SIWA_RECEIVER_DB_CONNECTIONS", default: 4, range: 1...64)
         maxPending = try source.integer("SIWA_RECEIVER_MAX_PENDING", default: 4096, range: 1...1_000_000)
         connectionLimit = try source.integer("SIWA_RECEIVER_CONNECTION_LIMIT", default: 2048, range: 1...100_000)
+        connectionTimeout = try source.integer("SIWA_RECEIVER_CONNECTION_TIMEOUT", default: 10, range: 1...3600)
         keyRefetchInterval = try source.integer("SIWA_JWKS_REFETCH_INTERVAL", default: 10, range: 1...3600)
     }
 }

@@ -34,7 +34,11 @@ final class ServiceProcess: @unchecked Sendable {
         process.executableURL = try Self.executable(name)
         process.arguments = arguments
         // A clean environment: only what the test says, plus PATH.
-        process.environment = environment.merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
+        // Sanitizer settings pass through, so deploy/sanitize.sh sees reports from the children too.
+        let inherited = ProcessInfo.processInfo.environment.filter { ["TSAN_OPTIONS", "ASAN_OPTIONS"].contains($0.key) }
+        process.environment = environment
+            .merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
+            .merging(inherited) { a, _ in a }
         process.standardOutput = FileHandle(forWritingAtPath: logPath)
         process.standardError = FileHandle(forWritingAtPath: logPath)
         process.standardInput = FileHandle.nullDevice

@@ -1,0 +1,121 @@
+import CryptoCore
+import FakeApple
+import Foundation
+import Logging
+import Postgres
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// A fake Apple on 127.0.0.1 checking our client_secret against a fresh `.p8`, and the environment
+/// that makes a real `siwa-worker` process call it (exchange, revoke).
+final class FakeAppleForWorkers: Sendable {
+    static let clientID = "com.example.app"
+    static let teamID = "TEAM123456"
+
+    let fake: FakeApple
+    let keyDirectory: URL
+    let environment: [String: String]
+
+    /// `hang`: how long an injected `timeout` holds the request (past the worker's 10 s Apple timeout).
+    init(hang: Duration = .seconds(12)) throws {
+        let p8 = try P256.Signing.PrivateKey.generate()
+        keyDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-fault-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: keyDirectory, withIntermediateDirectories: true)
+        let keyPath = keyDirectory.appendingPathComponent("AuthKey_TESTKEY.p8").path
+        try p8.pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
+        fake = try FakeApple(
+            configuration: .init(verifyKey: p8.publicKey, teamID: Self.teamID, hangDuration: hang),
+            logger: Logger(label: "fake-apple", level: .warning))
+        try fake.start()
+        environment = [
+            "SIWA_APPLE_CALLS": "enabled", "SIWA_APPLE_BASE_URL": fake.baseURL.absoluteString,
+            "SIWA_TEAM_ID": Self.teamID, "SIWA_KEY_ID": "TESTKEY", "SIWA_PRIVATE_KEY_FILE": keyPath,
+            "SIWA_TOKEN_KEYS": "k1:\(Data(SecureRandom.bytes(count: 32)).base64EncodedString())",
+        ]
+    }
+
+    /// Stops the fake off the cooperative pool (stop blocks for its grace period).
+    func shutDown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                self.fake.stop()
+                continuation.resume()
+            }
+        }
+        try? FileManager.default.removeItem(at: keyDirectory)
+    }
+
+    /// Links `subs` the way an app does (`siwa.link_account` with a code from the fake) and waits
+    /// until a running worker has exchanged every code.
+    func link(_ subs: [String], prefix: String, on connection: PostgresConnection) async throws {
+        for sub in subs {
+            let code = fake.registerCode(clientID: Self.clientID, sub: sub, email: "\(sub)@privaterelay.appleid.com", isPrivateEmail: true)
+            _ = try await connection.query("SELECT siwa.link_account(\(Self.clientID), \(sub), \("user-" + sub), \(code))")
+        }
+        try await connection.waitFor(
+            "SELECT count(*) FROM siwa.accounts WHERE status = 'active' AND sub LIKE \(prefix + "%")", timeout: .seconds(30)
+        ) { $0 == subs.count }
+    }
+
+    /// Whether Apple saw a revoke for every refresh token issued to `sub`.
+    func everyTokenRevoked(_ sub: String) -> Bool {
+        let tokens = fake.refreshTokens(clientID: Self.clientID, sub: sub)
+        return !tokens.isEmpty && tokens.allSatisfy { fake.isRevoked(refreshToken: $0) == true }
+    }
+}
+
+/// Resident set size of a process in kB (`VmRSS` in /proc/PID/status), nil when unreadable.
+func residentKilobytes(_ pid: Int32) -> Int? {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+    for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    }
+    return nil
+}
+
+/// A URLSession allowing many connections at once (the shared `HTTP.session` caps at 64).
+enum WideHTTP {
+    static let session: URLSession = {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 30
+        configuration.httpMaximumConnectionsPerHost = 512
+        return URLSession(configuration: configuration)
+    }()
+
+    static func post(_ url: String, body: Data) async throws -> (status: Int, body: String) {
+        var request = URLRequest(url: URL(string: url)!)
+        request.httpMethod = "POST"
+        request.httpBody = body
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        let (data, response) = try await session.data(for: request)
+        return ((response as! HTTPURLResponse).statusCode, String(decoding: data, as: UTF8.self))
+    }
+}
+
+/// Runs `body` for each element with at most `width` in flight; results in input order.
+func concurrentMap<T: Sendable, R: Sendable>(
+    _ items: [T], width: Int, _ body: @escaping @Sendable (T) async throws -> R
+) async throws -> [R] {
+    try await withThrowingTaskGroup(of: (Int, R).self) { group in
+        var results = [R?](repeating: nil, count: items.count)
+        var next = 0
+        func add() {
+            guard next < items.count else { return }
+            let index = next
+            let item = items[index]
+            group.addTask { (index, try await body(item)) }
+            next += 1
+        }
+        for _ in 0..<min(width, items.count) { add() }
+        while let (index, result) = try await group.next() {
+            results[index] = result
+            add()
+        }
+        return results.map { $0! }
+    }
+}
