@@ -31,7 +31,11 @@ CREATE FUNCTION siwa.run_notification_batch(
     p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
     p_backoff_base double precision, p_backoff_cap double precision
 ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
+-- stale statistics would suggest.
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     ids bigint[];
     jtis text[];

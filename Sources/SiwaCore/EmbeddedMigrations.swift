@@ -228,7 +228,11 @@ extension Migration {
             -- every account row once per applied event; account_changes gets one row and one
             -- NOTIFY siwa_account_changes per applied effect, with the account's state after it.
             CREATE FUNCTION siwa.apply_notifications(p_jtis text[], p_job_ids bigint[]) RETURNS void
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql
+            -- Every statement here is driven by the batch's keys: nested loops over primary-key and account
+            -- index lookups, whatever stale statistics (a table analyzed empty, then filled) would suggest.
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            AS $$
             #variable_conflict use_column
             DECLARE
                 ev_jtis text[];
@@ -239,6 +243,10 @@ extension Migration {
                 round_subs text[];
                 erase_clients text[] := '{}';
                 erase_subs text[] := '{}';
+                round_email_clients text[];
+                round_email_subs text[];
+                email_clients text[] := '{}';
+                email_subs text[] := '{}';
             BEGIN
                 -- The unprocessed notifications, each ranked among its account's known-type events; an
                 -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
@@ -271,7 +279,7 @@ extension Migration {
                 FOR r IN 1 .. coalesce(rounds, 0) LOOP
                     WITH e AS (
                         SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
-                               n.is_private_email, a.status,
+                               n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                                siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                                          a.last_email_event_at, a.email_forwarding) AS outcome
                           FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
@@ -334,27 +342,29 @@ extension Migration {
                                    'change', c.change, 'status', c.status)::text)) AS sent
                           FROM c
                     )
-                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase)
-                      INTO round_clients, round_subs
+                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
+                           array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+                           array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
+                      INTO round_clients, round_subs, round_email_clients, round_email_subs
                       FROM n, told;
                     erase_clients := erase_clients || coalesce(round_clients, '{}');
                     erase_subs := erase_subs || coalesce(round_subs, '{}');
+                    email_clients := email_clients || coalesce(round_email_clients, '{}');
+                    email_subs := email_subs || coalesce(round_email_subs, '{}');
                 END LOOP;
 
                 -- Personal data does not outlive its purpose: the rest of a deleted account's notifications,
                 -- and the account's email (what the rounds did not already erase in their own writes).
                 IF cardinality(erase_clients) > 0 THEN
-                    WITH d AS (
-                        SELECT DISTINCT u.client_id, u.sub FROM unnest(erase_clients, erase_subs) AS u(client_id, sub)
-                    ), n AS (
-                        UPDATE siwa.notifications n
-                           SET email = NULL, jws = NULL, claims = n.claims - 'events'
-                          FROM d
-                         WHERE n.client_id = d.client_id AND n.sub = d.sub
-                           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
-                    )
+                    UPDATE siwa.notifications n
+                       SET email = NULL, jws = NULL, claims = n.claims - 'events'
+                      FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(erase_clients, erase_subs) AS u(client_id, sub)) d
+                     WHERE n.client_id = d.client_id AND n.sub = d.sub
+                       AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events');
+                END IF;
+                IF cardinality(email_clients) > 0 THEN
                     UPDATE siwa.accounts a SET email = NULL, is_private_email = NULL
-                      FROM d
+                      FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(email_clients, email_subs) AS u(client_id, sub)) d
                      WHERE a.client_id = d.client_id AND a.sub = d.sub AND a.email IS NOT NULL;
                 END IF;
             END
@@ -563,7 +573,11 @@ extension Migration {
                 p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
                 p_backoff_base double precision, p_backoff_cap double precision
             ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql
+            -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
+            -- stale statistics would suggest.
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            AS $$
             DECLARE
                 ids bigint[];
                 jtis text[];
