@@ -1,8 +1,8 @@
 """The procrastinate peer of deploy/bench/worker.sh: the same effect write as the raw peer (one
 UPDATE of a siwa.notifications row per job), run by procrastinate's worker.
 
-    PEER_DATABASE_URL=... python peer.py defer N        # queue N jobs (jti b1..bN)
-    PEER_DATABASE_URL=... procrastinate --app peer.app worker --concurrency C
+    PYTHONPATH=. PEER_DATABASE_URL=... python -c 'import peer; peer.defer(N)'   # N jobs, jti b1..bN
+    PYTHONPATH=. PEER_DATABASE_URL=... procrastinate --app peer.app worker --concurrency C
 """
 import os
 import sys
@@ -20,8 +20,7 @@ async def apply(context, jti: str) -> None:
     )
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["defer"]:
-    count = int(sys.argv[2])
+def defer(count: int) -> None:
     with app.open():
         for start in range(1, count + 1, 5000):
             apply.batch_defer(*({"jti": f"b{i}"} for i in range(start, min(start + 5000, count + 1))))
