@@ -155,7 +155,7 @@ procrastinate_setup() {
         --app peer.app schema --apply >"$tmp/peer.log" 2>&1) || { cat "$tmp/peer.log" >&2; return 1; }
 }
 procrastinate_run() {  # procrastinate_run PROCESSES -> jobs/s
-    psql -d peer -c "TRUNCATE siwa.notifications, siwa.jobs; TRUNCATE procrastinate_jobs CASCADE"
+    psql -d peer -c "SET client_min_messages = warning; TRUNCATE siwa.notifications, siwa.jobs; TRUNCATE procrastinate_jobs CASCADE"
     psql -d peer -c "INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
         SELECT 'b' || i, 'com.example.app', 'sub-' || i, 'email-enabled', now(), 'x@privaterelay.appleid.com', true, '{}'::jsonb, 'h.p.s'
           FROM generate_series(1, $peer_jobs) AS i"
