@@ -19,27 +19,31 @@ LANGUAGE sql VOLATILE AS $$
     SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
 $$;
 
--- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies each with
--- siwa.apply_notification and completes it, all in the caller's transaction. p_worker and
--- p_lease_seconds are unused: the row lock is the lease (kept in the signature for callers).
--- p_isolate = false: no subtransactions (fast path; any error aborts the whole batch, the caller
--- retries with p_isolate = true). p_isolate = true: each job in its own subtransaction; a job
--- that raises is failed with backoff (or discarded at max_attempts) and the rest commit.
--- Returns one row per claimed job.
+-- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
+-- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
+-- the lease (kept in the signature for callers).
+-- p_isolate = false: the whole batch with siwa.apply_notifications, set-based, no subtransactions
+-- (fast path; any error aborts the whole batch, the caller retries with p_isolate = true).
+-- p_isolate = true: each job with siwa.apply_notification in its own subtransaction, in
+-- event_time order; a job that raises is failed with backoff (or discarded at max_attempts) and
+-- the rest commit. Returns one row per claimed job.
 CREATE FUNCTION siwa.run_notification_batch(
     p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
     p_backoff_base double precision, p_backoff_cap double precision
 ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
+-- stale statistics would suggest.
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
 DECLARE
     ids bigint[];
     jtis text[];
     attempts integer[];
     done_ids bigint[] := '{}';
     done_attempts integer[] := '{}';
-    done_outcomes text[] := '{}';
-    i integer;
-    result text;
+    done_jtis text[] := '{}';
+    job record;
     message text;
     final_state text;
 BEGIN
@@ -59,10 +63,15 @@ BEGIN
         RETURN;
     END IF;
 
-    FOR i IN 1 .. array_length(ids, 1) LOOP
-        IF p_isolate THEN
+    IF p_isolate THEN
+        FOR job IN
+            SELECT u.id, u.jti, u.attempt
+              FROM unnest(ids, jtis, attempts) WITH ORDINALITY AS u(id, jti, attempt, ord)
+              LEFT JOIN siwa.notifications n ON n.jti = u.jti
+             ORDER BY n.event_time, u.ord
+        LOOP
             BEGIN
-                result := siwa.apply_notification(jtis[i], ids[i]);
+                PERFORM siwa.apply_notification(job.jti, job.id);
             EXCEPTION WHEN OTHERS THEN
                 message := SQLERRM;
                 UPDATE siwa.jobs j
@@ -74,36 +83,42 @@ BEGIN
                        finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
                                            THEN now() END,
                        attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
-                 WHERE j.id = ids[i] AND j.state = 'available' AND j.attempt = attempts[i]
+                 WHERE j.id = job.id AND j.state = 'available' AND j.attempt = job.attempt
                 RETURNING j.state INTO final_state;
-                job_id := ids[i]; jti := jtis[i]; outcome := NULL; error := message;
+                job_id := job.id; jti := job.jti; outcome := NULL; error := message;
                 state := coalesce(final_state, 'lost'); delay_seconds := NULL;
                 RETURN NEXT;
                 CONTINUE;
             END;
-        ELSE
-            result := siwa.apply_notification(jtis[i], ids[i]);
-        END IF;
-        done_ids := done_ids || ids[i];
-        done_attempts := done_attempts || attempts[i];
-        done_outcomes := done_outcomes || result;
-    END LOOP;
+            done_ids := done_ids || job.id;
+            done_attempts := done_attempts || job.attempt;
+            done_jtis := done_jtis || job.jti;
+        END LOOP;
+    ELSE
+        PERFORM siwa.apply_notifications(jtis, ids);
+        done_ids := ids;
+        done_attempts := attempts;
+        done_jtis := jtis;
+    END IF;
 
-    -- Completion, fenced by the row lock and by state and attempt as read at the claim.
+    -- Completion, fenced by the row lock and by state and attempt as read at the claim. The
+    -- outcome is the one recorded on the notification (`missing`: pruned before it ran).
     RETURN QUERY
     WITH d AS (
-        SELECT * FROM unnest(done_ids, done_attempts, done_outcomes) AS d(id, attempt, outcome)
+        SELECT u.id, u.attempt, coalesce(n.outcome, 'missing') AS outcome, n.received_at
+          FROM unnest(done_ids, done_attempts, done_jtis) AS u(id, attempt, jti)
+          LEFT JOIN siwa.notifications n ON n.jti = u.jti
     ), completed AS (
         UPDATE siwa.jobs j
            SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
                locked_by = NULL, locked_until = NULL
           FROM d
          WHERE j.id = d.id AND j.state = 'available' AND j.attempt = d.attempt
-        RETURNING j.id, j.notification_jti, d.outcome
+        RETURNING j.id, j.notification_jti, d.outcome, d.received_at
     )
     SELECT c.id, c.notification_jti, c.outcome, NULL::text, 'completed'::text,
-           extract(epoch FROM clock_timestamp() - n.received_at)::double precision
-      FROM completed c LEFT JOIN siwa.notifications n ON n.jti = c.notification_jti;
+           extract(epoch FROM clock_timestamp() - c.received_at)::double precision
+      FROM completed c;
 END
 $$;
 

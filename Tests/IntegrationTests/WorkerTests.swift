@@ -228,6 +228,64 @@ struct JobQueueLibrary {
         }
     }
 
+    /// One batch holding several events of one account, queued out of event_time order: the
+    /// set-based fast path and the per-job fallback both apply them in event_time order, and a
+    /// deletion in the middle of the batch erases the account's personal data.
+    @Test(arguments: [false, true])
+    func oneBatchAppliesAnAccountsEventsInEventTimeOrder(isolate: Bool) async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 1, logger: TestDatabase.logger)
+            defer { pool.close() }
+            func queue(_ jti: String, _ sub: String, _ type: String, second: Int) async throws {
+                _ = try await database.queueNotifications(
+                    1, prefix: jti, sub: sub, types: [type],
+                    eventTime: "timestamptz '2026-01-01 00:00:00+00' + interval '\(second) s'", on: connection)
+            }
+            // Jobs in this (claim) order; event times say otherwise.
+            try await queue("late-disabled-", "erin", "email-disabled", second: 3)
+            try await queue("early-enabled-", "erin", "email-enabled", second: 1)
+            try await queue("second-enabled-", "erin", "email-enabled", second: 2)
+            try await queue("deleted-", "frank", "account-deleted", second: 5)
+            try await queue("before-delete-", "frank", "email-enabled", second: 4)
+            try await queue("after-delete-", "frank", "email-disabled", second: 6)
+            try await queue("mystery-", "frank", "something-new", second: 7)
+            let results = try await pool.withConnection { connection in
+                try await JobQueue.runNotificationBatch(
+                    on: connection, worker: "w", limit: 50, lease: .seconds(60),
+                    policy: RetryPolicy(base: .seconds(1), cap: .seconds(1)), isolate: isolate)
+            }
+            #expect(results.count == 7)
+            #expect(results.allSatisfy { $0.state == "completed" })
+            let outcomes = Dictionary(uniqueKeysWithValues: results.map { ($0.jti ?? "", $0.outcome ?? "") })
+            #expect(outcomes == [
+                "early-enabled-1": "applied", "second-enabled-1": "applied", "late-disabled-1": "applied",
+                "before-delete-1": "applied", "deleted-1": "applied", "after-delete-1": "ignored_account_deleted",
+                "mystery-1": "ignored_unknown_type",
+            ])
+            let changes = try await connection.query(
+                "SELECT sub, change, status FROM siwa.account_changes ORDER BY id"
+            ).map { "\(try $0.decode(String.self, at: 0)) \(try $0.decode(String.self, at: 1)) \(try $0.decode(String.self, at: 2))" }
+            #expect(changes.filter { $0.hasPrefix("erin") } == [
+                "erin email_enabled active", "erin email_enabled active", "erin email_disabled active",
+            ])
+            #expect(changes.filter { $0.hasPrefix("frank") } == [
+                "frank email_enabled active", "frank apple_account_deleted apple_account_deleted",
+            ])
+            let erin = try await connection.query(
+                "SELECT email_forwarding, last_email_event_at = timestamptz '2026-01-01 00:00:03+00' FROM siwa.accounts WHERE sub = 'erin'")
+            #expect(try erin.first?.decode(String.self, at: 0) == "disabled")
+            #expect(try erin.first?.decode(Bool.self, at: 1) == true)
+            // frank's personal data is gone, from the account and from every notification.
+            #expect(try await connection.int(
+                "SELECT count(*) FROM siwa.accounts WHERE sub = 'frank' AND email IS NULL AND status = 'apple_account_deleted'") == 1)
+            #expect(try await connection.int(
+                "SELECT count(*) FROM siwa.notifications WHERE sub = 'frank' AND (email IS NOT NULL OR jws IS NOT NULL)") == 0)
+            #expect(try await connection.int("SELECT count(*) FROM siwa.notifications WHERE sub = 'erin' AND jws IS NULL") == 0)
+        }
+    }
+
     @Test func claimStaysAnIndexScanAfterTheTableWasAnalyzedEmpty() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
