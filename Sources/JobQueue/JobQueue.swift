@@ -1,4 +1,4 @@
-package import Foundation
+import Foundation
 package import Postgres
 
 /// Every statement the worker and the CLI run against `siwa.jobs`, in one place.
@@ -213,112 +213,7 @@ package struct JobQueue: Sendable {
         }
     }
 
-    // MARK: Operator actions (`siwa jobs …`)
-
-    /// Makes a discarded, cancelled or scheduled job due now, with a fresh failure budget (its
-    /// error history stays). Returns false when no such job is in one of those states.
-    package func retry(id: Int64) async throws -> Bool {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET \(unsafeSQL: Self.retrySet)
-                 WHERE id = \(id) AND state IN ('discarded', 'cancelled', 'available')
-                """) == 1
-        }
-    }
-
-    /// `retry(id:)` for every discarded job of an account (all client IDs when `clientID` is nil).
-    package func retry(sub: String, clientID: String? = nil) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET \(unsafeSQL: Self.retrySet)
-                 WHERE sub = \(sub) AND (\(clientID)::text IS NULL OR client_id = \(clientID)::text)
-                   AND state = 'discarded'
-                """)
-        }
-    }
-
-    static let retrySet = """
-        state = 'available', run_at = now(), finalized_at = NULL, locked_by = NULL, locked_until = NULL,
-        max_attempts = least(2147483647, jsonb_array_length(errors)::bigint + max_attempts)::integer
-        """
-
-    /// Cancels a job that is not running or finished. Returns false otherwise.
-    package func cancel(id: Int64) async throws -> Bool {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET state = 'cancelled', finalized_at = now()
-                 WHERE id = \(id) AND state IN ('available', 'discarded')
-                """) == 1
-        }
-    }
-
-    /// A job as operators see it: never its `args` (an exchange's holds an authorization code).
-    package struct Summary: Sendable, Equatable {
-        package var id: Int64
-        package var kind: String
-        package var state: String
-        package var clientID: String
-        package var sub: String
-        package var notificationJTI: String?
-        package var attempt: Int
-        package var maxAttempts: Int
-        package var errorCount: Int
-        package var lastError: String?
-        package var outcome: String?
-        package var runAt: Date
-        package var createdAt: Date
-        package var finalizedAt: Date?
-    }
-
-    /// Newest first. Every filter is optional.
-    package func list(
-        state: String? = nil, kind: JobKind? = nil, sub: String? = nil, clientID: String? = nil, limit: Int = 50
-    ) async throws -> [Summary] {
-        let rows = try await pool.withConnection { connection in
-            try await connection.query(
-                """
-                SELECT id, kind, state, client_id, sub, notification_jti, attempt, max_attempts,
-                       jsonb_array_length(errors) AS error_count, errors -> -1 ->> 'error' AS last_error,
-                       outcome, run_at, created_at, finalized_at
-                  FROM siwa.jobs
-                 WHERE (\(state)::text IS NULL OR state = \(state)::text)
-                   AND (\(kind?.rawValue)::text IS NULL OR kind = \(kind?.rawValue)::text)
-                   AND (\(sub)::text IS NULL OR sub = \(sub)::text)
-                   AND (\(clientID)::text IS NULL OR client_id = \(clientID)::text)
-                 ORDER BY id DESC
-                 LIMIT \(limit)
-                """)
-        }
-        return try rows.map { row in
-            Summary(
-                id: try row.decode(Int64.self, column: "id"), kind: try row.decode(String.self, column: "kind"),
-                state: try row.decode(String.self, column: "state"),
-                clientID: try row.decode(String.self, column: "client_id"), sub: try row.decode(String.self, column: "sub"),
-                notificationJTI: try row.decode(String?.self, column: "notification_jti"),
-                attempt: try row.decode(Int.self, column: "attempt"),
-                maxAttempts: try row.decode(Int.self, column: "max_attempts"),
-                errorCount: try row.decode(Int.self, column: "error_count"),
-                lastError: try row.decode(String?.self, column: "last_error"),
-                outcome: try row.decode(String?.self, column: "outcome"), runAt: try row.decode(Date.self, column: "run_at"),
-                createdAt: try row.decode(Date.self, column: "created_at"),
-                finalizedAt: try row.decode(Date?.self, column: "finalized_at"))
-        }
-    }
-
-    /// Jobs per state and kind (for `siwa status` and the queue-depth gauge).
-    package func counts() async throws -> [(state: String, kind: String, count: Int)] {
-        let rows = try await pool.withConnection { connection in
-            try await connection.query(
-                "SELECT state, kind, count(*) AS n FROM siwa.jobs WHERE state IN ('available', 'running', 'discarded') GROUP BY 1, 2")
-        }
-        return try rows.map {
-            (try $0.decode(String.self, column: "state"), try $0.decode(String.self, column: "kind"),
-             try $0.decode(Int.self, column: "n"))
-        }
-    }
+    // Operator actions (list, retry, cancel) are JobAdministration's: they run by hand, never hold a lease.
 
     // MARK: Retention
 

@@ -207,24 +207,26 @@ struct JobQueueLibrary {
             job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
             #expect(job.errorCount == 1)
             #expect(try await queue.apply(JobLifecycle.decide(.failed(error: "503 again"), job: job, policy: policy), to: job))
-            var listed = try await queue.list(state: "discarded")
+            // What an operator does next: `siwa jobs list/retry/cancel` (JobAdministration).
+            let admin = JobAdministration(connection: connection)
+            var listed = try await admin.list(.init(state: "discarded"))
             #expect(listed.count == 1)
             #expect(listed.first?.lastError == "503 again")
             #expect(listed.first?.errorCount == 2)
 
-            #expect(try await queue.retry(id: listed[0].id))
-            listed = try await queue.list(sub: "dave")
+            #expect(try await admin.retry(.id(listed[0].id)) == [listed[0].id])
+            listed = try await admin.list(.init(sub: "dave"))
             #expect(listed.first?.state == "available")
-            #expect(listed.first?.maxAttempts == 4)  // a fresh budget on top of the recorded errors
-            #expect(try await queue.retry(id: 999_999) == false)
+            #expect(listed.first?.maxAttempts == 3)  // one more try on top of the recorded errors
+            #expect(try await admin.retry(.id(999_999)) == [])
 
-            // retry(sub:) brings back every discarded job of the account.
+            // retry by sub brings back every discarded job of the account.
             job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
             #expect(try await queue.apply(.discard(error: "bad code"), to: job))
-            #expect(try await queue.retry(sub: "dave", clientID: "com.example.app") == 1)
-            #expect(try await queue.retry(sub: "nobody") == 0)
-            #expect(try await queue.cancel(id: job.id))
-            #expect(try await queue.list(state: "cancelled").count == 1)
+            #expect(try await admin.retry(.sub("dave")) == [job.id])
+            #expect(try await admin.retry(.sub("nobody")) == [])
+            #expect(try await admin.cancel(.id(job.id), force: false).cancelled == [job.id])
+            #expect(try await admin.list(.init(state: "cancelled")).count == 1)
         }
     }
 
