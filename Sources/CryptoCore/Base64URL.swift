@@ -47,7 +47,12 @@ package enum Base64URL {
 
     /// Returns nil for any input that is not canonical unpadded base64url.
     package static func decode(_ text: some StringProtocol) -> [UInt8]? {
-        let characters = text.utf8
+        decode(bytes: ArraySlice(text.utf8))
+    }
+
+    /// `decode(_:)` over bytes: a concrete type, so the hot loop is compiled for it (a generic
+    /// across modules runs unspecialised, an order of magnitude slower).
+    package static func decode(bytes characters: ArraySlice<UInt8>) -> [UInt8]? {
         if characters.count % 4 == 1 { return nil }
         var output: [UInt8] = []
         output.reserveCapacity(characters.count * 3 / 4)

@@ -26,21 +26,35 @@ package struct CompactJWS: Sendable {
     package let signingInput: [UInt8]
 
     /// Parses `compact`. Throws `JOSEError` with code `.malformed`.
-    package init(_ compact: some StringProtocol) throws {
-        let text = String(compact)
-        guard text.utf8.count <= Self.maximumLength else { throw JOSEError.malformed("token too long") }
-        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3 else { throw JOSEError.malformed("expected three dot-separated parts") }
-        guard let header = Base64URL.decode(parts[0]) else { throw JOSEError.malformed("header is not base64url") }
-        guard let payload = Base64URL.decode(parts[1]) else { throw JOSEError.malformed("payload is not base64url") }
-        guard let signature = Base64URL.decode(parts[2]) else {
+    /// - Parameter checkPayloadIsJSONObject: false when the caller parses the payload itself right
+    ///   after (the receiver does), so it is not parsed twice.
+    package init(_ compact: some StringProtocol, checkPayloadIsJSONObject: Bool = true) throws {
+        // Work on the UTF-8 bytes: splitting a String by Character is far slower, and every byte
+        // of a valid token is ASCII anyway.
+        let bytes = Array(compact.utf8)
+        guard bytes.count <= Self.maximumLength else { throw JOSEError.malformed("token too long") }
+        guard let firstDot = bytes.firstIndex(of: UInt8(ascii: ".")),
+            let secondDot = bytes[(firstDot + 1)...].firstIndex(of: UInt8(ascii: ".")),
+            !bytes[(secondDot + 1)...].contains(UInt8(ascii: "."))
+        else { throw JOSEError.malformed("expected three dot-separated parts") }
+        guard let header = Base64URL.decode(bytes: bytes[..<firstDot]) else {
+            throw JOSEError.malformed("header is not base64url")
+        }
+        guard let payload = Base64URL.decode(bytes: bytes[(firstDot + 1)..<secondDot]) else {
+            throw JOSEError.malformed("payload is not base64url")
+        }
+        guard let signature = Base64URL.decode(bytes: bytes[(secondDot + 1)...]) else {
             throw JOSEError.malformed("signature is not base64url")
         }
 
         guard let headerObject = Self.jsonObject(header) else {
             throw JOSEError.malformed("header is not a JSON object")
         }
-        guard Self.jsonObject(payload) != nil else { throw JOSEError.malformed("payload is not a JSON object") }
+        if checkPayloadIsJSONObject {
+            guard Self.jsonObject(payload) != nil else { throw JOSEError.malformed("payload is not a JSON object") }
+        } else {
+            guard !payload.isEmpty else { throw JOSEError.malformed("payload is empty") }
+        }
 
         self.algorithm = try Self.optionalString(headerObject, "alg")
         self.keyID = try Self.optionalString(headerObject, "kid")
@@ -49,10 +63,9 @@ package struct CompactJWS: Sendable {
         self.headerBytes = header
         self.payloadBytes = payload
         self.signatureBytes = signature
-        self.signingInput = Array(parts[0].utf8) + [UInt8(ascii: ".")] + Array(parts[1].utf8)
+        self.signingInput = Array(bytes[..<secondDot])
     }
 
-    /// Decodes the payload (the claims) as `T`. Only meaningful after verification.
     package func decodePayload<T: Decodable>(as type: T.Type) throws -> T {
         try JSONDecoder().decode(T.self, from: Data(payloadBytes))
     }

@@ -58,6 +58,9 @@ package final class NotificationStore: Sendable {
     private let metrics: Metrics?
     private let state = Mutex(State())
     private let wakeUp = NSCondition()
+    /// Committers waiting on `wakeUp`. A submit signals only when one is waiting: a busy committer
+    /// takes the new item with its next batch, and a futex wake per request is not free.
+    private let idleCommitters = Atomic<Int>(0)
     private let stopped = Atomic<Int>(0)
     private let threadsDone = DispatchSemaphore(value: 0)
 
@@ -120,9 +123,13 @@ package final class NotificationStore: Sendable {
             respond(.rejected(refusal))
             return
         }
-        wakeUp.lock()
-        wakeUp.signal()
-        wakeUp.unlock()
+        // A committer counts itself idle before it looks at the queue, so either it sees this item
+        // or we see it waiting (and wait for the lock it holds until it sleeps).
+        if idleCommitters.load(ordering: .sequentiallyConsistent) > 0 {
+            wakeUp.lock()
+            wakeUp.signal()
+            wakeUp.unlock()
+        }
     }
 
     /// Counts a rejected request for `siwa status` (flushed to `siwa.rejections` by a committer).
@@ -163,7 +170,11 @@ package final class NotificationStore: Sendable {
     /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.
     private func nextBatch() -> [Pending]? {
         wakeUp.lock()
-        defer { wakeUp.unlock() }
+        idleCommitters.add(1, ordering: .sequentiallyConsistent)
+        defer {
+            idleCommitters.subtract(1, ordering: .sequentiallyConsistent)
+            wakeUp.unlock()
+        }
         while true {
             let (batch, running) = state.withLock { state -> ([Pending], Bool) in
                 let count = min(state.queue.count, options.maxBatch)
@@ -203,7 +214,7 @@ package final class NotificationStore: Sendable {
             columns[1].append(verified.clientID)
             columns[2].append(event.sub)
             columns[3].append(event.type.rawValue)
-            columns[4].append(String(format: "%.3f", event.time.timeIntervalSince1970))
+            columns[4].append(String(Int64((event.time.timeIntervalSince1970 * 1000).rounded())))  // milliseconds
             columns[5].append(event.email ?? "")
             columns[6].append(event.isPrivateEmail.map { $0 ? "t" : "f" } ?? "")
             columns[7].append(verified.claimsJSON)
@@ -212,7 +223,7 @@ package final class NotificationStore: Sendable {
         return """
             INSERT INTO siwa.notifications
                 (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-            SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8), nullif(email, ''),
+            SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8 / 1000), nullif(email, ''),
                    nullif(private, '')::boolean, claims::jsonb, jws
               FROM unnest(\(columns[0])::text[], \(columns[1])::text[], \(columns[2])::text[], \(columns[3])::text[],
                           \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[], \(columns[7])::text[],

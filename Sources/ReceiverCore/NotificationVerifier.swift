@@ -142,7 +142,10 @@ package struct NotificationVerifier: Sendable {
             guard let value = object["payload"] as? String else { return .failure(.payloadMissing) }
             payload = value
         }
-        guard let token = try? CompactJWS(payload) else { return .failure(.jwsMalformed) }
+        // The claims are parsed once, by AppleNotification, after the signature checks out.
+        guard let token = try? CompactJWS(payload, checkPayloadIsJSONObject: false) else {
+            return .failure(.jwsMalformed)
+        }
         return .success((token, payload))
     }
 

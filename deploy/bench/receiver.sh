@@ -65,6 +65,11 @@ cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/st
 declare -A rps p50 p99 non2xx pg_tps cpu_us
 for c in 16 64; do
   cpu_before=$(cpu_s "$receiver_pid")
+  # PROFILE=1: sample the receiver's CPU (software clock) during the 64-connection run.
+  if [[ "${PROFILE:-0}" == 1 && $c == 64 ]]; then
+    perf record -e cpu-clock -F 2000 -g -p "$receiver_pid" -o "${PROFILE_OUT:-/tmp/siwa-receiver.perf}" \
+      -- sleep "$DURATION" >/dev/null 2>&1 &
+  fi
   BODIES_FILE="$work/bodies$c.txt" WRK_THREADS=2 wrk -t2 -c"$c" -d"${DURATION}s" --latency \
     -s deploy/bench/post-bodies.lua "$url" >"$work/wrk$c.txt" 2>&1
   line=$(grep '^RESULT' "$work/wrk$c.txt")
