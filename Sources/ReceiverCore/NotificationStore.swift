@@ -22,7 +22,7 @@ package final class NotificationStore: Sendable {
     }
 
     package struct Options: Sendable {
-        package var committers: Int = 4
+        package var committers: Int = 1
         package var maxBatch: Int = 256
         /// Requests waiting for a commit beyond this are shed with 503 rather than queued without bound.
         package var maxPending: Int = 4096
