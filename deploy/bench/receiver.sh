@@ -8,12 +8,12 @@
 #  5. runs the Python peer (deploy/bench/python-peer: uvicorn + PyJWT + psycopg pool, from PyPI into
 #     a cached virtualenv) at 64 connections against the same database,
 #  6. prints requests/s, p50/p99, non-2xx, rows stored, resident memory and the ratio.
-# Usage: deploy/bench/receiver.sh [N=40000] [SECONDS=8]
+# Usage: deploy/bench/receiver.sh [N=100000] [SECONDS=6]  (N per run; enough that no request repeats)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
-N=${1:-40000}
-DURATION=${2:-8}
+N=${1:-100000}
+DURATION=${2:-6}
 
 deploy/scripts/install-deps.sh wrk >/dev/null
 echo "==> building (release)"
@@ -62,7 +62,7 @@ url="http://127.0.0.1:$port/apple/notifications"
 rss_mb() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 # CPU seconds (user + system) a process has used so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
-declare -A rps p50 p99 non2xx pg_tps cpu_us
+declare -A rps p50 p99 non2xx pg_tps cpu_us requests_at
 for c in 16 64; do
   cpu_before=$(cpu_s "$receiver_pid")
   # PROFILE=1: sample the receiver's CPU (software clock) during the 64-connection run.
@@ -78,6 +78,7 @@ for c in 16 64; do
   p99[$c]=$(sed 's/.*p99_ms=\([0-9.]*\).*/\1/' <<<"$line")
   non2xx[$c]=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$line")
   requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$line")
+  requests_at[$c]=$requests
   cpu_us[$c]=$(python3 -c "print(round(($(cpu_s "$receiver_pid") - $cpu_before) * 1e6 / max(1, $requests)))")
 done
 receiver_rss=$(rss_mb "$receiver_pid")
@@ -129,6 +130,10 @@ for c in 16 64; do
     "${cpu_us[$c]}" "${pg_tps[$c]}" "$ratio" "ratio >= 0.80; p99 <= 20 ms at 64"
 done
 printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
+for c in 16 64; do
+  printf 'run at %s connections: %s requests for %s distinct notifications (beyond that, redeliveries: 200, no insert)\n' \
+    "$c" "${requests_at[$c]}" "$N"
+done
 printf 'receiver resident memory after the runs: %s MB (target <= 64 MB)\n' "$receiver_rss"
 printf 'python peer at 64 connections (uvicorn x2 + PyJWT + psycopg pool): %s r/s, p99 %s ms, non2xx %s\n' "$py_rps" "$py_p99" "$py_non2xx"
 printf 'receiver / python at 64 connections: %sx (target >= 5x)\n' "$(python3 -c "print(f'{${rps[64]} / $py_rps:.1f}')")"
