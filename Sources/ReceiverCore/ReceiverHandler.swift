@@ -3,6 +3,7 @@ import Foundation
 package import HTTPServer
 package import Logging
 package import SiwaCore
+import Synchronization
 
 /// Routes the receiver's one listener: the notification POST, `/healthz`, `/readyz`, `/metrics`.
 /// Every answer the contract names is decided here, in one place.
@@ -75,47 +76,75 @@ package struct ReceiverHandler: HTTPHandler {
 
     private func receive(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
         received.increment()
+        let requestID = RequestID.next()
         let started = ContinuousClock.now
         switch verifier.verifyCached(body: request.body) {
         case .verified(let verified):
             verifySeconds.observe((ContinuousClock.now - started).seconds)
-            commit(verified, respond: respond)
+            commit(verified, requestID: requestID, respond: respond)
         case .rejected(let rejection):
-            respond(reject(rejection))
+            respond(reject(rejection, requestID: requestID))
         case .needsKey:
             // An unseen kid: fetch Apple's keys off the server's threads, then carry on.
             Task { [self] in
                 switch await verifier.verify(body: request.body) {
-                case .success(let verified): commit(verified, respond: respond)
-                case .failure(let rejection): respond(reject(rejection))
+                case .success(let verified): commit(verified, requestID: requestID, respond: respond)
+                case .failure(let rejection): respond(reject(rejection, requestID: requestID))
                 }
             }
         }
     }
 
-    private func commit(_ verified: VerifiedNotification, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+    private func commit(
+        _ verified: VerifiedNotification, requestID: String, respond: @escaping @Sendable (HTTPResponse) -> Void
+    ) {
         let responses = responses
         store.submit(verified) { [self] outcome in
             switch outcome {
             case .stored:
                 responses["200 stored"]?.increment()
-                respond(.json(#"{"status":"stored"}"#))
+                logger.debug(
+                    "notification stored",
+                    metadata: [
+                        "request_id": .string(requestID), "jti": .string(verified.notification.jti),
+                        "client_id": .string(verified.clientID), "event": .string(verified.notification.event.type.rawValue),
+                    ])
+                var response = HTTPResponse.json(#"{"status":"stored"}"#)
+                response.headers.append(("X-Request-Id", requestID))
+                respond(response)
             case .rejected(let rejection):
-                respond(reject(rejection))
+                respond(reject(rejection, requestID: requestID))
             }
         }
     }
 
-    private func reject(_ rejection: Rejection, extraHeaders: [(name: String, value: String)] = []) -> HTTPResponse {
+    private func reject(
+        _ rejection: Rejection, requestID: String? = nil, extraHeaders: [(name: String, value: String)] = []
+    ) -> HTTPResponse {
         responses["\(rejection.status) \(rejection.code)"]?.increment()
         if rejection.status == 400 || rejection.status == 401 { store.countRejection(rejection) }
+        var metadata: Logger.Metadata = ["http.status": .int(rejection.status), "reason": .string(rejection.code)]
+        if let requestID { metadata["request_id"] = .string(requestID) }
         if rejection.status >= 500 {
-            logger.warning("notification refused", metadata: ["http.status": .int(rejection.status), "reason": .string(rejection.code)])
+            logger.warning("notification refused", metadata: metadata)
         } else {
-            logger.debug("notification refused", metadata: ["http.status": .int(rejection.status), "reason": .string(rejection.code)])
+            logger.debug("notification refused", metadata: metadata)
         }
         var response = HTTPResponse.json(status: rejection.status, #"{"error":"\#(rejection.code)"}"#)
         response.headers += extraHeaders
+        if let requestID { response.headers.append(("X-Request-Id", requestID)) }
         return response
+    }
+}
+
+/// Request IDs for logs and the `X-Request-Id` header: a per-process random prefix and a counter,
+/// unique across receivers without coordination and cheap enough for every request.
+enum RequestID {
+    private static let prefix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+    private static let counter = Atomic<UInt64>(0)
+
+    static func next() -> String {
+        let number = counter.wrappingAdd(1, ordering: .relaxed).newValue
+        return prefix + "-" + String(number, radix: 16)
     }
 }

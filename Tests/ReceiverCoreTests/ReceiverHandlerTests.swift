@@ -103,6 +103,9 @@ import Testing
         }
         let notJSON = await send("POST", "/apple/notifications", Array("x".utf8))
         #expect(notJSON.status == 400 && String(decoding: notJSON.body, as: UTF8.self) == #"{"error":"body_not_json"}"#)
+        // Every notification answer carries a request id, the same one the log lines carry.
+        let again = await send("POST", "/apple/notifications", Array("x".utf8))
+        #expect(notJSON.header("X-Request-Id") != nil && notJSON.header("X-Request-Id") != again.header("X-Request-Id"))
         #expect(await send("GET", "/apple/notifications").status == 405)
         #expect(await send("GET", "/apple/notifications").header("Allow") == "POST")
         #expect(await send("POST", "/other").status == 404)
@@ -112,7 +115,7 @@ import Testing
         let stored = await send("POST", "/apple/notifications", Self.body())
         #expect(stored.status == 503)
         let metrics = String(decoding: await send("GET", "/metrics").body, as: UTF8.self)
-        #expect(metrics.contains(#"siwa_receiver_requests_total{reason="body_not_json",status="400"} 1"#))
+        #expect(metrics.contains(#"siwa_receiver_requests_total{reason="body_not_json",status="400"} 2"#))
     }
 }
 

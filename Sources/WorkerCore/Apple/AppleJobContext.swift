@@ -57,10 +57,10 @@ package struct AppleJobContext: Sendable {
             }
             return .completedByHandler
         } catch is LeaseLost {
-            logger.warning("job lease lost before completion; effect rolled back", metadata: ["job.id": .string(String(job.id))])
+            logger.warning("job lease lost before completion; effect rolled back", metadata: ["job_id": .string(String(job.id))])
             return .completedByHandler
         } catch {
-            logger.warning("database error completing job", metadata: ["job.id": .string(String(job.id)), "error": "\(error)"])
+            logger.warning("database error completing job", metadata: ["job_id": .string(String(job.id)), "error": "\(error)"])
             return .failed(error: "database_error")
         }
     }
@@ -96,7 +96,7 @@ package struct AppleJobContext: Sendable {
         metrics?.configurationFaults.increment()
         logger.error(
             "Apple rejected the client credentials; calls for this client ID are paused. Check SIWA_TEAM_ID, SIWA_KEY_ID, SIWA_PRIVATE_KEY_FILE and the client ID",
-            metadata: ["client_id": .string(clientID), "apple.error": .string(error), "job.id": .string(String(job.id))])
+            metadata: ["client_id": .string(clientID), "apple.error": .string(error), "job_id": .string(String(job.id))])
         let interval = Int(pauseInterval.components.seconds)
         do {
             try await pool.withConnection { connection in
@@ -133,13 +133,13 @@ package struct AppleJobContext: Sendable {
         switch outcome {
         case .retryable(let reason):
             metrics?.retryableFailures.increment()
-            logger.warning("Apple call failed; will retry", metadata: ["job.id": .string(String(job.id)), "apple.reason": .string(reason)])
+            logger.warning("Apple call failed; will retry", metadata: ["job_id": .string(String(job.id)), "apple.reason": .string(reason)])
             return .failed(error: reason)
         case .rateLimited(let retryAfter):
             metrics?.rateLimited.increment()
             logger.warning(
                 "Apple rate-limited the call; will retry",
-                metadata: ["job.id": .string(String(job.id)), "apple.retry_after_s": .double(retryAfter.map { Double($0.components.seconds) } ?? -1)])
+                metadata: ["job_id": .string(String(job.id)), "apple.retry_after_s": .double(retryAfter.map { Double($0.components.seconds) } ?? -1)])
             return .failed(error: "rate_limited", retryAfter: retryAfter)
         default:
             return nil
@@ -153,5 +153,5 @@ extension Job {
         (try? JSONSerialization.jsonObject(with: Data(argumentsJSON.utf8))) as? [String: Any] ?? [:]
     }
 
-    var idMetadata: Logger.Metadata { ["job.id": .string(String(id)), "job.kind": .string(kind.rawValue), "client_id": .string(clientID)] }
+    var idMetadata: Logger.Metadata { ["job_id": .string(String(id)), "kind": .string(kind.rawValue), "client_id": .string(clientID)] }
 }

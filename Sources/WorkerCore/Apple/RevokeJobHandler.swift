@@ -82,7 +82,7 @@ package struct RevokeJobHandler: JobHandler {
         }
         if result == .completedByHandler {
             context.metrics?.deleted.increment()
-            logger.info("account deleted", metadata: ["job.outcome": .string(outcome)])
+            logger.info("account deleted", metadata: ["outcome": .string(outcome)])
         }
         return result
     }
