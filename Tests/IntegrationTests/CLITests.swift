@@ -224,29 +224,7 @@ enum Siwa {
     }
 
     /// `<repo>/.build/debug/siwa` (or the build folder holding this test bundle).
-    static func binary(_ name: String = "siwa") throws -> URL {
-        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent()
-        var candidates = [repository.appendingPathComponent(".build/debug/\(name)")]
-        if let bundle = Bundle.allBundles.first(where: { $0.bundlePath.hasSuffix(".xctest") }) {
-            candidates.insert(URL(fileURLWithPath: bundle.bundlePath).deletingLastPathComponent()
-                .appendingPathComponent(name), at: 0)
-        }
-        let executable = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        candidates.insert(executable.appendingPathComponent(name), at: 0)
-        guard let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0.path) }) else {
-            throw SiwaBinaryMissing(name: name, looked: candidates.map(\.path))
-        }
-        return found
-    }
-
-    struct SiwaBinaryMissing: Error, CustomStringConvertible {
-        var name: String
-        var looked: [String]
-        var description: String {
-            "the \(name) executable is not built (looked in \(looked.joined(separator: ", "))); run swift build first"
-        }
-    }
+    static func binary(_ name: String = "siwa") throws -> URL { try ServiceProcess.executable(name) }
 
     /// Runs with only `environment` (plus PATH and HOME), at most `timeout`.
     static func run(
@@ -256,9 +234,7 @@ enum Siwa {
         let process = Process()
         process.executableURL = try binary(executable)
         process.arguments = arguments
-        var base = ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]
-        base["HOME"] = ProcessInfo.processInfo.environment["HOME"]
-        process.environment = base.merging(environment) { $1 }
+        process.environment = ServiceProcess.childEnvironment(environment)
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cli-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -26,6 +26,15 @@ final class ServiceProcess: @unchecked Sendable {
         return url
     }
 
+    /// A clean environment: only what the test says, plus PATH and HOME. Sanitizer settings pass
+    /// through, so deploy/sanitize.sh sees reports from the children too.
+    static func childEnvironment(_ environment: [String: String]) -> [String: String] {
+        let inherited = ProcessInfo.processInfo.environment.filter {
+            ["PATH", "HOME", "TSAN_OPTIONS", "ASAN_OPTIONS"].contains($0.key)
+        }
+        return environment.merging(inherited) { own, _ in own }.merging(["PATH": "/usr/bin:/bin"]) { own, _ in own }
+    }
+
     init(_ name: String, arguments: [String] = [], environment: [String: String]) throws {
         self.name = name
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("\(name)-\(UUID().uuidString).log").path
@@ -33,12 +42,7 @@ final class ServiceProcess: @unchecked Sendable {
         process = Process()
         process.executableURL = try Self.executable(name)
         process.arguments = arguments
-        // A clean environment: only what the test says, plus PATH.
-        // Sanitizer settings pass through, so deploy/sanitize.sh sees reports from the children too.
-        let inherited = ProcessInfo.processInfo.environment.filter { ["TSAN_OPTIONS", "ASAN_OPTIONS"].contains($0.key) }
-        process.environment = environment
-            .merging(["PATH": ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"]) { a, _ in a }
-            .merging(inherited) { a, _ in a }
+        process.environment = Self.childEnvironment(environment)
         process.standardOutput = FileHandle(forWritingAtPath: logPath)
         process.standardError = FileHandle(forWritingAtPath: logPath)
         process.standardInput = FileHandle.nullDevice
