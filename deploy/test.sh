@@ -17,3 +17,16 @@ fi
 
 echo "==> testing"
 swift test --skip-build --disable-xctest "$@"
+
+# The deployment files and the database roles, checked for real (they print "N passed, N failed").
+# Skipped when the call narrows the Swift tests (arguments given).
+check() {  # check NAME SCRIPT: run it, show its summary line, or everything when it fails
+  local log
+  log=$(mktemp)
+  echo "==> checking $1 ($2)"
+  if bash "$2" >"$log" 2>&1; then tail -1 "$log"; else cat "$log"; return 1; fi
+}
+if [ $# -eq 0 ]; then
+  check "the database roles" deploy/check/roles-check.sh
+  check "the deployment files" deploy/check/deploy-check.sh
+fi
