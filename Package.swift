@@ -26,26 +26,27 @@ let package = Package(
 
         // Thin wrappers: the only code that sees a C pointer.
         .target(name: "Logging", swiftSettings: strict),
-        .target(name: "Postgres", dependencies: ["CLibpq", "Logging"], swiftSettings: strict),
+        .target(name: "Locking", swiftSettings: strict),
+        .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], swiftSettings: strict),
         .target(name: "CryptoCore", dependencies: ["COpenSSL"], swiftSettings: strict),
-        .target(name: "HTTPServer", dependencies: ["CMicroHTTPD", "Logging"], swiftSettings: strict),
+        .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
 
         // Building blocks.
         .target(name: "JOSE", dependencies: ["CryptoCore"], swiftSettings: strict),
-        .target(name: "LocalPostgres", dependencies: ["Logging"], swiftSettings: strict),
-        .target(name: "SiwaCore", dependencies: ["Logging", "Postgres", "JOSE"], swiftSettings: strict),
-        .target(name: "AppleClient", dependencies: ["JOSE", "CryptoCore", "Logging", "SiwaCore"], swiftSettings: strict),
+        .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
+        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "Postgres", "JOSE"], swiftSettings: strict),
+        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging", "SiwaCore"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
-                dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient"],
+                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient"],
                 swiftSettings: strict),
         .target(name: "WorkerCore",
-                dependencies: ["SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
+                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
                                "Logging", "AppleClient"],
                 swiftSettings: strict),
-        .target(name: "FakeApple", dependencies: ["JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
+        .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),
 
         // Executables: load configuration, run.
@@ -54,7 +55,7 @@ let package = Package(
         .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Logging"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
-                          dependencies: ["SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
+                          dependencies: ["Locking", "SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
                                          "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient"],
                           swiftSettings: strict),
 

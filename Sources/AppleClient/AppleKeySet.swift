@@ -3,7 +3,7 @@ import Foundation
 package import Logging
 import JOSE
 package import SiwaCore
-import Synchronization
+import Locking
 
 /// Apple's signing keys (`{base}/auth/keys`), cached.
 ///
@@ -30,7 +30,7 @@ package final class AppleKeySet: Sendable {
     private let http: AppleHTTP
     private let logger: Logger
     private let minimumRefetchInterval: Duration
-    private let state = Mutex(State())
+    private let state = Locked(State())
     package let refreshes: Counter?
     package let refreshFailures: Counter?
 

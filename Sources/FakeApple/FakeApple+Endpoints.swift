@@ -2,7 +2,7 @@ import CryptoCore
 import Foundation
 import HTTPServer
 import JOSE
-import Synchronization
+import Locking
 
 extension FakeApple {
     /// `POST /auth/token`. Returns the response and whether the client_secret was valid.

@@ -5,7 +5,7 @@ import HTTPServer
 import SiwaCore
 package import JOSE
 package import Logging
-import Synchronization
+import Locking
 
 /// A local stand-in for Apple's Sign in with Apple endpoints, for tests and `siwa dev`. TEST ONLY:
 /// it publishes its private signing key at `GET /fake/signing-key` so `siwa simulate` can sign
@@ -58,9 +58,9 @@ package final class FakeApple: Sendable {
     /// The key notifications and id_tokens are signed with. TEST ONLY.
     package let signingKey: RSA.PrivateKey
     let foreignKey: RSA.PrivateKey
-    let state = Mutex(FakeAppleState())
+    let state = Locked(FakeAppleState())
     private let logger: Logger
-    private let server: Mutex<HTTPServer?> = Mutex(nil)
+    private let server: Locked<HTTPServer?> = Locked(nil)
 
     package init(configuration: Configuration = Configuration(), signingKey: RSA.PrivateKey? = nil, logger: Logger) throws {
         self.configuration = configuration

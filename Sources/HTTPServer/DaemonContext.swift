@@ -1,6 +1,7 @@
 internal import CMicroHTTPD
 import Logging
 import Synchronization
+import Locking
 
 /// What libmicrohttpd's callbacks need, passed to them as `cls` (retained from start until
 /// MHD_stop_daemon has returned). The callbacks are static members of this nonisolated type.
@@ -16,9 +17,9 @@ final class DaemonContext: Sendable {
     let rejectingRequests = Atomic<Bool>(false)
     /// Suspended requests, so that shutdown can answer the ones the handler never did
     /// (stopping the daemon with a suspended connection is an API violation).
-    private let suspended = Mutex<[ObjectIdentifier: RequestContext]>([:])
+    private let suspended = Locked<[ObjectIdentifier: RequestContext]>([:])
     /// The last message from libmicrohttpd's log, for start-up errors.
-    let lastDaemonMessage = Mutex<String?>(nil)
+    let lastDaemonMessage = Locked<String?>(nil)
 
     init(handler: any HTTPHandler, logger: Logger, maxBodyBytes: Int) {
         self.handler = handler

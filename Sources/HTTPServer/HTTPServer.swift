@@ -6,7 +6,7 @@ import Darwin
 internal import CMicroHTTPD
 import Dispatch
 package import Logging
-import Synchronization
+import Locking
 
 /// An HTTP/1.1 server over libmicrohttpd: an epoll thread pool, keep-alive, and limits
 /// (connections, per-IP connections, idle timeout, body size) enforced by the library.
@@ -65,7 +65,7 @@ package final class HTTPServer: Sendable {
     package let configuration: Configuration
     private let handler: any HTTPHandler
     private let logger: Logger
-    private let state = Mutex<Running?>(nil)
+    private let state = Locked<Running?>(nil)
 
     package init(configuration: Configuration, handler: any HTTPHandler, logger: Logger = Logger(label: "http-server")) {
         self.configuration = configuration

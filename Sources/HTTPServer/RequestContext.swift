@@ -1,5 +1,5 @@
 internal import CMicroHTTPD
-import Synchronization
+import Locking
 
 /// Per-request state, stored in libmicrohttpd's `con_cls` slot (retained there from the first
 /// access-handler call until the request-completed notification releases it).
@@ -28,7 +28,7 @@ final class RequestContext: @unchecked Sendable {
     var body: [UInt8] = []
     var bodyTooLarge = false
     var discardedBytes = 0
-    let phase = Mutex<Phase>(.receiving)
+    let phase = Locked<Phase>(.receiving)
 
     init(connection: OpaquePointer, daemon: DaemonContext) {
         self.connection = connection

@@ -1,5 +1,5 @@
 package import Logging
-internal import Synchronization
+import Locking
 
 #if canImport(Glibc)
     internal import Glibc
@@ -47,7 +47,7 @@ package final class LocalPostgresCluster: Sendable {
     package let options: Options
     private let user: String?
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private struct State {
         var running = false

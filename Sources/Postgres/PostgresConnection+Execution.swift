@@ -1,7 +1,7 @@
 internal import CLibpq
 internal import Dispatch
 internal import Logging
-internal import Synchronization
+import Locking
 
 #if canImport(Glibc)
     internal import Glibc

@@ -1,5 +1,4 @@
 internal import CLibpq
-internal import Synchronization
 
 #if canImport(Glibc)
     internal import Glibc

@@ -1,7 +1,7 @@
 internal import CLibpq
 internal import Dispatch
 package import Logging
-internal import Synchronization
+import Locking
 
 /// One libpq connection.
 ///
@@ -25,7 +25,7 @@ package final class PostgresConnection: Sendable {
     package let logger: Logger
     let queue: DispatchQueue
     let handle: ConnectionHandle
-    let state: Mutex<State>
+    let state: Locked<State>
 
     struct State {
         var status: Status = .ok
@@ -49,7 +49,7 @@ package final class PostgresConnection: Sendable {
         self.queue = queue
         self.logger = logger
         self.handle = ConnectionHandle(logger: logger)
-        self.state = Mutex(State())
+        self.state = Locked(State())
         // Defaults first; keywords inside `conninfo` (expanded from dbname) override them.
         let keywords = ["connect_timeout", "application_name", "dbname"]
         let values = ["5", applicationName, conninfo]

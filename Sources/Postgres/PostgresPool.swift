@@ -1,5 +1,5 @@
 package import Logging
-internal import Synchronization
+import Locking
 
 /// A fixed-size pool of lazily opened connections.
 ///
@@ -14,7 +14,7 @@ package final class PostgresPool: Sendable {
     private let conninfo: String
     private let applicationName: String
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     private enum Grant: Sendable {
         case connection(PostgresConnection)

@@ -3,6 +3,7 @@ package import Logging
 import Postgres
 package import SiwaCore
 import Synchronization
+import Locking
 
 /// Stores verified notifications with group commit: concurrent requests share one INSERT, one
 /// transaction and one WAL flush, and each is answered only after that COMMIT.
@@ -56,7 +57,7 @@ package final class NotificationStore: Sendable {
     private let options: Options
     private let logger: Logger
     private let metrics: Metrics?
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let wakeUp = NSCondition()
     /// Committers waiting on `wakeUp`. A submit signals only when one is waiting: a busy committer
     /// takes the new item with its next batch, and a futex wake per request is not free.

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import Locking
 
 /// Counters, gauges and histograms rendered in Prometheus text format (version 0.0.4).
 ///
@@ -7,7 +8,7 @@ import Synchronization
 /// durations, base units. Labels are fixed at registration so a hostile request cannot grow the
 /// series set (reasons and statuses come from small closed sets).
 package final class MetricsRegistry: Sendable {
-    private let families: Mutex<[Family]> = Mutex([])
+    private let families: Locked<[Family]> = Locked([])
 
     package init() {}
 
@@ -91,7 +92,7 @@ package final class Counter: Sendable {
 package final class Gauge: Sendable {
     private let name: String
     private let labels: [String: String]
-    private let value = Mutex<Double>(0)
+    private let value = Locked<Double>(0)
 
     fileprivate init(name: String, labels: [String: String]) {
         self.name = name
@@ -119,13 +120,13 @@ package final class Histogram: Sendable {
     private let name: String
     private let labels: [String: String]
     private let buckets: [Double]
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     fileprivate init(name: String, labels: [String: String], buckets: [Double]) {
         self.name = name
         self.labels = labels
         self.buckets = buckets.sorted()
-        self.state = Mutex(State(bucketCounts: Array(repeating: 0, count: buckets.count)))
+        self.state = Locked(State(bucketCounts: Array(repeating: 0, count: buckets.count)))
     }
 
     package func observe(_ value: Double) {

@@ -1,5 +1,5 @@
 internal import Dispatch
-internal import Synchronization
+import Locking
 
 /// A wake-up signal with a bounded wait: `ring()` wakes the one waiter, or makes its next `wait`
 /// return at once. Used for NOTIFY → claim, job finished → claim more, and shutdown.
@@ -10,7 +10,7 @@ final class Doorbell: Sendable {
         var nextID: UInt64 = 0
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     func ring() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in

@@ -5,7 +5,7 @@ package import JobQueue
 package import Logging
 internal import Postgres
 package import SiwaCore
-internal import Synchronization
+import Locking
 
 /// The running worker: applies notification effects in batches, runs the Apple-calling jobs through
 /// their handlers, keeps leases alive, rescues expired ones, prunes old rows, and serves /metrics.
@@ -23,7 +23,7 @@ package final class Worker: Sendable {
     private let queue: JobQueue
     private let policy: RetryPolicy
     private let server: HTTPServer
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let notificationBell = Doorbell()
     private let callBell = Doorbell()
     private let maintenanceBell = Doorbell()

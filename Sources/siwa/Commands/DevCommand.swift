@@ -4,7 +4,7 @@ import LocalPostgres
 import Logging
 import Postgres
 import SiwaCore
-import Synchronization
+import Locking
 
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -106,7 +106,7 @@ final class DevStack: @unchecked Sendable {
     private var children: [DevProcess] = []
     private var temporaryDirectory: String?
     /// The first SIGINT/SIGTERM, checked by every wait so Ctrl-C works during start-up too.
-    private let signalName = Mutex<String?>(nil)
+    private let signalName = Locked<String?>(nil)
 
     init(settings: DevSettings) {
         self.settings = settings
@@ -268,8 +268,8 @@ final class DevStack: @unchecked Sendable {
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
     /// `listening on http://127.0.0.1:PORT` line it prints.
     private func startFakeApple(siwaPath: String, credentials: [String: String]?) async throws -> String {
-        let found = Mutex<String?>(nil)
-        let lines = Mutex<[String]>([])
+        let found = Locked<String?>(nil)
+        let lines = Locked<[String]>([])
         let output = output
         let process = try DevProcess(
             name: "fake-apple", executable: siwaPath,

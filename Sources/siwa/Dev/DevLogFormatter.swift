@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import Locking
 
 /// Turns the children's JSON log lines (`{"ts","level","logger","msg",...}`) into
 /// `[receiver] 12:04:05 info  siwa-receiver listening listen=127.0.0.1:8080`; other lines pass through.
@@ -32,7 +32,7 @@ enum DevLogFormatter {
 
 /// Serialises whole lines from several reader threads onto stdout.
 final class DevOutput: Sendable {
-    private let lock = Mutex(())
+    private let lock = Locked(())
 
     func line(_ text: String) {
         lock.withLock { _ in

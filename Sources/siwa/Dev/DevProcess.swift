@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import Locking
 
 #if canImport(Glibc)
     import Glibc
@@ -13,7 +13,7 @@ import Synchronization
 final class DevProcess: Sendable {
     let name: String
     let pid: pid_t
-    private let exitStatus = Mutex<Int32?>(nil)
+    private let exitStatus = Locked<Int32?>(nil)
 
     /// Starts `executable` with `arguments` and exactly `environment`.
     init(
