@@ -7,6 +7,7 @@ internal import CMicroHTTPD
 import Dispatch
 package import Logging
 import Locking
+import Synchronization
 
 /// An HTTP/1.1 server over libmicrohttpd: an epoll thread pool, keep-alive, and limits
 /// (connections, per-IP connections, idle timeout, body size) enforced by the library.
