@@ -402,7 +402,7 @@ for b in siwa-receiver siwa-worker siwa; do
 done
 grep -q '^COPY --from=build /out/ /usr/local/bin/' "$tmp/final" && ok "three binaries copied to /usr/local/bin" || fail "binaries not copied"
 pkgs=$(grep -o 'apt-get install [^&]*' "$tmp/final" | tr ' ' '\n' | grep -Ev '^(apt-get|install|-.*|\\)?$' | sort -u | tr '\n' ' ')
-[[ $pkgs == "ca-certificates libmicrohttpd12 libpq5 libssl3 " ]] && ok "runtime packages: $pkgs" || fail "runtime packages: $pkgs"
+[[ $pkgs == "ca-certificates libcurl4 libmicrohttpd12 libpq5 libssl3 " ]] && ok "runtime packages: $pkgs" || fail "runtime packages: $pkgs"
 grep -q '^CMD \["siwa-receiver"\]' "$tmp/final" && ! grep -q '^ENTRYPOINT' "$df" \
     && ok "default command siwa-receiver, no ENTRYPOINT (docker run IMAGE siwa-worker works)" || fail "CMD/ENTRYPOINT"
 if [[ -f $repo/.dockerignore ]]; then
