@@ -17,7 +17,7 @@ package struct JobQueue: Sendable {
     // MARK: Claiming
 
     /// Columns decoded by `job(from:)`.
-    static let jobColumns = """
+    package static let jobColumns = """
         j.id, j.kind, j.client_id, j.sub, j.notification_jti, j.args::text AS args, j.attempt, j.max_attempts,
         jsonb_array_length(j.errors) AS error_count, j.created_at
         """

@@ -88,24 +88,16 @@ final class LifecycleHarness: Sendable {
 
     /// Claims job `id` the way the executor does: running, attempt + 1, leased.
     func claim(_ id: Int64) async throws -> Job {
+        // The same columns and decoding as the worker's claim.
         let rows = try await connection.query(
             """
-            UPDATE siwa.jobs SET state = 'running', attempt = attempt + 1, locked_by = 'test',
+            UPDATE siwa.jobs j SET state = 'running', attempt = attempt + 1, locked_by = 'test',
                    locked_until = now() + interval '5 minutes'
              WHERE id = \(id) AND state = 'available'
-            RETURNING id, kind, client_id, sub, notification_jti, args::text AS args, attempt, max_attempts,
-                      jsonb_array_length(errors) AS error_count, created_at
+            RETURNING \(unsafeSQL: JobQueue.jobColumns)
             """)
         guard let row = rows.first else { throw HarnessError(message: "job \(id) not available") }
-        return Job(
-            id: try row.decode(Int64.self, column: "id"),
-            kind: JobKind(rawValue: try row.decode(String.self, column: "kind"))!,
-            clientID: try row.decode(String.self, column: "client_id"), sub: try row.decode(String.self, column: "sub"),
-            notificationJTI: try row.decode(String?.self, column: "notification_jti"),
-            argumentsJSON: try row.decode(String.self, column: "args"), attempt: try row.decode(Int.self, column: "attempt"),
-            maxAttempts: try row.decode(Int.self, column: "max_attempts"),
-            errorCount: try row.decode(Int.self, column: "error_count"),
-            createdAt: try row.decode(Date.self, column: "created_at"))
+        return try JobQueue.job(from: row)
     }
 
     /// Claims and runs job `id`, then applies the result as a minimal executor would.
