@@ -23,7 +23,7 @@ package struct ConfigurationSource: Sendable {
     package private(set) var positional: [String] = []
     private var flags: [String: String] = [:]
     private var switches: Set<String> = []
-    private let environment: [String: String]
+    private var environment: [String: String]
 
     /// - Parameter booleanFlags: flags that take no value (`--json`).
     package init(
@@ -65,6 +65,14 @@ package struct ConfigurationSource: Sendable {
     }
 
     package func isSet(switch name: String) -> Bool { switches.contains(name) }
+
+    /// The same command line with no environment behind it: for a command's own flags (`--sub`,
+    /// `--listen`), which must never be picked up from a variable that happens to be set (`SUB`).
+    package func withoutEnvironment() -> ConfigurationSource {
+        var copy = self
+        copy.environment = [:]
+        return copy
+    }
 
     /// A command's own option (`--state S` for `siwa jobs list`), from the command line only: never
     /// from the environment, where a variable named `STATE` could otherwise leak in.

@@ -51,6 +51,14 @@ import Testing
         #expect(throws: ConfigurationError.self) { try ConfigurationSource(arguments: ["--siwa-listen"], environment: [:]) }
     }
 
+    @Test func commandFlagsIgnoreTheEnvironment() throws {
+        let source = try ConfigurationSource(arguments: ["--sub", "s1"], environment: ["SUB": "leak", "EMAIL": "leak"])
+        let flags = source.withoutEnvironment()
+        #expect(try flags.string("SUB") == "s1")
+        #expect(try flags.string("EMAIL") == nil)
+        #expect(try source.string("EMAIL") == "leak", "settings still read the environment")
+    }
+
     @Test func unknownFlagsAreReported() throws {
         let source = try ConfigurationSource(arguments: ["--siwa-lisen", "x"], environment: [:])
         #expect(source.unknownFlags(known: ["SIWA_LISTEN"]) == ["siwa-lisen"])

@@ -15,7 +15,7 @@ enum FakeAppleCommand: CLICommand {
         let signingKey: RSA.PrivateKey?
         let logLevel: Logger.Level
         do {
-            let flags = try CommandFlags.source()
+            let flags = source.withoutEnvironment()
             logLevel = try CommonSettings(source).logLevel
             let listen = try flags.listenAddress("LISTEN", default: "127.0.0.1:9443")
             var verifyKey: P256.Signing.PublicKey?
@@ -70,13 +70,5 @@ enum FakeAppleCommand: CLICommand {
         guard FileManager.default.createFile(atPath: path, contents: Data(key.pemRepresentation.utf8), attributes: [.posixPermissions: 0o600])
         else { throw ConfigurationError(variable: "--signing-key-file", problem: "cannot write \(path)") }
         return key
-    }
-}
-
-/// Command-specific flags (`--sub`, `--listen`, ...), read from the command line only: unlike the
-/// settings, they never come from the environment (an `EMAIL` variable must not leak into a test).
-enum CommandFlags {
-    static func source() throws(ConfigurationError) -> ConfigurationSource {
-        try ConfigurationSource(arguments: Array(CommandLine.arguments.dropFirst(2)), environment: [:])
     }
 }

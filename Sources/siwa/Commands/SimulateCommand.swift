@@ -34,7 +34,7 @@ enum SimulateCommand: CLICommand {
     static func run(_ source: ConfigurationSource) async -> Int32 {
         let request: Request
         do {
-            request = try parse(try CommandFlags.source(), type: source.positional.first)
+            request = try parse(source.withoutEnvironment(), type: source.positional.first)
         } catch {
             FileHandle.standardError.write(Data("siwa simulate: \(error)\n".utf8))
             return 2
