@@ -8,8 +8,11 @@ export PATH="$PATH:/opt/swift/usr/bin"
 deploy/scripts/install-deps.sh
 
 echo "==> building"
-# Warnings fail the build: they are how Swift 6 reports most concurrency mistakes.
-if ! swift build --build-tests -Xswiftc -warnings-as-errors >/tmp/siwa-build.log 2>&1; then
+# STYLE.md §8's checks: warnings fail the build (they are how Swift 6 reports most concurrency
+# mistakes), every Sendable conformance is explicit, and a module may only import what its target
+# declares.
+if ! swift build --build-tests -Xswiftc -warnings-as-errors -Xswiftc -require-explicit-sendable \
+    --explicit-target-dependency-import-check error >/tmp/siwa-build.log 2>&1; then
   grep -E "error|warning" /tmp/siwa-build.log | sort -u | head -50
   tail -20 /tmp/siwa-build.log
   exit 1
