@@ -3,7 +3,7 @@
 #  1. signs N distinct notifications with a local fake Apple key (siwa simulate --output),
 #  2. starts PostgreSQL (fsync and synchronous_commit on), the fake Apple's key endpoint and
 #     siwa-receiver (release build),
-#  3. drives the receiver with wrk at 16 and 64 connections,
+#  3. drives the receiver with wrk at 16, 32 and 64 connections,
 #  4. runs pgbench with a single-row INSERT of the same shape at the same concurrency,
 #  5. runs the Python peer (deploy/bench/python-peer: uvicorn + PyJWT + psycopg pool, from PyPI into
 #     a cached virtualenv) at 64 connections against the same database,
@@ -14,6 +14,8 @@ cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
 N=${1:-100000}
 DURATION=${2:-6}
+# The issue asks for 16 and 64; its target is stated for 32–64, so 32 is measured too.
+CONNECTIONS="16 32 64"
 
 deploy/scripts/install-deps.sh wrk >/dev/null
 echo "==> building (release)"
@@ -40,12 +42,12 @@ fake_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 children+=($!)
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$fake_port/auth/keys" >/dev/null 2>&1 && break; sleep 0.1; done
 
-echo "==> signing $((3 * N)) notifications"
+echo "==> signing $((4 * N)) notifications"
 start=$(date +%s.%N)
-"$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies16.txt" \
-  --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c16-
-"$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies64.txt" \
-  --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix c64-
+for c in $CONNECTIONS; do
+  "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodies$c.txt" \
+    --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix "c$c-"
+done
 "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$N" --output "$work/bodiespy.txt" \
   --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix py-
 echo "    signed in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
@@ -63,7 +65,7 @@ rss_mb() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 # CPU seconds (user + system) a process has used so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 declare -A rps p50 p99 non2xx pg_tps cpu_us requests_at
-for c in 16 64; do
+for c in $CONNECTIONS; do
   cpu_before=$(cpu_s "$receiver_pid")
   # PROFILE=1: sample the receiver's CPU (software clock) during the 64-connection run.
   if [[ "${PROFILE:-0}" == 1 && $c == 64 ]]; then
@@ -96,7 +98,7 @@ INSERT INTO bench_notifications (jti, client_id, sub, event_type, event_time, cl
 VALUES (md5(random()::text || clock_timestamp()::text), 'com.example.app', 'sub', 'consent-revoked', now(),
         '{"iss":"https://appleid.apple.com","aud":"com.example.app","events":"{}"}', '$sample_jws');
 SQL
-for c in 16 64; do
+for c in $CONNECTIONS; do
   pg_tps[$c]=$("$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$c" -j 2 -T "$DURATION" \
     -f "$work/insert.sql" postgres 2>/dev/null | awk '/^tps/ {print $3; exit}')
 done
@@ -124,13 +126,13 @@ kill "$py_pid" 2>/dev/null; wait "$py_pid" 2>/dev/null || true
 
 printf '\nReceiver benchmark (%s distinct signed notifications per run, %ss per run, 2 wrk threads)\n' "$N" "$DURATION"
 printf '%-6s %12s %9s %9s %8s %10s %14s %8s  %s\n' conns "receiver r/s" "p50 ms" "p99 ms" non2xx "cpu us/req" "pgbench tx/s" ratio "targets"
-for c in 16 64; do
+for c in $CONNECTIONS; do
   ratio=$(python3 -c "print(f'{${rps[$c]} / ${pg_tps[$c]}:.2f}')")
   printf '%-6s %12s %9s %9s %8s %10s %14s %8s  %s\n' "$c" "${rps[$c]}" "${p50[$c]}" "${p99[$c]}" "${non2xx[$c]}" \
-    "${cpu_us[$c]}" "${pg_tps[$c]}" "$ratio" "ratio >= 0.80; p99 <= 20 ms at 64"
+    "${cpu_us[$c]}" "${pg_tps[$c]}" "$ratio" "$(case $c in 16) echo "(information)";; 32) echo "ratio >= 0.80";; 64) echo "ratio >= 0.80; p99 <= 20 ms";; esac)"
 done
 printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
-for c in 16 64; do
+for c in $CONNECTIONS; do
   printf 'run at %s connections: %s requests for %s distinct notifications (beyond that, redeliveries: 200, no insert)\n' \
     "$c" "${requests_at[$c]}" "$N"
 done
