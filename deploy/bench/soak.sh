@@ -49,10 +49,14 @@ DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_LISTEN="127.0.
 receiver_pid=$!
 children+=($receiver_pid)
 worker_pids=()
+# One token key for every worker: a token sealed by one must open in the other (found by a soak in
+# which each worker drew its own key: the revokes of the other's links kept failing, loudly, and
+# the deletions stayed pending, as they must).
+token_keys="k1:$(head -c32 /dev/urandom | base64)"
 for n in 1 2; do
   DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" \
     SIWA_TEAM_ID=TEAMSOAK01 SIWA_KEY_ID=SOAK SIWA_PRIVATE_KEY_FILE="$work/AuthKey_SOAK.p8" \
-    SIWA_TOKEN_KEYS="k1:$(head -c32 /dev/urandom | base64)" SIWA_OPS_LISTEN="127.0.0.1:$(free_port)" \
+    SIWA_TOKEN_KEYS="$token_keys" SIWA_OPS_LISTEN="127.0.0.1:$(free_port)" \
     SIWA_LOG_LEVEL=warn "$BIN/siwa-worker" 2>"$work/worker$n.log" &
   worker_pids+=($!)
   children+=($!)
