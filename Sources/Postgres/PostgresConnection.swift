@@ -41,15 +41,19 @@ package final class PostgresConnection: Sendable {
         "SET TimeZone TO 'UTC'; SET DateStyle TO 'ISO, MDY'; SET bytea_output TO 'hex'; "
         + "SET client_encoding TO 'UTF8'"
 
-    /// Runs on `queue`: opens the connection (blocking) and prepares the session.
-    private init(queue: DispatchQueue, conninfo: String, applicationName: String, logger: Logger)
-        throws(PostgresError)
-    {
-        dispatchPrecondition(condition: .onQueue(queue))
+    /// Sets up the object on the caller's side; `open` then connects on `queue`. Doing both on the
+    /// queue made ThreadSanitizer report the caller's first read of these fields: on Linux it does
+    /// not see libdispatch's hand-off (swift-corelibs-libdispatch#655).
+    private init(queue: DispatchQueue, logger: Logger) {
         self.queue = queue
         self.logger = logger
         self.handle = ConnectionHandle(logger: logger)
         self.state = Locked(State())
+    }
+
+    /// Runs on `queue`: opens the connection (blocking) and prepares the session.
+    private func open(conninfo: String, applicationName: String) throws(PostgresError) {
+        dispatchPrecondition(condition: .onQueue(queue))
         // Defaults first; keywords inside `conninfo` (expanded from dbname) override them.
         let keywords = ["connect_timeout", "application_name", "dbname"]
         let values = ["5", applicationName, conninfo]
@@ -79,26 +83,27 @@ package final class PostgresConnection: Sendable {
     package static func connect(
         to conninfo: String, applicationName: String = "siwa", logger: Logger
     ) async throws -> PostgresConnection {
-        let queue = DispatchQueue(label: "siwa.postgres.connection")
-        return try await withCheckedThrowingContinuation { continuation in
-            queue.async {
-                continuation.resume(
-                    with: Result { () throws(PostgresError) in
-                        try PostgresConnection(
-                            queue: queue, conninfo: conninfo, applicationName: applicationName, logger: logger)
-                    })
+        let connection = PostgresConnection(queue: DispatchQueue(label: "siwa.postgres.connection"), logger: logger)
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            connection.queue.async {
+                do {
+                    try connection.open(conninfo: conninfo, applicationName: applicationName)
+                    continuation.resume()
+                } catch {
+                    continuation.resume(throwing: error)
+                }
             }
         }
+        return connection
     }
 
     /// Blocking `connect`, for a dedicated thread. Never call it from the concurrency pool.
     package static func connectBlocking(
         to conninfo: String, applicationName: String = "siwa", logger: Logger
     ) throws -> PostgresConnection {
-        let queue = DispatchQueue(label: "siwa.postgres.connection")
-        return try queue.sync {
-            try PostgresConnection(queue: queue, conninfo: conninfo, applicationName: applicationName, logger: logger)
-        }
+        let connection = PostgresConnection(queue: DispatchQueue(label: "siwa.postgres.connection"), logger: logger)
+        try connection.queue.sync { try connection.open(conninfo: conninfo, applicationName: applicationName) }
+        return connection
     }
 
     package var status: Status { state.withLock { $0.status } }
