@@ -27,12 +27,11 @@ for sanitizer in "${@:-thread address}"; do
       status=1
     fi
     reports=$(cat "$reports_dir"/report* 2>/dev/null | grep -c -E "WARNING: ThreadSanitizer|ERROR: AddressSanitizer" || true)
-    # Our locks are pthread mutexes (Locking.Locked), which ThreadSanitizer sees; should a report
-    # still appear it is listed by function for a human to judge, not failed on. AddressSanitizer
-    # reports fail the run.
-    if [ "$s" = thread ] && [ "$reports" -gt 0 ]; then
-      cat "$reports_dir"/report* | grep -A1 -E "WARNING: ThreadSanitizer" | grep "#0" | sed -E 's/ \(.*//; s/^ *#0 //' | sort | uniq -c
-    elif [ "$reports" -gt 0 ]; then
+    # Our locks are pthread mutexes (Locking.Locked), which ThreadSanitizer sees, so any report
+    # is taken seriously: listed by function, and the run fails.
+    if [ "$reports" -gt 0 ]; then
+      cat "$reports_dir"/report* | grep -A1 -E "WARNING: ThreadSanitizer|ERROR: AddressSanitizer" | grep "#0" \
+        | sed -E 's/ \(.*//; s/^ *#0 //' | sort | uniq -c
       status=1
     fi
     echo "    $s: $result in $(( $(date +%s) - started )) s, $reports sanitizer reports in $reports_dir (log: /tmp/siwa-sanitize-$s.log)"
