@@ -30,7 +30,7 @@ for sanitizer in "${@:-thread address}"; do
     # Our locks are pthread mutexes (Locking.Locked), which ThreadSanitizer sees, so any report
     # is taken seriously: listed by function, and the run fails.
     if [ "$reports" -gt 0 ]; then
-      cat "$reports_dir"/report* | grep -A1 -E "WARNING: ThreadSanitizer|ERROR: AddressSanitizer" | grep "#0" \
+      cat "$reports_dir"/report* | grep -A3 -E "WARNING: ThreadSanitizer|ERROR: AddressSanitizer" | grep "#0 " \
         | sed -E 's/ \(.*//; s/^ *#0 //' | sort | uniq -c
       status=1
     fi
