@@ -62,7 +62,7 @@ let package = Package(
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
         // -sanitize=fuzzer,address; a plain build keeps it compiling (replay / make-corpus modes).
         .executableTarget(name: "SiwaFuzz", dependencies: ["ReceiverCore", "AppleClient", "CryptoCore", "JOSE", "Logging"],
-                          path: "Fuzz/SiwaFuzz", swiftSettings: strict),
+                          path: "Fuzz/SiwaFuzz", exclude: ["Fixtures"], swiftSettings: strict),
 
         // Unit tests: no network, no database.
         .testTarget(name: "SiwaCoreTests", dependencies: ["SiwaCore"], swiftSettings: strict),
