@@ -53,8 +53,8 @@ final class EVPKey: @unchecked Sendable {
         return EVPKey(taking: key)
     }
 
-    /// Parses a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`) or traditional
-    /// (`BEGIN RSA PRIVATE KEY`, `BEGIN EC PRIVATE KEY`). Encrypted PEM is refused rather
+    /// Parses a PEM private key: PKCS#8 (`PRIVATE KEY` block) or traditional
+    /// (`RSA PRIVATE KEY` block, `EC PRIVATE KEY` block). Encrypted PEM is refused rather
     /// than prompting for a passphrase on the terminal.
     static func privateKey(pem: String) throws(CryptoError) -> EVPKey {
         let key = withMemoryBIO(reading: pem) { bio in
@@ -105,7 +105,7 @@ final class EVPKey: @unchecked Sendable {
 
     // MARK: Serializing
 
-    /// PKCS#8 PEM (`BEGIN PRIVATE KEY`), unencrypted.
+    /// PKCS#8 PEM (`PRIVATE KEY` block), unencrypted.
     func privateKeyPEM() -> String {
         writeToMemoryBIO("PEM_write_bio_PrivateKey") { bio in
             PEM_write_bio_PrivateKey(bio, pointer, nil, nil, 0, nil, nil)

@@ -100,7 +100,7 @@ extension P256.Signing {
             return try PrivateKey(key: key)
         }
 
-        /// PKCS#8 PEM (`BEGIN PRIVATE KEY`, Apple's `.p8` files) or SEC 1 (`BEGIN EC PRIVATE KEY`).
+        /// PKCS#8 PEM (`PRIVATE KEY` block, Apple's `.p8` files) or SEC 1 (`EC PRIVATE KEY` block).
         package init(pemRepresentation: String) throws(CryptoError) {
             try self.init(key: EVPKey.privateKey(pem: pemRepresentation))
         }

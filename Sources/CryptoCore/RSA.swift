@@ -105,12 +105,12 @@ package enum RSA {
             return try PrivateKey(key: key)
         }
 
-        /// PKCS#8 (`BEGIN PRIVATE KEY`) or PKCS#1 (`BEGIN RSA PRIVATE KEY`) PEM, unencrypted.
+        /// PKCS#8 (`PRIVATE KEY` block) or PKCS#1 (`RSA PRIVATE KEY` block) PEM, unencrypted.
         package init(pemRepresentation: String) throws(CryptoError) {
             try self.init(key: EVPKey.privateKey(pem: pemRepresentation))
         }
 
-        /// PKCS#8 PEM (`BEGIN PRIVATE KEY`), unencrypted. Secret: never log it.
+        /// PKCS#8 PEM (`PRIVATE KEY` block), unencrypted. Secret: never log it.
         package var pemRepresentation: String { key.privateKeyPEM() }
 
         /// RSASSA-PKCS1-v1_5 SHA-256 signature of `message` (JWS RS256).
