@@ -27,9 +27,7 @@ package struct ReceiverConfiguration: Sendable {
     package var keyRefetchInterval: Int
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
-        if let unknown = source.unknownFlags(known: Self.variables + Self.variables.map { $0 + "_FILE" }).first {
-            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
-        }
+        try source.rejectUnknownFlags(Self.variables)
         databaseURL = try CommonSettings.databaseURL(source)
         clientIDs = try CommonSettings.clientIDs(source)
         listen = try source.listenAddress("SIWA_LISTEN", default: "0.0.0.0:8080")

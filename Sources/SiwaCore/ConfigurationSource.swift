@@ -64,6 +64,14 @@ package struct ConfigurationSource: Sendable {
         return flags.keys.filter { !knownFlags.contains($0) }.sorted()
     }
 
+    /// Throws for the first flag that names none of `variables` (nor their `X_FILE` forms), so a
+    /// typo is exit status 2, not a silent default.
+    package func rejectUnknownFlags(_ variables: [String]) throws(ConfigurationError) {
+        if let unknown = unknownFlags(known: variables + variables.map { $0 + "_FILE" }).first {
+            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
+        }
+    }
+
     package func isSet(switch name: String) -> Bool { switches.contains(name) }
 
     /// The same command line with no environment behind it: for a command's own flags (`--sub`,

@@ -55,9 +55,7 @@ package struct WorkerConfiguration: Sendable {
     package var retryBase: Duration
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
-        if let unknown = source.unknownFlags(known: Self.variables + Self.variables.map { $0 + "_FILE" }).first {
-            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
-        }
+        try source.rejectUnknownFlags(Self.variables)
         databaseURL = try CommonSettings.databaseURL(source)
         clientIDs = try CommonSettings.clientIDs(source)
         let common = try CommonSettings(source)

@@ -61,10 +61,7 @@ struct DevSettings {
     var binDirectory: URL
 
     init(_ source: ConfigurationSource) throws {
-        let known = DevCommand.variables + DevCommand.variables.map { $0 + "_FILE" }
-        if let unknown = source.unknownFlags(known: known).first {
-            throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
-        }
+        try source.rejectUnknownFlags(DevCommand.variables)
         if try source.string("DATABASE_URL") != nil { databaseURL = try CommonSettings.databaseURL(source) }
         clientIDs = (try source.list("SIWA_CLIENT_IDS") ?? ["com.example.app"]).joined(separator: ",")
         listenGiven = try source.string("SIWA_LISTEN") != nil
