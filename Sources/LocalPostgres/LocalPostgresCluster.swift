@@ -81,6 +81,29 @@ package final class LocalPostgresCluster: Sendable {
 
     /// Creates, starts and returns a new cluster with a database `options.database`.
     package static func start(logger: Logger, options: Options = Options()) async throws -> LocalPostgresCluster {
+        // The port is free when chosen but not reserved: an outgoing connection or another
+        // process may take it before the server binds. That loses the race, not the run: a fresh
+        // cluster on a fresh port.
+        var attempt = 1
+        while true {
+            do {
+                return try await startOnce(logger: logger, options: options)
+            } catch let error as PortTaken where attempt < 3 {
+                logger.warning("local postgres port taken before the server bound it; trying another",
+                               metadata: ["db.port": .int(error.port), "attempt": .int(attempt)])
+                attempt += 1
+            } catch let error as PortTaken {
+                throw error.underlying
+            }
+        }
+    }
+
+    private struct PortTaken: Error {
+        var port: Int
+        var underlying: any Error
+    }
+
+    private static func startOnce(logger: Logger, options: Options) async throws -> LocalPostgresCluster {
         let began = ContinuousClock.now
         let binDirectory = try await findBinDirectory()
         let user = try serverUser()
@@ -96,7 +119,9 @@ package final class LocalPostgresCluster: Sendable {
                     "createdb", ["-h", "127.0.0.1", "-p", String(cluster.port), "-U", "postgres", options.database])
             }
         } catch {
+            let serverLog = readFile(cluster.logPath) ?? ""
             await cluster.destroy()
+            if serverLog.contains("Address already in use") { throw PortTaken(port: cluster.port, underlying: error) }
             throw error
         }
         logger.info(

@@ -61,7 +61,7 @@ struct FaultReceiverTests {
             defer { keys.stop() }
             let (receiver, base) = try await ReceiverProcessTests.startReceiver(
                 databaseURL: database.url, keys: keys,
-                extra: ["SIWA_RECEIVER_MAX_PENDING": "32", "SIWA_RECEIVER_DB_CONNECTIONS": "1", "SIWA_LOG_LEVEL": "error"])
+                extra: ["SIWA_RECEIVER_MAX_PENDING": "32", "SIWA_RECEIVER_DB_CONNECTIONS": "1", "SIWA_LOG_LEVEL": "info"])
             defer { Task { await receiver.stop() } }
             let path = base + "/apple/notifications"
             let jtis = (0..<3000).map { "burst-\($0)-\(UUID().uuidString)" }

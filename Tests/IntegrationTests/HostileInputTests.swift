@@ -10,7 +10,7 @@ struct HostileInputTests {
             let keys = try TestAppleKeys()
             defer { keys.stop() }
             let (receiver, base) = try await ReceiverProcessTests.startReceiver(
-                databaseURL: database.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "error"])
+                databaseURL: database.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
             defer { Task { await receiver.stop() } }
             let path = base + "/apple/notifications"
 

@@ -13,14 +13,13 @@ import Testing
     static func startReceiver(
         databaseURL: String, keys: TestAppleKeys, extra: [String: String] = [:]
     ) async throws -> (ServiceProcess, String) {
-        let port = freePort()
         var environment = [
             "DATABASE_URL": databaseURL, "SIWA_CLIENT_IDS": "com.example.app,com.example.app.web",
-            "SIWA_LISTEN": "127.0.0.1:\(port)", "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "debug",
+            "SIWA_LISTEN": "127.0.0.1:0", "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "debug",
         ]
         environment.merge(extra) { _, new in new }
         let receiver = try ServiceProcess("siwa-receiver", environment: environment)
-        let base = "http://127.0.0.1:\(port)"
+        let base = "http://127.0.0.1:\(try await receiver.boundHTTPPort())"
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline {
             if let (status, _) = try? await HTTP.request("GET", base + "/readyz"), status == 200 { return (receiver, base) }

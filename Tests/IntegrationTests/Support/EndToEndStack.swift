@@ -44,14 +44,13 @@ final class EndToEndStack: @unchecked Sendable {
             environment: ["SIWA_LOG_LEVEL": "debug"])
         fakeURL = try await Self.waitForListening(fake)
 
-        let port = freePort()
-        receiverURL = "http://127.0.0.1:\(port)"
         receiver = try ServiceProcess(
             "siwa-receiver",
             environment: [
-                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_LISTEN": "127.0.0.1:\(port)",
+                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_LISTEN": "127.0.0.1:0",
                 "SIWA_APPLE_BASE_URL": fakeURL, "SIWA_LOG_LEVEL": "debug",
             ])
+        receiverURL = "http://127.0.0.1:\(try await receiver.boundHTTPPort())"
         worker = try ServiceProcess(
             "siwa-worker",
             environment: [

@@ -55,6 +55,24 @@ final class ServiceProcess: @unchecked Sendable {
 
     func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
+    /// The port from the first `http.server.started` log line: services started on port 0 bind one
+    /// the kernel picks, so no two tests running side by side can ever be handed the same port.
+    func boundHTTPPort(timeout: Duration = .seconds(20)) async throws -> Int {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            for line in log.split(separator: "\n") where line.contains(#""msg":"http.server.started""#) {
+                if let range = line.range(of: #""http.port":[0-9]+"#, options: .regularExpression),
+                   let port = Int(line[range].dropFirst(#""http.port":"#.count))
+                {
+                    return port
+                }
+            }
+            guard isRunning else { throw ServiceProcessError(message: "\(name) exited before listening:\n\(log)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw ServiceProcessError(message: "\(name) logged no http.server.started line:\n\(log)")
+    }
+
     /// Waits for exit (bounded); returns the status, or nil if it is still running at the deadline.
     func waitForExit(timeout: Duration = .seconds(20)) async -> Int32? {
         let deadline = ContinuousClock.now + timeout
