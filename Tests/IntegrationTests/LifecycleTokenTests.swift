@@ -122,7 +122,7 @@ import WorkerCore
         }
         let logger = Logger(label: "capture", level: .trace, sink: LogSink(fileDescriptor: descriptor))
         var secrets: [String] = []
-        try await withLifecycle(timeout: .seconds(1), logger: logger) { h in
+        try await withLifecycle(logger: logger) { h in
             // A link, a failed link, retries, a pause, a deletion, a reconcile.
             let code = h.fake.registerCode(clientID: LifecycleHarness.clientID, sub: "001.log")
             secrets.append(code)

@@ -233,8 +233,22 @@ struct PostgresConnectionTests {
             defer { connection.close() }
             let clock = ContinuousClock()
             let started = clock.now
-            let task = Task { try await connection.query("SELECT pg_sleep(20)") }
-            try await Task.sleep(for: .milliseconds(300))
+            let marker = "cancel-\(UUID().uuidString)"
+            let task = Task { try await connection.query("SELECT pg_sleep(20) /* \(unsafeSQL: marker) */") }
+            // Cancel only once the statement runs on the server: a cancel that arrives earlier is
+            // one the server never sees, and the test would wait out the sleep instead.
+            let observer = try await schema.connect()
+            defer { observer.close() }
+            let deadline = clock.now + .seconds(10)
+            while clock.now < deadline {
+                let running = try await observer.query(
+                    """
+                    SELECT count(*) FROM pg_stat_activity
+                     WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE '%' || \(marker) || '%'
+                    """)[0].decode(Int.self, at: 0)
+                if running == 1 { break }
+                try await Task.sleep(for: .milliseconds(20))
+            }
             task.cancel()
             let error = await #expect(throws: PostgresError.self) { try await task.value }
             #expect(error?.sqlState == "57014")
@@ -280,10 +294,20 @@ struct PostgresConnectionTests {
                 }
                 #expect(error?.code == .timeout)
             }
-            // Freed again: a waiter gets the released connection.
+            #expect(pool.openConnections == 1)
+        }
+    }
+
+    @Test func poolWaiterGetsTheReleasedConnection() async throws {
+        try await withTestSchema { schema in
+            // A bound far above the 0.1 s hold, so a loaded machine cannot turn a hand-off into a timeout.
+            let pool = PostgresPool(
+                conninfo: schema.conninfo, size: 1, acquireTimeout: .seconds(30), logger: TestDatabase.logger)
+            defer { pool.close() }
             async let a = pool.withConnection { connection in try await connection.query("SELECT pg_sleep(0.1)").count }
             async let b = pool.withConnection { connection in try await connection.query("SELECT 1").count }
-            #expect(try await a + b == 2)
+            let rows = try await a + b
+            #expect(rows == 2)
             #expect(pool.openConnections == 1)
         }
     }

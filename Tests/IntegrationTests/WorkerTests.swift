@@ -136,7 +136,12 @@ struct WorkerTests {
             let connection = try await database.connect()
             defer { connection.close() }
             let worker = try database.startWorker(["SIWA_LISTEN_NOTIFY": "false", "SIWA_POLL_INTERVAL": "100ms"])
-            try await Task.sleep(for: .milliseconds(300))  // started, then jobs arrive with no NOTIFY heard
+            // Started and past its first look at the queue; then jobs arrive with no NOTIFY heard.
+            let deadline = ContinuousClock.now + .seconds(20)
+            while !worker.log.contains("siwa-worker started"), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            try await Task.sleep(for: .milliseconds(300))
             try await database.queueNotifications(700, on: connection)
             try await connection.waitFor(processedCount) { $0 == 700 }
             try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'") { $0 == 0 }

@@ -26,7 +26,12 @@ final class LifecycleHarness: Sendable {
     let tokenKeys: String
     let keyDirectory: URL
 
-    init(timeout: Duration = .seconds(5), tokenKeys: String? = nil, logger: Logger? = nil) async throws {
+    /// `timeout` bounds each Apple call; `hang` is how long an injected `.timeout` holds its answer,
+    /// far longer than `timeout`, so only a working client-side bound can end the call in time.
+    init(
+        timeout: Duration = .seconds(5), hang: Duration = .seconds(30), tokenKeys: String? = nil,
+        logger: Logger? = nil
+    ) async throws {
         let logger = logger ?? Logger(label: "lifecycle-test", level: .warning)
         self.logger = logger
         database = try await Self.makeDatabase()
@@ -36,7 +41,7 @@ final class LifecycleHarness: Sendable {
         let keyPath = keyDirectory.appendingPathComponent("AuthKey_TESTKEY.p8").path
         try p8.pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
         fake = try FakeApple(
-            configuration: .init(verifyKey: p8.publicKey, teamID: Self.teamID, hangDuration: .seconds(6)), logger: logger)
+            configuration: .init(verifyKey: p8.publicKey, teamID: Self.teamID, hangDuration: hang), logger: logger)
         try fake.start()
         self.tokenKeys = tokenKeys ?? Self.makeTokenKeys(["k1"])
         let settings = AppleSettings(
