@@ -32,15 +32,16 @@ let package = Package(
         .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
 
         // Building blocks.
-        .target(name: "JOSE", dependencies: ["CryptoCore"], swiftSettings: strict),
+        .target(name: "JSON", swiftSettings: strict),
+        .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], swiftSettings: strict),
         .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
-        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "Postgres", "JOSE"], swiftSettings: strict),
-        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore"], swiftSettings: strict),
+        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "Postgres", "JOSE", "JSON"], swiftSettings: strict),
+        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging", "SiwaCore"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
-                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient"],
+                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "JSON"],
                 swiftSettings: strict),
         .target(name: "WorkerCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
@@ -67,6 +68,7 @@ let package = Package(
         // Unit tests: no network, no database.
         .testTarget(name: "SiwaCoreTests", dependencies: ["SiwaCore"], swiftSettings: strict),
         .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
+        .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),

@@ -1,5 +1,6 @@
 package import Foundation
 import JOSE
+import JSON
 import SiwaCore
 
 /// The claims of a verified `id_token` that we act on.
@@ -45,22 +46,19 @@ package struct IdentityTokenVerifier: Sendable {
         case .unavailable: throw .keysUnavailable
         }
         do { try RS256.verify(jws, publicKey: key) } catch { throw .badSignature }
-        guard let claims = try? JSONSerialization.jsonObject(with: Data(jws.payloadBytes)) as? [String: Any] else {
-            throw .malformed
-        }
-        guard claims["iss"] as? String == AppleNotification.appleIssuer else { throw .wrongIssuer }
+        guard let claims = JSONValue.object(jws.payloadBytes) else { throw .malformed }
+        guard claims["iss"]?.stringValue == AppleNotification.appleIssuer else { throw .wrongIssuer }
         let audiences: [String] =
-            if let one = claims["aud"] as? String { [one] } else { (claims["aud"] as? [String]) ?? [] }
+            switch claims["aud"] {
+            case .string(let one)?: [one]
+            case .array(let many)?: many.compactMap(\.stringValue)
+            default: []
+            }
         guard audiences.contains(clientID) else { throw .wrongAudience }
-        guard let exp = Self.number(claims["exp"]) else { throw .malformed }
+        guard let exp = claims["exp"]?.numberValue else { throw .malformed }
         guard exp + leeway > now.timeIntervalSince1970 else { throw .expired }
-        guard let sub = claims["sub"] as? String, sub == expectedSub else { throw .subMismatch }
+        guard let sub = claims["sub"]?.stringValue, sub == expectedSub else { throw .subMismatch }
         return AppleIdentity(
-            sub: sub, email: claims["email"] as? String, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]))
-    }
-
-    private static func number(_ value: Any?) -> Double? {
-        guard let number = value as? NSNumber, type(of: number) != type(of: NSNumber(value: true)) else { return nil }
-        return number.doubleValue.isFinite ? number.doubleValue : nil
+            sub: sub, email: claims["email"]?.stringValue, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]))
     }
 }

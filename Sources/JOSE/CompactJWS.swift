@@ -1,5 +1,6 @@
 internal import CryptoCore
 internal import Foundation
+internal import JSON
 
 /// A parsed (not yet verified) JWS in compact serialization: `header.payload.signature`.
 ///
@@ -47,11 +48,11 @@ package struct CompactJWS: Sendable {
             throw JOSEError.malformed("signature is not base64url")
         }
 
-        guard let headerObject = Self.jsonObject(header) else {
+        guard let headerObject = JSONValue.object(header) else {
             throw JOSEError.malformed("header is not a JSON object")
         }
         if checkPayloadIsJSONObject {
-            guard Self.jsonObject(payload) != nil else { throw JOSEError.malformed("payload is not a JSON object") }
+            guard JSONValue.object(payload) != nil else { throw JOSEError.malformed("payload is not a JSON object") }
         } else {
             guard !payload.isEmpty else { throw JOSEError.malformed("payload is empty") }
         }
@@ -70,14 +71,9 @@ package struct CompactJWS: Sendable {
         try JSONDecoder().decode(T.self, from: Data(payloadBytes))
     }
 
-    private static func jsonObject(_ bytes: [UInt8]) -> [String: Any]? {
-        guard !bytes.isEmpty else { return nil }
-        return (try? JSONSerialization.jsonObject(with: Data(bytes))) as? [String: Any]
-    }
-
-    private static func optionalString(_ object: [String: Any], _ name: String) throws -> String? {
+    private static func optionalString(_ object: [String: JSONValue], _ name: String) throws -> String? {
         guard let value = object[name] else { return nil }
-        guard let string = value as? String else {
+        guard let string = value.stringValue else {
             throw JOSEError.malformed("header \(name) is not a string")
         }
         return string

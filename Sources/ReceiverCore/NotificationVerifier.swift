@@ -2,6 +2,7 @@ package import AppleClient
 package import CryptoCore
 package import Foundation
 import JOSE
+import JSON
 package import SiwaCore
 
 /// Why a request is refused: the HTTP status and the stable error code put in the body and in
@@ -136,10 +137,8 @@ package struct NotificationVerifier: Sendable {
         if let exact = exactPayload(body) {
             payload = exact
         } else {
-            guard let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] else {
-                return .failure(.bodyNotJSON)
-            }
-            guard let value = object["payload"] as? String else { return .failure(.payloadMissing) }
+            guard let object = JSONValue.object(body) else { return .failure(.bodyNotJSON) }
+            guard let value = object["payload"]?.stringValue else { return .failure(.payloadMissing) }
             payload = value
         }
         // The claims are parsed once, by AppleNotification, after the signature checks out.

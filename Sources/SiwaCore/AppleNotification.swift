@@ -1,4 +1,5 @@
 package import Foundation
+package import JSON
 
 /// A Sign in with Apple server-to-server notification, decoded from the claims of its JWS.
 ///
@@ -78,46 +79,49 @@ package struct NotificationDecodingError: Error, Equatable, CustomStringConverti
 extension AppleNotification {
     /// Decodes the JWS payload bytes. Does not judge `iss`, `aud` or `exp`: that is verification's job.
     package init(claims bytes: [UInt8]) throws(NotificationDecodingError) {
-        guard let object = Self.jsonObject(bytes) else { throw .claimsNotJSON() }
+        guard let object = JSONValue.object(bytes) else { throw .claimsNotJSON() }
         try self.init(claims: object)
     }
 
-    package init(claims object: [String: Any]) throws(NotificationDecodingError) {
-        guard let issuer = object["iss"] as? String else { throw .missingClaim("iss") }
-        guard let jti = object["jti"] as? String, !jti.isEmpty else { throw .missingClaim("jti") }
+    package init(claims object: [String: JSONValue]) throws(NotificationDecodingError) {
+        guard let issuer = object["iss"]?.stringValue else { throw .missingClaim("iss") }
+        guard let jti = object["jti"]?.stringValue, !jti.isEmpty else { throw .missingClaim("jti") }
         let audiences: [String]
-        if let single = object["aud"] as? String {
+        switch object["aud"] {
+        case .string(let single)?:
             audiences = [single]
-        } else if let many = object["aud"] as? [String], !many.isEmpty {
-            audiences = many
-        } else {
+        case .array(let many)? where !many.isEmpty && many.allSatisfy({ $0.stringValue != nil }):
+            audiences = many.compactMap(\.stringValue)
+        default:
             throw .missingClaim("aud")
         }
         let issuedAt = Self.number(object["iat"]).map { Date(timeIntervalSince1970: $0) }
         let expiresAt = Self.number(object["exp"]).map { Date(timeIntervalSince1970: $0) }
 
-        guard let rawEvents = object["events"], !(rawEvents is NSNull) else { throw .eventsMissing() }
-        let events: [String: Any]
-        if let eventObject = rawEvents as? [String: Any] {
+        let events: [String: JSONValue]
+        switch object["events"] {
+        case nil, .null?:
+            throw .eventsMissing()
+        case .object(let eventObject)?:
             events = eventObject
-        } else if let eventString = rawEvents as? String {
+        case .string(let eventString)?:
             // Real tokens carry the event as a JSON string inside the claims.
-            guard let nested = Self.jsonObject(Array(eventString.utf8)) else {
+            guard let nested = JSONValue.object(Array(eventString.utf8)) else {
                 throw .eventsMalformed("events string does not hold a JSON object")
             }
             events = nested
-        } else {
+        default:
             throw .eventsMalformed("events is neither an object nor a string")
         }
 
-        guard let typeName = events["type"] as? String, !typeName.isEmpty else {
+        guard let typeName = events["type"]?.stringValue, !typeName.isEmpty else {
             throw .eventsMalformed("events.type is missing or not a string")
         }
-        guard let sub = events["sub"] as? String, !sub.isEmpty else {
+        guard let sub = events["sub"]?.stringValue, !sub.isEmpty else {
             throw .eventsMalformed("events.sub is missing or not a string")
         }
         let time: Date
-        if let raw = events["event_time"], !(raw is NSNull) {
+        if let raw = events["event_time"], raw != .null {
             guard let value = Self.number(raw), value >= 0 else {
                 throw .eventsMalformed("events.event_time is not a number")
             }
@@ -128,12 +132,12 @@ extension AppleNotification {
             throw .eventsMalformed("events.event_time is missing")
         }
         var email: String?
-        if let raw = events["email"], !(raw is NSNull) {
-            guard let text = raw as? String else { throw .eventsMalformed("events.email is not a string") }
+        if let raw = events["email"], raw != .null {
+            guard let text = raw.stringValue else { throw .eventsMalformed("events.email is not a string") }
             email = text
         }
         var isPrivateEmail: Bool?
-        if let raw = events["is_private_email"], !(raw is NSNull) {
+        if let raw = events["is_private_email"], raw != .null {
             guard let flag = Self.flag(raw) else {
                 throw .eventsMalformed("events.is_private_email is not true or false")
             }
@@ -147,46 +151,27 @@ extension AppleNotification {
                 isPrivateEmail: isPrivateEmail))
     }
 
-    static func jsonObject(_ bytes: [UInt8]) -> [String: Any]? {
-        guard !bytes.isEmpty else { return nil }
-        return (try? JSONSerialization.jsonObject(with: Data(bytes))) as? [String: Any]
-    }
-
-    /// A JSON number (never a JSON boolean, which Foundation also bridges to NSNumber) or a numeric string.
-    static func number(_ value: Any?) -> Double? {
+    /// A JSON number (never a boolean) or a numeric string.
+    package static func number(_ value: JSONValue?) -> Double? {
         switch value {
-        case let number as NSNumber:
-            guard !number.isBoolean else { return nil }
-            return number.doubleValue.isFinite ? number.doubleValue : nil
-        case let text as String:
-            return Double(text).flatMap { $0.isFinite ? $0 : nil }
-        default:
-            return nil
+        case .number(let number)?: number
+        case .string(let text)?: Double(text).flatMap { $0.isFinite ? $0 : nil }
+        default: nil
         }
     }
 
     /// `"true"`/`"false"` strings (what Apple sends) or JSON booleans (what the docs show). A
     /// careless `Bool(...)` or truthiness check would turn the string "false" true.
-    package static func flag(_ value: Any?) -> Bool? {
+    package static func flag(_ value: JSONValue?) -> Bool? {
         switch value {
-        case let text as String:
+        case .string(let text)?:
             switch text.lowercased() {
-            case "true": return true
-            case "false": return false
-            default: return nil
+            case "true": true
+            case "false": false
+            default: nil
             }
-        case let number as NSNumber where number.isBoolean:
-            return number.boolValue
-        default:
-            return nil
+        case .bool(let flag)?: flag
+        default: nil
         }
-    }
-}
-
-extension NSNumber {
-    /// Foundation decodes JSON `true`/`false` as NSNumber too; this tells them apart from 1 and 0.
-    fileprivate var isBoolean: Bool {
-        // Both Darwin and swift-corelibs-foundation hand booleans back as the CFBoolean subclass.
-        type(of: self) == type(of: NSNumber(value: true))
     }
 }
