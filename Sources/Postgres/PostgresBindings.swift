@@ -75,6 +75,11 @@ package struct PostgresBindings: Sendable, Hashable {
         bytes.append(0)
     }
 
+    /// Marks the bindings unsendable; the query then fails with `reason` before reaching the server.
+    mutating func refuse(_ reason: String) {
+        if invalidReason == nil { invalidReason = reason }
+    }
+
     /// Appends a binary-format value (only for types with a fixed OID, so the server knows the layout).
     package mutating func appendBinary(type: UInt32, _ write: (inout [UInt8]) -> Void) {
         let start = bytes.count

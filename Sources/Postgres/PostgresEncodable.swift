@@ -92,21 +92,19 @@ extension UInt8: PostgresArrayElement {
 }
 
 extension String: PostgresArrayElement {
-    /// `text[]` literal: every element double-quoted, `"` and `\` backslash-escaped.
+    /// `text[]` in binary: a length before each element, so nothing is escaped on either side
+    /// (the receiver binds kilobytes of JWS and claims per commit this way).
     package static var postgresArrayType: UInt32 { PostgresType.textArray }
     package static func encode(_ elements: [String], into binds: inout PostgresBindings) {
-        binds.appendText(type: postgresArrayType) { buffer in
-            buffer.append(UInt8(ascii: "{"))
-            for (index, element) in elements.enumerated() {
-                if index > 0 { buffer.append(UInt8(ascii: ",")) }
-                buffer.append(UInt8(ascii: "\""))
-                for byte in element.utf8 {
-                    if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { buffer.append(UInt8(ascii: "\\")) }
-                    buffer.append(byte)
-                }
-                buffer.append(UInt8(ascii: "\""))
+        if let index = elements.firstIndex(where: { $0.utf8.contains(0) }) {
+            binds.refuse("element \(index + 1) of parameter $\(binds.count + 1) contains a NUL byte, which PostgreSQL text cannot hold")
+        }
+        binds.appendBinary(type: postgresArrayType) { buffer in
+            appendArrayHeader(elementType: PostgresType.text, count: elements.count, to: &buffer)
+            for element in elements {
+                appendBigEndian(Int32(element.utf8.count), to: &buffer)
+                buffer.append(contentsOf: element.utf8)
             }
-            buffer.append(UInt8(ascii: "}"))
         }
     }
 }
@@ -114,14 +112,25 @@ extension String: PostgresArrayElement {
 extension Int64: PostgresArrayElement {
     package static var postgresArrayType: UInt32 { PostgresType.int8Array }
     package static func encode(_ elements: [Int64], into binds: inout PostgresBindings) {
-        binds.appendText(type: postgresArrayType) { buffer in
-            buffer.append(UInt8(ascii: "{"))
-            for (index, element) in elements.enumerated() {
-                if index > 0 { buffer.append(UInt8(ascii: ",")) }
-                appendDecimal(element, to: &buffer)
+        binds.appendBinary(type: postgresArrayType) { buffer in
+            appendArrayHeader(elementType: PostgresType.int8, count: elements.count, to: &buffer)
+            for element in elements {
+                appendBigEndian(Int32(8), to: &buffer)
+                appendBigEndian(UInt64(bitPattern: element), to: &buffer)
             }
-            buffer.append(UInt8(ascii: "}"))
         }
+    }
+}
+
+/// The binary array header (`array_send`): dimensions, no-NULLs flag, element type, then one
+/// dimension's length and lower bound 1. An empty array has no dimensions.
+func appendArrayHeader(elementType: UInt32, count: Int, to buffer: inout [UInt8]) {
+    appendBigEndian(Int32(count == 0 ? 0 : 1), to: &buffer)
+    appendBigEndian(Int32(0), to: &buffer)
+    appendBigEndian(elementType, to: &buffer)
+    if count > 0 {
+        appendBigEndian(Int32(count), to: &buffer)
+        appendBigEndian(Int32(1), to: &buffer)
     }
 }
 
@@ -136,15 +145,4 @@ extension Int: PostgresArrayElement {
 func appendBigEndian<T: FixedWidthInteger>(_ value: T, to buffer: inout [UInt8]) {
     var bigEndian = value.bigEndian
     withUnsafeBytes(of: &bigEndian) { buffer.append(contentsOf: $0) }
-}
-
-func appendDecimal(_ value: Int64, to buffer: inout [UInt8]) {
-    if value < 0 { buffer.append(UInt8(ascii: "-")) }
-    var magnitude = value.magnitude
-    let start = buffer.count
-    repeat {
-        buffer.append(UInt8(ascii: "0") + UInt8(magnitude % 10))
-        magnitude /= 10
-    } while magnitude > 0
-    buffer[start...].reverse()
 }

@@ -206,8 +206,12 @@ package final class NotificationStore: Sendable {
     }
 
     private func insertQuery(_ items: some Collection<Pending>) -> PostgresQuery {
-        var columns = Array(repeating: [String](), count: 9)
+        // One array per column, bound in binary: the statement text stays the same whatever the
+        // batch size, and kilobytes of JWS need no escaping.
+        var columns = Array(repeating: [String](), count: 8)
+        var eventTimes: [Int64] = []
         for index in columns.indices { columns[index].reserveCapacity(items.count) }
+        eventTimes.reserveCapacity(items.count)
         for item in items {
             let verified = item.notification
             let event = verified.notification.event
@@ -215,11 +219,11 @@ package final class NotificationStore: Sendable {
             columns[1].append(verified.clientID)
             columns[2].append(event.sub)
             columns[3].append(event.type.rawValue)
-            columns[4].append(String(Int64((event.time.timeIntervalSince1970 * 1000).rounded())))  // milliseconds
-            columns[5].append(event.email ?? "")
-            columns[6].append(event.isPrivateEmail.map { $0 ? "t" : "f" } ?? "")
-            columns[7].append(verified.claimsJSON)
-            columns[8].append(verified.jws)
+            eventTimes.append(Int64((event.time.timeIntervalSince1970 * 1000).rounded()))  // milliseconds
+            columns[4].append(event.email ?? "")
+            columns[5].append(event.isPrivateEmail.map { $0 ? "t" : "f" } ?? "")
+            columns[6].append(verified.claimsJSON)
+            columns[7].append(verified.jws)
         }
         return """
             INSERT INTO siwa.notifications
@@ -227,8 +231,8 @@ package final class NotificationStore: Sendable {
             SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8 / 1000), nullif(email, ''),
                    nullif(private, '')::boolean, claims::jsonb, jws
               FROM unnest(\(columns[0])::text[], \(columns[1])::text[], \(columns[2])::text[], \(columns[3])::text[],
-                          \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[], \(columns[7])::text[],
-                          \(columns[8])::text[])
+                          \(eventTimes)::bigint[], \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[],
+                          \(columns[7])::text[])
                 AS t(jti, client_id, sub, event_type, event_time, email, private, claims, jws)
             ON CONFLICT (jti) DO NOTHING
             """

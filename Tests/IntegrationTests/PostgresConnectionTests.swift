@@ -81,7 +81,7 @@ struct PostgresConnectionTests {
         }
     }
 
-    @Test func arraysBindAsLiteralsWithEscaping() async throws {
+    @Test func arraysRoundTripThroughTheServer() async throws {
         try await withTestSchema { schema in
             let connection = try await schema.connect()
             defer { connection.close() }
@@ -95,8 +95,14 @@ struct PostgresConnectionTests {
             #expect(try sums[0].decode(Int.self, column: "n") == 5)
             #expect(try sums[0].decode(Int64.self, column: "last") == Int64.max)
 
-            let none = try await connection.query("SELECT cardinality(\([String]())) AS n")
+            let none = try await connection.query("SELECT cardinality(\([String]())) AS n, cardinality(\([Int64]())) AS m")
             #expect(try none[0].decode(Int.self, column: "n") == 0)
+            #expect(try none[0].decode(Int.self, column: "m") == 0)
+
+            let withNUL = await #expect(throws: PostgresError.self) {
+                try await connection.query("SELECT \(["fine", "nul\u{0}byte"])")
+            }
+            #expect(withNUL?.code == .invalidParameter)
         }
     }
 

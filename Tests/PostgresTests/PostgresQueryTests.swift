@@ -67,14 +67,17 @@ import Testing
         #expect(query.binds.count == 4)
     }
 
-    @Test func arrayLiteralsEscapeQuotesBackslashesAndCommas() {
-        let strings = ["a", "b,c", "d\"e", "f\\g", "", "NULL", "{x}"]
-        let query: PostgresQuery = "SELECT \(strings), \([Int64]([-3, 0, Int64.max])), \([String]())"
-        #expect(query.binds[0] == .text(#"{"a","b,c","d\"e","f\\g","","NULL","{x}"}"#, type: PostgresType.textArray))
-        #expect(query.binds[1] == .text("{-3,0,9223372036854775807}", type: PostgresType.int8Array))
-        #expect(query.binds[2] == .text("{}", type: PostgresType.textArray))
-        let minimum: PostgresQuery = "\([Int64.min])"
-        #expect(minimum.binds[0] == .text("{-9223372036854775808}", type: PostgresType.int8Array))
+    @Test func arraysBindInBinaryWithLengthsNotEscapes() {
+        let query: PostgresQuery = "SELECT \(["a", "b\"c"]), \([Int64]([-3])), \([String]())"
+        let header: [UInt8] = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 25, 0, 0, 0, 2, 0, 0, 0, 1]
+        let elements: [UInt8] = [0, 0, 0, 1, UInt8(ascii: "a"), 0, 0, 0, 3, UInt8(ascii: "b"), UInt8(ascii: "\""), UInt8(ascii: "c")]
+        #expect(query.binds[0] == .binary(header + elements, type: PostgresType.textArray))
+        let int8: [UInt8] = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 20, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 8]
+        #expect(query.binds[1] == .binary(int8 + [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFD], type: PostgresType.int8Array))
+        #expect(query.binds[2] == .binary([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 25], type: PostgresType.textArray))
+        #expect(query.binds.invalidReason == nil)
+        let withNUL: PostgresQuery = "\(["ok", "a\u{0}b"])"
+        #expect(withNUL.binds.invalidReason?.contains("element 2 of parameter $1") == true)
     }
 
     @Test func byteaBindsBinaryWithZeroBytes() {
