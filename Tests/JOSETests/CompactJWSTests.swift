@@ -47,6 +47,8 @@ import Testing
         header + "." + part("not json") + ".AQID",
         part(#"{"alg":256}"#) + "." + payload + ".AQID",  // alg not a string
         part(#"{"alg":"RS256","kid":7}"#) + "." + payload + ".AQID",  // kid not a string
+        part(#"{"alg":"RS256","kid":"K1","alg":"none"}"#) + "." + payload + ".AQID",  // duplicate alg
+        header + "." + part(#"{"sub":"1","sub":"2"}"#) + ".AQID",  // duplicate claim
     ])
     func rejectsMalformed(_ token: String) {
         let error = #expect(throws: JOSEError.self) { try CompactJWS(token) }
