@@ -48,13 +48,7 @@ package struct IdentityTokenVerifier: Sendable {
         do { try RS256.verify(jws, publicKey: key) } catch { throw .badSignature }
         guard let claims = JSONValue.object(jws.payloadBytes) else { throw .malformed }
         guard claims["iss"]?.stringValue == AppleNotification.appleIssuer else { throw .wrongIssuer }
-        let audiences: [String] =
-            switch claims["aud"] {
-            case .string(let one)?: [one]
-            case .array(let many)?: many.compactMap(\.stringValue)
-            default: []
-            }
-        guard audiences.contains(clientID) else { throw .wrongAudience }
+        guard AppleNotification.audiences(claims["aud"])?.contains(clientID) == true else { throw .wrongAudience }
         guard let exp = claims["exp"]?.numberValue else { throw .malformed }
         guard exp + leeway > now.timeIntervalSince1970 else { throw .expired }
         guard let sub = claims["sub"]?.stringValue, sub == expectedSub else { throw .subMismatch }

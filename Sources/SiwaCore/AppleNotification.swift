@@ -86,15 +86,7 @@ extension AppleNotification {
     package init(claims object: [String: JSONValue]) throws(NotificationDecodingError) {
         guard let issuer = object["iss"]?.stringValue else { throw .missingClaim("iss") }
         guard let jti = object["jti"]?.stringValue, !jti.isEmpty else { throw .missingClaim("jti") }
-        let audiences: [String]
-        switch object["aud"] {
-        case .string(let single)?:
-            audiences = [single]
-        case .array(let many)? where !many.isEmpty && many.allSatisfy({ $0.stringValue != nil }):
-            audiences = many.compactMap(\.stringValue)
-        default:
-            throw .missingClaim("aud")
-        }
+        guard let audiences = Self.audiences(object["aud"]) else { throw .missingClaim("aud") }
         let issuedAt = Self.number(object["iat"]).map { Date(timeIntervalSince1970: $0) }
         let expiresAt = Self.number(object["exp"]).map { Date(timeIntervalSince1970: $0) }
 
@@ -149,6 +141,19 @@ extension AppleNotification {
             event: Event(
                 type: EventType(rawValue: typeName), sub: sub, time: time, email: email,
                 isPrivateEmail: isPrivateEmail))
+    }
+
+    /// The `aud` claim: one string, or a non-empty array of strings only (JWT allows both).
+    package static func audiences(_ value: JSONValue?) -> [String]? {
+        switch value {
+        case .string(let single)?:
+            return [single]
+        case .array(let many)?:
+            let strings = many.compactMap(\.stringValue)
+            return !strings.isEmpty && strings.count == many.count ? strings : nil
+        default:
+            return nil
+        }
     }
 
     /// A JSON number (never a boolean) or a numeric string.
