@@ -34,6 +34,8 @@ package final class NotificationStore: Sendable {
 
     package struct Metrics: Sendable {
         package var commitSeconds: Histogram
+        /// From submit to the start of the commit that carries it: time spent behind other commits.
+        package var waitSeconds: Histogram
         package var batchSize: Histogram
         package var duplicates: Counter
         package var stored: Counter
@@ -42,6 +44,7 @@ package final class NotificationStore: Sendable {
     private struct Pending: Sendable {
         var notification: VerifiedNotification
         var respond: @Sendable (Outcome) -> Void
+        var queuedAt: ContinuousClock.Instant
     }
 
     private struct State {
@@ -117,7 +120,7 @@ package final class NotificationStore: Sendable {
             guard state.running else { return .shuttingDown }
             if let downUntil = state.databaseDownUntil, ContinuousClock.now < downUntil { return .databaseUnavailable }
             guard state.queue.count < options.maxPending else { return .overloaded }
-            state.queue.append(Pending(notification: notification, respond: respond))
+            state.queue.append(Pending(notification: notification, respond: respond, queuedAt: .now))
             return nil
         }
         if let refusal {
@@ -155,7 +158,13 @@ package final class NotificationStore: Sendable {
                 for item in batch { item.respond(.rejected(.databaseUnavailable)) }
                 continue
             }
-            if !batch.isEmpty { commit(batch, on: connection) }
+            if !batch.isEmpty {
+                if let waitSeconds = metrics?.waitSeconds {
+                    let now = ContinuousClock.now
+                    for item in batch { waitSeconds.observe((now - item.queuedAt).seconds) }
+                }
+                commit(batch, on: connection)
+            }
             // Committer 0 flushes rejection counters and, when idle, proves the database is there.
             if index == 0, ContinuousClock.now - lastFlush > .seconds(5) {
                 flushRejections(on: connection)

@@ -31,6 +31,10 @@ package final class Receiver: Sendable {
             metrics: .init(
                 commitSeconds: metrics.histogram(
                     "siwa_receiver_commit_seconds", help: "Time from a batch's INSERT to its COMMIT."),
+                waitSeconds: metrics.histogram(
+                    "siwa_receiver_commit_wait_seconds",
+                    help: "Time a verified notification waited for the commit that carries it.",
+                    buckets: Histogram.requestBuckets),
                 batchSize: metrics.histogram(
                     "siwa_receiver_commit_batch_size", help: "Notifications per group commit.",
                     buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256]),

@@ -16,6 +16,7 @@ package struct ReceiverHandler: HTTPHandler {
     private let logger: Logger
     private let responses: [String: Counter]
     private let verifySeconds: Histogram
+    private let answerSeconds: Histogram
     private let received: Counter
 
     package init(
@@ -43,6 +44,10 @@ package struct ReceiverHandler: HTTPHandler {
         self.responses = responses
         self.verifySeconds = metrics.histogram(
             "siwa_receiver_verify_seconds", help: "Time to parse and verify a notification's JWS.")
+        self.answerSeconds = metrics.histogram(
+            "siwa_receiver_request_seconds",
+            help: "Time from a notification POST's complete body to its answer (verification, queueing, commit).",
+            buckets: Histogram.requestBuckets)
         self.received = metrics.counter("siwa_receiver_received_total", help: "Notification POSTs received.")
         metrics.gauge("siwa_receiver_pending_commits", help: "Verified notifications waiting for a commit.") {
             [store] in Double(store.pendingCount)
@@ -74,10 +79,15 @@ package struct ReceiverHandler: HTTPHandler {
         }
     }
 
-    private func receive(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+    private func receive(_ request: HTTPRequest, respond answer: @escaping @Sendable (HTTPResponse) -> Void) {
         received.increment()
         let requestID = RequestID.next()
         let started = ContinuousClock.now
+        let answerSeconds = answerSeconds
+        let respond: @Sendable (HTTPResponse) -> Void = { response in
+            answerSeconds.observe((ContinuousClock.now - started).seconds)
+            answer(response)
+        }
         switch verifier.verifyCached(body: request.body) {
         case .verified(let verified):
             verifySeconds.observe((ContinuousClock.now - started).seconds)

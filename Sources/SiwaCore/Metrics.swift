@@ -111,6 +111,11 @@ package final class Histogram: Sendable {
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
     ]
 
+    /// 0.5 ms to 10 s, finer between 10 and 50 ms, where a request's tail sits under load.
+    package static let requestBuckets: [Double] = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+    ]
+
     private struct State {
         var bucketCounts: [Int]
         var count = 0

@@ -129,6 +129,10 @@ import Testing
             let metrics = try await HTTP.request("GET", base + "/metrics").body
             #expect(metrics.contains(#"siwa_receiver_requests_total{reason="alg_not_allowed",status="401"} 2"#))
             #expect(metrics.contains("siwa_receiver_commit_seconds_bucket"))
+            // Every POST that reached the handler is timed to its answer (the 413 never does); only
+            // the one stored notification waited for a commit.
+            #expect(metrics.contains("siwa_receiver_request_seconds_count \(cases.count + 1)\n"), "\(metrics)")
+            #expect(metrics.contains("siwa_receiver_commit_wait_seconds_count 1\n"), "\(metrics)")
 
             // Nothing rejected was stored.
             let connection = try await database.connect()

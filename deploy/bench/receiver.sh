@@ -26,12 +26,17 @@ BIN=$(swift build -c release --show-bin-path)
 work=$(mktemp -d /tmp/siwa-bench-receiver.XXXXXX)
 
 source deploy/scripts/throwaway-postgres.sh
-# The runs write a few GB of WAL and about 2 GB of rows. With the default max_wal_size a
-# checkpoint lands in the middle of whichever run happens to be going, and with a small buffer pool
-# backends stall evicting dirty pages; either decides that run's tail latency. So: room for the
-# whole benchmark in WAL and in shared_buffers (a quarter of this 24 GB machine is 6 GB), the same
-# server for both peers. Checkpoints that did happen are counted in the results.
-pg_throwaway_start fsync=on synchronous_commit=on max_wal_size=16GB checkpoint_timeout=1h shared_buffers=3GB
+# The runs write about 1.5 GB of WAL and 2 GB of rows. Three things would otherwise decide a run's
+# tail latency instead of the code under test, whichever peer happened to be running:
+#  - a checkpoint in the middle of a run: max_wal_size and checkpoint_timeout leave room for all of it;
+#  - backends evicting dirty pages from a small buffer pool: shared_buffers holds all of it;
+#  - a brand-new WAL segment: a fresh cluster creates and zero-fills a 16 MB file on the commit path
+#    every 16 MB (measured here: 7 commits of 50-100 ms per 64-connection run, p99 50 ms). A server
+#    that has been running recycles old segments at each checkpoint instead, so before the runs the
+#    benchmark writes 3 GB of WAL and checkpoints it (min_wal_size keeps the recycled files).
+# Checkpoints and WAL segments created during the runs are counted in the results.
+pg_throwaway_start fsync=on synchronous_commit=on max_wal_size=16GB min_wal_size=3GB checkpoint_timeout=1h \
+  shared_buffers=3GB
 children=()
 cleanup() {
   for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -42,6 +47,22 @@ cleanup() {
 trap cleanup EXIT
 echo "==> PostgreSQL on 127.0.0.1:$PG_PORT (fsync on, synchronous_commit on)"
 "$BIN/siwa" migrate --database-url "$DATABASE_URL" >/dev/null
+wal_segments() { find "$PG_DIR/data/pg_wal" -maxdepth 1 -type f -name '0*' | wc -l; }
+echo "==> recycling 3 GB of WAL segments, as a server that has run for a while has"
+psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres <<'SQL'
+CREATE TABLE wal_warmup (n int);
+DO $$ BEGIN
+  FOR i IN 1..192 LOOP INSERT INTO wal_warmup VALUES (i); PERFORM pg_switch_wal(); END LOOP;
+END $$;
+DROP TABLE wal_warmup;
+CHECKPOINT;
+CHECKPOINT;
+SQL
+segments_before=$(wal_segments)
+checkpoint_count() {
+  psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+}
+checkpoints_before=$(checkpoint_count)
 
 fake_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" >"$work/fake.log" 2>&1 &
@@ -101,13 +122,34 @@ commit_counts() {
     /^siwa_receiver_commit_seconds_bucket\{le="0.025"\}/ {fast=$2}
     END {printf "%d %d\n", total, total - fast}'
 }
+# Server-side quantiles for one run: the p99 bucket bound of a histogram, from /metrics snapshots
+# taken before and after the run (so earlier runs do not count).
+metrics_snapshot() { curl -s "http://127.0.0.1:$port/metrics" >"$work/$1.metrics"; }
+server_p99() {
+  python3 - "$work/$1.metrics" "$work/$2.metrics" "$3" <<'PY'
+import re, sys
+def buckets(path, name):
+    found = {}
+    for line in open(path):
+        m = re.match(name + r'_bucket\{le="([^"]+)"\} (\d+)', line)
+        if m: found[m.group(1)] = int(m.group(2))
+    return found
+before, after = buckets(sys.argv[1], sys.argv[3]), buckets(sys.argv[2], sys.argv[3])
+counts = [(float(le), after[le] - before.get(le, 0)) for le in after]
+counts.sort()
+total = counts[-1][1] if counts else 0
+bound = next((le for le, n in counts if total and n >= 0.99 * total), float("nan"))
+print("n/a" if total == 0 else ("> 10 s" if bound == float("inf") else f"<= {bound * 1000:g} ms"))
+PY
+}
 settle() { psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "VACUUM (ANALYZE)" >/dev/null; }
-declare -A rps p50 p99 non2xx pg_before pg_after pg_tps pg_p99 cpu_us requests_at commits
+declare -A server rps p50 p99 non2xx pg_before pg_after pg_tps pg_p99 cpu_us requests_at commits
 for c in $CONNECTIONS; do
   settle
   pg_before[$c]=$(pgbench_tps "$c" "pg$c")
   settle
   read -r commits_before slow_before < <(commit_counts)
+  metrics_snapshot "before$c"
   cpu_before=$(cpu_s "$receiver_pid")
   # PROFILE=1: sample the receiver's CPU (software clock) during the 64-connection run.
   if [[ "${PROFILE:-0}" == 1 && $c == 64 ]]; then
@@ -124,6 +166,8 @@ for c in $CONNECTIONS; do
   requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$line")
   requests_at[$c]=$requests
   read -r commits_after slow_after < <(commit_counts)
+  metrics_snapshot "after$c"
+  server[$c]="answer $(server_p99 "before$c" "after$c" siwa_receiver_request_seconds), waiting for a commit $(server_p99 "before$c" "after$c" siwa_receiver_commit_wait_seconds), commit $(server_p99 "before$c" "after$c" siwa_receiver_commit_seconds)"
   commits[$c]="$((commits_after - commits_before)) ($((slow_after - slow_before)) > 25 ms)"
   cpu_us[$c]=$(python3 -c "print(round(($(cpu_s "$receiver_pid") - $cpu_before) * 1e6 / max(1, $requests)))")
   settle
@@ -132,7 +176,8 @@ for c in $CONNECTIONS; do
   pg_tps[$c]=$(python3 -c "print(round((${pg_before[$c]} + ${pg_after[$c]}) / 2))")
 done
 receiver_rss=$(rss_mb "$receiver_pid")
-checkpoints=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")
+segments_created=$(( $(wal_segments) - segments_before ))
+checkpoints=$(( $(checkpoint_count) - checkpoints_before ))
 autovacuums=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables")
 stored=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.notifications")
 jobs=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.jobs")
@@ -167,10 +212,12 @@ for c in $CONNECTIONS; do
     "${cpu_us[$c]}" "${pg_before[$c]%.*} / ${pg_after[$c]%.*}" "${pg_p99[$c]}" "$ratio" "$(case $c in 16) echo "(information)";; 32) echo "ratio >= 0.80";; 64) echo "ratio >= 0.80; p99 <= 20 ms";; esac)"
 done
 printf 'rows stored: %s notifications, %s jobs (one job per notification)\n' "$stored" "$jobs"
-printf 'over the whole benchmark: %s checkpoints, %s autovacuum/autoanalyze passes\n' "$checkpoints" "$autovacuums"
+printf 'during the runs: %s checkpoints, %s autovacuum/autoanalyze passes, %s WAL segments created (%s recycled ones ready)\n' \
+  "$checkpoints" "$autovacuums" "$segments_created" "$segments_before"
 for c in $CONNECTIONS; do
   printf 'run at %s connections: %s requests for %s distinct notifications (beyond that, redeliveries: 200, no insert); %s commits\n' \
     "$c" "${requests_at[$c]}" "$N" "${commits[$c]}"
+  printf '    p99 inside the receiver: %s\n' "${server[$c]}"
 done
 printf 'receiver resident memory after the runs: %s MB (target <= 64 MB)\n' "$receiver_rss"
 printf 'python peer at 64 connections (uvicorn x2 + PyJWT + psycopg pool): %s r/s, p99 %s ms, non2xx %s\n' "$py_rps" "$py_p99" "$py_non2xx"
