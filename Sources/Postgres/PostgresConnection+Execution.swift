@@ -14,6 +14,13 @@ import Locking
 // (and in deinit, when nothing else can hold the handle).
 final class ConnectionHandle: @unchecked Sendable {
     var pointer: OpaquePointer?
+    /// Statements prepared on this session, by SQL text and parameter types; emptied whenever the
+    /// session is new (connect, reset).
+    var preparedStatements: [PreparedKey: String] = [:]
+    /// Set once the server loses or duplicates our prepared statements (a transaction-pooling
+    /// proxy between us hands each statement to whichever session is free): from then on this
+    /// connection sends every statement unnamed.
+    var sendsUnnamedOnly = false
     /// Passed to libpq as the notice processor's context; lives as long as the PGconn.
     let notices: NoticeContext
 
@@ -25,6 +32,11 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 
     deinit { finish() }
+}
+
+struct PreparedKey: Hashable {
+    var sql: String
+    var types: [UInt32]
 }
 
 /// Routes server notices (`relation … already exists, skipping`) to the logger instead of stderr.
@@ -118,6 +130,7 @@ extension PostgresConnection {
 
     /// Session settings and the cancel object; run after connect and after every reset.
     func prepareSession(_ connection: OpaquePointer) throws(PostgresError) {
+        handle.preparedStatements.removeAll()
         PQsetNoticeProcessor(connection, NoticeContext.processor, Unmanaged.passUnretained(handle.notices).toOpaque())
         _ = try Self.simple(Self.sessionSetup, on: connection)
         let cancel = CancelObject(PQgetCancel(connection))
@@ -180,6 +193,84 @@ extension PostgresConnection {
         return affectedRows(of: result)
     }
 
+    /// Sends `query` as a statement prepared on this session (prepared on first use, so the
+    /// server parses and plans it once), runs `meanwhile` on this thread while the server executes
+    /// it, then waits for the outcome. `meanwhile` runs exactly once, even when nothing was sent.
+    func affectedRowsPrepared(
+        _ query: PostgresQuery, on connection: OpaquePointer, meanwhile: () -> Void
+    ) throws(PostgresError) -> Int {
+        var ranMeanwhile = false
+        func runMeanwhileOnce() {
+            if !ranMeanwhile {
+                ranMeanwhile = true
+                meanwhile()
+            }
+        }
+        defer { runMeanwhileOnce() }
+        if !handle.sendsUnnamedOnly {
+            do throws(PostgresError) {
+                let name = try preparedName(for: query, on: connection)
+                return try Self.affectedRows(query, on: connection, afterSending: runMeanwhileOnce) {
+                    values, lengths, formats in
+                    PQsendQueryPrepared(connection, name, Int32(query.binds.count), values, lengths, formats, 0)
+                }
+            } catch where error.sqlState == "26000" || error.sqlState == "42P05" {
+                // Neither error ran the statement, so sending it unnamed now runs it once.
+                handle.sendsUnnamedOnly = true
+                handle.preparedStatements.removeAll()
+                logger.info(
+                    "postgres prepared statements do not persist on this connection (a transaction-pooling proxy?); sending statements unnamed",
+                    metadata: ["db.sqlstate": .string(error.sqlState ?? "")])
+            }
+        }
+        return try Self.affectedRows(query, on: connection, afterSending: runMeanwhileOnce) { values, lengths, formats in
+            PQsendQueryParams(
+                connection, query.sql, Int32(query.binds.count), query.binds.types, values, lengths, formats, 0)
+        }
+    }
+
+    /// Sends with `send`, calls `afterSending`, then collects the statement's outcome.
+    private static func affectedRows(
+        _ query: PostgresQuery, on connection: OpaquePointer, afterSending: () -> Void,
+        send: (
+            _ values: UnsafePointer<UnsafePointer<CChar>?>?, _ lengths: UnsafePointer<Int32>?,
+            _ formats: UnsafePointer<Int32>?
+        ) -> Int32
+    ) throws(PostgresError) -> Int {
+        let sent = try query.binds.withLibpqArrays { (_, values, lengths, formats) throws(PostgresError) in
+            send(values, lengths, formats)
+        }
+        guard sent == 1 else {
+            throw PostgresError(.queryFailed, message: libpqErrorMessage(connection), query: query.sql)
+        }
+        afterSending()
+        // One statement gives one result, then NULL; a failure is kept over an earlier success.
+        var outcome: OpaquePointer? = nil
+        while let result = PQgetResult(connection) {
+            if outcome == nil || !isSuccess(PQresultStatus(result)) {
+                if let outcome { PQclear(outcome) }
+                outcome = result
+            } else {
+                PQclear(result)
+            }
+        }
+        let result = try check(outcome, connection: connection, sql: query.sql)
+        defer { PQclear(result) }
+        return affectedRows(of: result)
+    }
+
+    private func preparedName(for query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> String {
+        let key = PreparedKey(sql: query.sql, types: query.binds.types)
+        if let name = handle.preparedStatements[key] { return name }
+        let name = "siwa_\(handle.preparedStatements.count + 1)"
+        let result = key.types.withUnsafeBufferPointer { types in
+            PQprepare(connection, name, query.sql, Int32(types.count), types.baseAddress)
+        }
+        PQclear(try Self.check(result, connection: connection, sql: query.sql))
+        handle.preparedStatements[key] = name
+        return name
+    }
+
     /// Simple protocol; returns the command tag of the last statement.
     static func simple(_ sql: String, on connection: OpaquePointer) throws(PostgresError) -> String {
         let result = try check(PQexec(connection, sql), connection: connection, sql: sql)
@@ -196,6 +287,10 @@ extension PostgresConnection {
         }
     }
 
+    static func isSuccess(_ status: ExecStatusType) -> Bool {
+        status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK || status == PGRES_EMPTY_QUERY
+    }
+
     static func affectedRows(of result: OpaquePointer) -> Int {
         guard let text = PQcmdTuples(result), text.pointee != 0 else { return 0 }
         return Int(String(cString: text)) ?? 0
@@ -209,9 +304,7 @@ extension PostgresConnection {
             throw PostgresError(.queryFailed, message: libpqErrorMessage(connection), query: sql)
         }
         let status = PQresultStatus(result)
-        if status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK || status == PGRES_EMPTY_QUERY {
-            return result
-        }
+        if isSuccess(status) { return result }
         defer { PQclear(result) }
         if status == PGRES_COPY_IN || status == PGRES_COPY_OUT || status == PGRES_COPY_BOTH {
             throw PostgresError(.queryFailed, message: "COPY is not supported by this wrapper", query: sql)

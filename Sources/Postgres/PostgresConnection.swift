@@ -171,6 +171,17 @@ package final class PostgresConnection: Sendable {
         try blocking { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
     }
 
+    /// `executeBlocking(_:)` for a statement run again and again: it is prepared on this session at
+    /// first use (parsed and planned once). `meanwhile` runs on the caller's thread once the
+    /// statement is sent, while the server works on it (the caller's other work overlaps the round
+    /// trip); it runs exactly once, also when nothing could be sent, and must not use this connection.
+    @discardableResult
+    package func executePreparedBlocking(_ query: PostgresQuery, meanwhile: () -> Void = {}) throws -> Int {
+        try blocking { connection throws(PostgresError) in
+            try affectedRowsPrepared(query, on: connection, meanwhile: meanwhile)
+        }
+    }
+
     /// `simpleQuery(_:)` on the caller's thread. Must not be called from the Swift concurrency pool.
     package func simpleQueryBlocking(_ sql: String) throws {
         try blocking { connection throws(PostgresError) in _ = try Self.simple(sql, on: connection) }

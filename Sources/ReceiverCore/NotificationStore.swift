@@ -147,14 +147,30 @@ package final class NotificationStore: Sendable {
         // Connect up front so the first notification does not pay for it and /readyz turns green.
         var connection: PostgresConnection? = connect()
         var lastFlush = ContinuousClock.now
+        // The last committed batch, not yet answered. Its answers are written while the next
+        // batch's INSERT runs, so the database never waits for the committer to write HTTP
+        // responses. With nothing queued behind it, it is answered at once.
+        var owed: [Pending] = []
         while true {
-            let batch = nextBatch()
+            let batch: [Pending]?
+            if owed.isEmpty {
+                batch = nextBatch()
+            } else {
+                batch = queuedBatch()
+                if batch?.isEmpty ?? true {
+                    answerStored(owed)
+                    owed = []
+                    continue
+                }
+            }
             guard let batch else { break }  // stopped and drained
             if connection == nil || connection?.isUsable == false {
                 connection?.close()
                 connection = connect()
             }
             guard let connection else {
+                answerStored(owed)
+                owed = []
                 for item in batch { item.respond(.rejected(.databaseUnavailable)) }
                 continue
             }
@@ -163,10 +179,13 @@ package final class NotificationStore: Sendable {
                     let now = ContinuousClock.now
                     for item in batch { waitSeconds.observe((now - item.queuedAt).seconds) }
                 }
-                commit(batch, on: connection)
+                let previous = owed
+                owed = commit(batch, on: connection, meanwhile: { answerStored(previous) })
             }
             // Committer 0 flushes rejection counters and, when idle, proves the database is there.
             if index == 0, ContinuousClock.now - lastFlush > .seconds(5) {
+                answerStored(owed)
+                owed = []
                 flushRejections(on: connection)
                 lastFlush = ContinuousClock.now
             }
@@ -175,6 +194,10 @@ package final class NotificationStore: Sendable {
             flushRejections(on: connection)
             connection.close()
         }
+    }
+
+    private func answerStored(_ items: [Pending]) {
+        for item in items { item.respond(.stored) }
     }
 
     /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.
@@ -186,15 +209,25 @@ package final class NotificationStore: Sendable {
             wakeUp.unlock()
         }
         while true {
-            let (batch, running) = state.withLock { state -> ([Pending], Bool) in
-                let count = min(state.queue.count, options.maxBatch)
-                let batch = Array(state.queue.prefix(count))
-                state.queue.removeFirst(count)
-                return (batch, state.running)
-            }
+            let (batch, running) = takeQueued()
             if !batch.isEmpty { return batch }
             if !running { return nil }
             if !wakeUp.wait(until: Date().addingTimeInterval(5)) { return [] }
+        }
+    }
+
+    /// What is queued now, without waiting: empty when nothing is, nil when stopped and drained.
+    private func queuedBatch() -> [Pending]? {
+        let (batch, running) = takeQueued()
+        return batch.isEmpty && !running ? nil : batch
+    }
+
+    private func takeQueued() -> (batch: [Pending], running: Bool) {
+        state.withLock { state in
+            let count = min(state.queue.count, options.maxBatch)
+            let batch = Array(state.queue.prefix(count))
+            state.queue.removeFirst(count)
+            return (batch, state.running)
         }
     }
 
@@ -247,25 +280,30 @@ package final class NotificationStore: Sendable {
             """
     }
 
-    private func commit(_ batch: [Pending], on connection: PostgresConnection) {
+    /// Commits `batch`, running `meanwhile` while the statement executes. Returns the items
+    /// stored, still to be answered; the others have been answered with their rejection.
+    private func commit(
+        _ batch: [Pending], on connection: PostgresConnection, meanwhile: () -> Void = {}
+    ) -> [Pending] {
         let started = ContinuousClock.now
         do {
-            let inserted = try connection.executeBlocking(insertQuery(batch))
+            let inserted = try connection.executePreparedBlocking(insertQuery(batch), meanwhile: meanwhile)
             recordSuccess(batchSize: batch.count, inserted: inserted, since: started)
-            for item in batch { item.respond(.stored) }
+            return batch
         } catch let error as PostgresError where error.isConnectionProblem || !connection.isUsable {
             // The COMMIT's fate is unknown; 503 makes the sender retry, and the jti makes that safe.
             logger.error("database connection lost during commit", metadata: ["error": "\(error)"])
             state.withLock { $0.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
             for item in batch { item.respond(.rejected(.databaseUnavailable)) }
+            return []
         } catch {
             // A data error in one row fails the whole statement: retry one by one so only that row is refused.
             logger.warning("batch insert failed; isolating rows", metadata: ["error": "\(error)", "batch.size": .int(batch.count)])
             guard batch.count > 1 else {
                 batch[0].respond(.rejected(Rejection(status: 400, code: "claims_not_storable")))
-                return
+                return []
             }
-            for item in batch { commit([item], on: connection) }
+            return batch.flatMap { commit([$0], on: connection) }
         }
     }
 

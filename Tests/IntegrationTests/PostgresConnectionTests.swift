@@ -289,6 +289,67 @@ struct PostgresConnectionTests {
         }
     }
 
+    /// The receiver's INSERT is prepared once per session and runs with the previous batch's answers
+    /// written meanwhile. Behind a transaction-pooling proxy a session may lack the statement: the
+    /// connection must then run it exactly once, unnamed, and stop preparing.
+    @Test func preparedStatementsRunOnceEvenWhenTheSessionLosesThem() async throws {
+        try await withTestSchema { schema in
+            let conninfo = schema.conninfo
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let thread = Thread {
+                    continuation.resume(
+                        with: Result {
+                            let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
+                            defer { connection.close() }
+                            try connection.simpleQueryBlocking("CREATE TABLE hits (n bigint PRIMARY KEY)")
+                            func prepared() throws -> Int {
+                                try connection.queryBlocking("SELECT count(*) AS n FROM pg_prepared_statements")[0]
+                                    .decode(Int.self, column: "n")
+                            }
+                            var meanwhileCalls = 0
+                            for n in Int64(1)...3 {
+                                #expect(try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") {
+                                    meanwhileCalls += 1
+                                } == 1)
+                            }
+                            #expect(try prepared() == 1)
+                            #expect(meanwhileCalls == 3)
+
+                            try connection.simpleQueryBlocking("DEALLOCATE ALL")
+                            for n in Int64(4)...5 {
+                                #expect(try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") {
+                                    meanwhileCalls += 1
+                                } == 1)
+                            }
+                            #expect(try prepared() == 0)
+                            #expect(meanwhileCalls == 5)
+                            let rows = try connection.queryBlocking("SELECT count(*) AS n, sum(n) AS total FROM hits")
+                            #expect(try rows[0].decode(Int.self, column: "n") == 5)
+                            #expect(try rows[0].decode(Int.self, column: "total") == 15)
+
+                            // A failing statement still runs `meanwhile`, once, and reports the server's error.
+                            do {
+                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(Int64(1)))") {
+                                    meanwhileCalls += 1
+                                }
+                                Issue.record("a duplicate key was inserted")
+                            } catch let error as PostgresError {
+                                #expect(error.sqlState == "23505")
+                            }
+                            // So does one that cannot be sent at all.
+                            #expect(throws: PostgresError.self) {
+                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(Int64(9)), \("nul\u{0}"))") {
+                                    meanwhileCalls += 1
+                                }
+                            }
+                            #expect(meanwhileCalls == 7)
+                        })
+                }
+                thread.start()
+            }
+        }
+    }
+
     @Test func poolLeaseWaitIsBounded() async throws {
         try await withTestSchema { schema in
             let pool = PostgresPool(
