@@ -307,20 +307,15 @@ struct PostgresConnectionTests {
                                     .decode(Int.self, column: "n")
                             }
                             var meanwhileCalls = 0
-                            for n in Int64(1)...3 {
-                                #expect(try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") {
-                                    meanwhileCalls += 1
-                                } == 1)
+                            func insert(_ n: Int64) throws -> Int {
+                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") { meanwhileCalls += 1 }
                             }
+                            for n in Int64(1)...3 { #expect(try insert(n) == 1) }
                             #expect(try prepared() == 1)
                             #expect(meanwhileCalls == 3)
 
                             try connection.simpleQueryBlocking("DEALLOCATE ALL")
-                            for n in Int64(4)...5 {
-                                #expect(try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") {
-                                    meanwhileCalls += 1
-                                } == 1)
-                            }
+                            for n in Int64(4)...5 { #expect(try insert(n) == 1) }
                             #expect(try prepared() == 0)
                             #expect(meanwhileCalls == 5)
                             let rows = try connection.queryBlocking("SELECT count(*) AS n, sum(n) AS total FROM hits")
@@ -329,9 +324,7 @@ struct PostgresConnectionTests {
 
                             // A failing statement still runs `meanwhile`, once, and reports the server's error.
                             do {
-                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(Int64(1)))") {
-                                    meanwhileCalls += 1
-                                }
+                                _ = try insert(1)
                                 Issue.record("a duplicate key was inserted")
                             } catch let error as PostgresError {
                                 #expect(error.sqlState == "23505")
