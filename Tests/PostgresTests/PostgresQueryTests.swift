@@ -91,5 +91,14 @@ import Testing
         #expect(fine.binds.invalidReason == nil)
         let bad: PostgresQuery = "\("a\u{0}b")"
         #expect(bad.binds.invalidReason != nil)
+        // In an array, whether the element is a small (inline) string, a large native one, or
+        // bridged from Foundation; the reason names the element.
+        let long = String(repeating: "x", count: 5000)
+        for elements in [["ok", "a\u{0}"], [long, long + "\u{0}"], ["ok", NSString(string: "b\u{0}c") as String]] {
+            let query: PostgresQuery = "SELECT \(elements)::text[]"
+            #expect(query.binds.invalidReason?.contains("element 2 of parameter $1") == true, "\(elements.map(\.count))")
+        }
+        let clean: PostgresQuery = "SELECT \([long, "ok", NSString(string: "fine") as String])::text[]"
+        #expect(clean.binds.invalidReason == nil)
     }
 }
