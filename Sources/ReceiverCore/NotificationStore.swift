@@ -151,6 +151,10 @@ package final class NotificationStore: Sendable {
         // batch's INSERT runs, so the database never waits for the committer to write HTTP
         // responses. With nothing queued behind it, it is answered at once.
         var owed: [Pending] = []
+        func answerOwed() {
+            for item in owed { item.respond(.stored) }
+            owed = []
+        }
         while true {
             let batch: [Pending]?
             if owed.isEmpty {
@@ -158,8 +162,7 @@ package final class NotificationStore: Sendable {
             } else {
                 batch = queuedBatch()
                 if batch?.isEmpty ?? true {
-                    answerStored(owed)
-                    owed = []
+                    answerOwed()
                     continue
                 }
             }
@@ -169,23 +172,18 @@ package final class NotificationStore: Sendable {
                 connection = connect()
             }
             guard let connection else {
-                answerStored(owed)
-                owed = []
+                answerOwed()
                 for item in batch { item.respond(.rejected(.databaseUnavailable)) }
                 continue
             }
             if !batch.isEmpty {
-                if let waitSeconds = metrics?.waitSeconds {
-                    let now = ContinuousClock.now
-                    for item in batch { waitSeconds.observe((now - item.queuedAt).seconds) }
-                }
-                let previous = owed
-                owed = commit(batch, on: connection, meanwhile: { answerStored(previous) })
+                let now = ContinuousClock.now
+                metrics?.waitSeconds.observe(contentsOf: batch.lazy.map { (now - $0.queuedAt).seconds })
+                owed = commit(batch, on: connection, meanwhile: answerOwed)
             }
             // Committer 0 flushes rejection counters and, when idle, proves the database is there.
             if index == 0, ContinuousClock.now - lastFlush > .seconds(5) {
-                answerStored(owed)
-                owed = []
+                answerOwed()
                 flushRejections(on: connection)
                 lastFlush = ContinuousClock.now
             }
@@ -194,10 +192,6 @@ package final class NotificationStore: Sendable {
             flushRejections(on: connection)
             connection.close()
         }
-    }
-
-    private func answerStored(_ items: [Pending]) {
-        for item in items { item.respond(.stored) }
     }
 
     /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.

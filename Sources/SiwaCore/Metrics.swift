@@ -143,6 +143,18 @@ package final class Histogram: Sendable {
         }
     }
 
+    /// Observes many values under one lock acquisition (a batch's worth, from a hot loop).
+    package func observe(contentsOf values: some Sequence<Double>) {
+        let observed = values.map { value in (index: buckets.firstIndex { value <= $0 }, value: value) }
+        state.withLock { state in
+            for (index, value) in observed {
+                if let index { state.bucketCounts[index] += 1 }
+                state.count += 1
+                state.sum += value
+            }
+        }
+    }
+
     package var count: Int { state.withLock { $0.count } }
 
     fileprivate func sampleLines() -> [String] {

@@ -266,24 +266,18 @@ struct PostgresConnectionTests {
     @Test func blockingAPIWorksFromADedicatedThread() async throws {
         try await withTestSchema { schema in
             let conninfo = schema.conninfo
-            let count = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int, any Error>) in
-                let thread = Thread {
-                    continuation.resume(
-                        with: Result {
-                            let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
-                            defer { connection.close() }
-                            try connection.simpleQueryBlocking("CREATE TABLE batch (n bigint)")
-                            let numbers = (1...1000).map(Int64.init)
-                            let inserted = try connection.withTransactionBlocking { transaction in
-                                try transaction.executeBlocking("INSERT INTO batch SELECT unnest(\(numbers))")
-                            }
-                            #expect(try connection.resetIfBrokenBlocking() == false)
-                            let rows = try connection.queryBlocking("SELECT count(*) AS n FROM batch")
-                            #expect(try rows[0].decode(Int.self, column: "n") == inserted)
-                            return inserted
-                        })
+            let count = try await onDedicatedThread {
+                let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
+                defer { connection.close() }
+                try connection.simpleQueryBlocking("CREATE TABLE batch (n bigint)")
+                let numbers = (1...1000).map(Int64.init)
+                let inserted = try connection.withTransactionBlocking { transaction in
+                    try transaction.executeBlocking("INSERT INTO batch SELECT unnest(\(numbers))")
                 }
-                thread.start()
+                #expect(try connection.resetIfBrokenBlocking() == false)
+                let rows = try connection.queryBlocking("SELECT count(*) AS n FROM batch")
+                #expect(try rows[0].decode(Int.self, column: "n") == inserted)
+                return inserted
             }
             #expect(count == 1000)
         }
@@ -295,50 +289,44 @@ struct PostgresConnectionTests {
     @Test func preparedStatementsRunOnceEvenWhenTheSessionLosesThem() async throws {
         try await withTestSchema { schema in
             let conninfo = schema.conninfo
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let thread = Thread {
-                    continuation.resume(
-                        with: Result {
-                            let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
-                            defer { connection.close() }
-                            try connection.simpleQueryBlocking("CREATE TABLE hits (n bigint PRIMARY KEY)")
-                            func prepared() throws -> Int {
-                                try connection.queryBlocking("SELECT count(*) AS n FROM pg_prepared_statements")[0]
-                                    .decode(Int.self, column: "n")
-                            }
-                            var meanwhileCalls = 0
-                            func insert(_ n: Int64) throws -> Int {
-                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") { meanwhileCalls += 1 }
-                            }
-                            for n in Int64(1)...3 { #expect(try insert(n) == 1) }
-                            #expect(try prepared() == 1)
-                            #expect(meanwhileCalls == 3)
-
-                            try connection.simpleQueryBlocking("DEALLOCATE ALL")
-                            for n in Int64(4)...5 { #expect(try insert(n) == 1) }
-                            #expect(try prepared() == 0)
-                            #expect(meanwhileCalls == 5)
-                            let rows = try connection.queryBlocking("SELECT count(*) AS n, sum(n) AS total FROM hits")
-                            #expect(try rows[0].decode(Int.self, column: "n") == 5)
-                            #expect(try rows[0].decode(Int.self, column: "total") == 15)
-
-                            // A failing statement still runs `meanwhile`, once, and reports the server's error.
-                            do {
-                                _ = try insert(1)
-                                Issue.record("a duplicate key was inserted")
-                            } catch let error as PostgresError {
-                                #expect(error.sqlState == "23505")
-                            }
-                            // So does one that cannot be sent at all.
-                            #expect(throws: PostgresError.self) {
-                                try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(Int64(9)), \("nul\u{0}"))") {
-                                    meanwhileCalls += 1
-                                }
-                            }
-                            #expect(meanwhileCalls == 7)
-                        })
+            try await onDedicatedThread {
+                let connection = try PostgresConnection.connectBlocking(to: conninfo, logger: TestDatabase.logger)
+                defer { connection.close() }
+                try connection.simpleQueryBlocking("CREATE TABLE hits (n bigint PRIMARY KEY)")
+                func prepared() throws -> Int {
+                    try connection.queryBlocking("SELECT count(*) AS n FROM pg_prepared_statements")[0]
+                        .decode(Int.self, column: "n")
                 }
-                thread.start()
+                var meanwhileCalls = 0
+                func insert(_ n: Int64) throws -> Int {
+                    try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(n))") { meanwhileCalls += 1 }
+                }
+                for n in Int64(1)...3 { #expect(try insert(n) == 1) }
+                #expect(try prepared() == 1)
+                #expect(meanwhileCalls == 3)
+
+                try connection.simpleQueryBlocking("DEALLOCATE ALL")
+                for n in Int64(4)...5 { #expect(try insert(n) == 1) }
+                #expect(try prepared() == 0)
+                #expect(meanwhileCalls == 5)
+                let rows = try connection.queryBlocking("SELECT count(*) AS n, sum(n) AS total FROM hits")
+                #expect(try rows[0].decode(Int.self, column: "n") == 5)
+                #expect(try rows[0].decode(Int.self, column: "total") == 15)
+
+                // A failing statement still runs `meanwhile`, once, and reports the server's error.
+                do {
+                    _ = try insert(1)
+                    Issue.record("a duplicate key was inserted")
+                } catch let error as PostgresError {
+                    #expect(error.sqlState == "23505")
+                }
+                // So does one that cannot be sent at all.
+                #expect(throws: PostgresError.self) {
+                    try connection.executePreparedBlocking("INSERT INTO hits VALUES (\(Int64(9)), \("nul\u{0}"))") {
+                        meanwhileCalls += 1
+                    }
+                }
+                #expect(meanwhileCalls == 7)
             }
         }
     }
@@ -370,5 +358,12 @@ struct PostgresConnectionTests {
             #expect(rows == 2)
             #expect(pool.openConnections == 1)
         }
+    }
+}
+
+/// Runs `body` on a thread of its own (the blocking API must not run on the concurrency pool).
+private func onDedicatedThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try body() }) }.start()
     }
 }

@@ -135,11 +135,12 @@ print(f"{p99(samples):.2f} {p99(corrected):.2f}")' "$2" "$DURATION"
 # previous run's inserts earned runs during the next run, whichever peer that is. Vacuuming before
 # each run puts that work between the measurements (what a run's own inserts earn still counts).
 # "commits slow": the receiver's commits and those over 25 ms so far, from its /metrics histogram.
+# (read from a snapshot taken with metrics_snapshot NAME)
 commit_counts() {
-  curl -s "http://127.0.0.1:$port/metrics" | awk '
+  awk '
     /^siwa_receiver_commit_seconds_count/ {total=$2}
     /^siwa_receiver_commit_seconds_bucket\{le="0.025"\}/ {fast=$2}
-    END {printf "%d %d\n", total, total - fast}'
+    END {printf "%d %d\n", total, total - fast}' "$work/$1.metrics"
 }
 # Server-side quantiles for one run: the p99 bucket bound of a histogram, from /metrics snapshots
 # taken before and after the run (so earlier runs do not count).
@@ -167,8 +168,8 @@ for c in $CONNECTIONS; do
   settle
   pg_before[$c]=$(pgbench_tps "$c" "pg$c")
   settle
-  read -r commits_before slow_before < <(commit_counts)
   metrics_snapshot "before$c"
+  read -r commits_before slow_before < <(commit_counts "before$c")
   cpu_before=$(cpu_s "$receiver_pid")
   # PROFILE=1: sample the receiver's CPU (software clock) during the 64-connection run.
   if [[ "${PROFILE:-0}" == 1 && $c == 64 ]]; then
@@ -184,8 +185,8 @@ for c in $CONNECTIONS; do
   non2xx[$c]=$(sed 's/.*non2xx=\([0-9]*\).*/\1/' <<<"$line")
   requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$line")
   requests_at[$c]=$requests
-  read -r commits_after slow_after < <(commit_counts)
   metrics_snapshot "after$c"
+  read -r commits_after slow_after < <(commit_counts "after$c")
   server[$c]="answer $(server_p99 "before$c" "after$c" siwa_receiver_request_seconds), waiting for a commit $(server_p99 "before$c" "after$c" siwa_receiver_commit_wait_seconds), commit $(server_p99 "before$c" "after$c" siwa_receiver_commit_seconds)"
   commits[$c]="$((commits_after - commits_before)) ($((slow_after - slow_before)) > 25 ms)"
   cpu_us[$c]=$(python3 -c "print(round(($(cpu_s "$receiver_pid") - $cpu_before) * 1e6 / max(1, $requests)))")
