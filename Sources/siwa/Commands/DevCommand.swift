@@ -184,7 +184,7 @@ final class DevStack: @unchecked Sendable {
         }
         say("migrating...")
         let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-dev", logger: logger)
-        let applied: [Int]
+        let applied: Migrator.Report
         do {
             applied = try await Migrator(logger: logger).migrate(connection)
             connection.close()
@@ -192,7 +192,7 @@ final class DevStack: @unchecked Sendable {
             connection.close()
             throw error
         }
-        say(applied.isEmpty ? "schema up to date" : "applied migrations \(applied.map(String.init).joined(separator: ", "))")
+        say(applied.isEmpty ? "schema up to date" : applied.summary)
 
         // Apple: the fake, a given base URL, or the real one.
         var appleBase = settings.appleBaseURL?.absoluteString ?? "https://appleid.apple.com"
