@@ -5,7 +5,7 @@
 #
 # Self-contained: needs the PostgreSQL server binaries and psql (Debian: postgresql, installed with
 # apt-get when missing and run as root); picks a free
-# port, runs the cluster in a temp dir (as the postgres user when run as root), stops it at exit.
+# port, runs the cluster with deploy/scripts/throwaway-postgres.sh (the benchmarks' starter), stops it at exit.
 # Exit status 0 when every check passed, 1 otherwise.
 set -uo pipefail
 
@@ -26,26 +26,15 @@ if [[ -z "$pg_bin" || ! -x "$pg_bin/initdb" ]]; then
 fi
 command -v psql >/dev/null || { echo "roles-check: psql not found" >&2; exit 1; }
 
-port=${PGPORT_CHECK:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)))}
+# shellcheck source=../scripts/throwaway-postgres.sh
+source "$here/../scripts/throwaway-postgres.sh"
+PG_BIN=$pg_bin
+pg_throwaway_start fsync=off || exit 1
+port=$PG_PORT
 tmp=$(mktemp -d)
-as_pg=()
-if [[ $(id -u) -eq 0 ]]; then
-    chown postgres "$tmp"
-    as_pg=(runuser -u postgres --)
-fi
+trap 'rm -rf "$tmp"; pg_throwaway_stop' EXIT
 
-cleanup() {
-    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -m immediate -w stop >/dev/null 2>&1
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-"${as_pg[@]}" "$pg_bin/initdb" -D "$tmp/data" -A trust -U postgres --no-sync >"$tmp/initdb.log" 2>&1 \
-    || { cat "$tmp/initdb.log" >&2; exit 1; }
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -w -l "$tmp/server.log" \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp -c fsync=off" start >/dev/null \
-    || { cat "$tmp/server.log" >&2; exit 1; }
-echo "roles-check: PostgreSQL $("$pg_bin/postgres" -V | awk '{print $3}') on 127.0.0.1:$port"
+echo "roles-check: PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}') on 127.0.0.1:$port"
 
 passed=0
 failed=0
