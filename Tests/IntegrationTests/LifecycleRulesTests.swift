@@ -347,3 +347,23 @@ extension LifecycleHarness {
         throw HarnessError(message: "jobs still queued after \(maxRuns) runs")
     }
 }
+
+extension LifecycleRulesTests {
+    /// A link queued after a finished deletion, then a new deletion request: the new request gets a
+    /// new job, which waits for that link's exchange and revokes its token (i10m finding D7).
+    @Test func deletionAfterALinkQueuedOnADeletedAccount() async throws {
+        try await withLifecycle { h in
+            let first = try await h.requestDeletion(sub: "001.again")
+            try await h.drain()
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.again")
+            _ = try await h.link(sub: "001.again", code: code)
+            let second = try await h.requestDeletion(sub: "001.again")
+            #expect(second != first)
+            try await h.drain()
+            #expect(try await h.status("001.again") == "deleted")
+            let tokens = h.fake.refreshTokens(clientID: Self.client, sub: "001.again")
+            #expect(tokens.count == 1 && h.fake.isRevoked(refreshToken: tokens[0]) == true)
+            #expect(try await h.changes("001.again").last?.reason == "revoked")
+        }
+    }
+}
