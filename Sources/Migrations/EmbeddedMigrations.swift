@@ -696,11 +696,6 @@ extension Migration {
             -- Retention prunes the app's change feed by age.
             CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
-            -- request_deletion gains an optional authorization code; a second overload with two arguments
-            -- would make every two-argument call ambiguous, so the old one goes (the new one takes the same
-            -- calls: the code defaults to NULL).
-            DROP FUNCTION IF EXISTS siwa.request_deletion(text, text);
-
             DO $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
@@ -1142,7 +1137,7 @@ extension FunctionDefinitions {
             -- it yields is revoked with any stored one. Calling it again returns the same job while that
             -- deletion is pending or done (a code given again is exchanged while it is pending), unless a link
             -- was queued after it finished: then that link is deleted too, by a new job.
-            CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text DEFAULT NULL)
+            CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text)
             RETURNS bigint
             LANGUAGE plpgsql
             SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -1194,6 +1189,17 @@ extension FunctionDefinitions {
             END
             $$;
 
+            -- The contract's `authorization_code text DEFAULT NULL`, as an overload: a default on the
+            -- three-argument function would make every two-argument call ambiguous with this one, which stays
+            -- because migration 003 (shipped, re-run when roles appear later) names it and existing callers
+            -- and grants use it.
+            CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text) RETURNS bigint
+            LANGUAGE sql
+            SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+            AS $$
+                SELECT siwa.request_deletion($1, $2, NULL::text)
+            $$;
+
             -- App-facing: the account without its tokens; no row when unknown.
             CREATE OR REPLACE FUNCTION siwa.account(client_id text, sub text) RETURNS SETOF siwa.account_view
             LANGUAGE sql STABLE
@@ -1221,12 +1227,12 @@ extension FunctionDefinitions {
                         siwa.reconcile_result(bigint, integer, bytea, text),
                         siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
                         siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-                        siwa.account(text, text)
+                        siwa.request_deletion(text, text), siwa.account(text, text)
                        TO siwa_worker;
                 END IF;
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
                     GRANT EXECUTE ON FUNCTION siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-                                              siwa.account(text, text)
+                                              siwa.request_deletion(text, text), siwa.account(text, text)
                        TO siwa_app;
                 END IF;
             END
