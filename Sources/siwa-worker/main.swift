@@ -21,7 +21,7 @@ let registry = MetricsRegistry()
 // kinds (exchange, revoke, reconcile) have handlers of their own, over a pool of their own.
 let applePool = PostgresPool(
     conninfo: configuration.databaseURL, size: min(configuration.concurrency, 8) + 1,
-    applicationName: "siwa-worker-apple", logger: logger)
+    applicationName: "siwa-worker-apple", limits: configuration.sessionLimits, logger: logger)
 do {
     let handlers = try apple.map { try makeAppleHandlers(settings: $0, pool: applePool, logger: logger, metrics: registry) } ?? []
     if apple == nil {

@@ -37,6 +37,19 @@ import Testing
         }
     }
 
+    @Test func durationsParseAndHugeOnesAreRefusedNotTrapped() throws {
+        #expect(ConfigurationSource.parseDuration("500ms") == .milliseconds(500))
+        #expect(ConfigurationSource.parseDuration("5s") == .seconds(5))
+        #expect(ConfigurationSource.parseDuration("2m") == .seconds(120))
+        #expect(ConfigurationSource.parseDuration("1.5") == .milliseconds(1500))
+        // Counted in Int64 milliseconds, 1e300 seconds trapped the process at start.
+        #expect(ConfigurationSource.parseDuration("1e300s") == nil)
+        let source = try ConfigurationSource(arguments: [], environment: ["SIWA_RECEIVER_COMMIT_TIMEOUT": "1e300"])
+        #expect(throws: ConfigurationError.self) {
+            try source.duration("SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
+        }
+    }
+
     @Test(arguments: ["8080", "host:", ":80", "h:99999", "h:-1"])
     func badListenAddressesAreRejected(text: String) {
         #expect(ListenAddress(text) == nil)
