@@ -1,6 +1,6 @@
 import Foundation
 import Postgres
-import SiwaCore
+import Migrations
 import Testing
 
 /// A real `siwa-receiver` against a real PostgreSQL that cannot store: not migrated, read-only,
