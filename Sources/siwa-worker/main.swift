@@ -17,6 +17,7 @@ do {
 
 let logger = Logger(label: "siwa-worker", level: configuration.logLevel)
 let registry = MetricsRegistry()
+apple?.warnIfKeyFileIsShared(logger: logger)
 // Notification effects run inside the worker itself (siwa.run_notification_batch); the Apple-calling
 // kinds (exchange, revoke, reconcile) have handlers of their own, over a pool of their own.
 let applePool = PostgresPool(
