@@ -13,12 +13,15 @@
 #               the queue at the same time; the raw peer writes what those jobs write but cannot make
 #               their HTTP calls (raw-peer/apple.sql).
 # Rates: jobs / (the last job's finalized_at - the moment the processes were started), for the
-# worker and the raw peer alike. Each worker run is checked: every notification processed once, no
-# change row twice. RSS: each worker process's peak (VmHWM).
-# Then: effect delay at a steady RATE=1000 notifications/s for RATE_SECONDS (pgbench --rate, one
-# worker process): the commit time of each change row (track_commit_timestamp) minus the
-# notification's received_at, so it includes the notification's own commit (its pgbench latency is
-# printed beside). Then the procrastinate (PyPI) peer: one job per notification doing the same
+# worker and the raw peer alike. Each worker run is checked: every job completed, every notification
+# processed, no change row twice. RSS: each worker process's peak (VmHWM). CPU per job: what
+# PostgreSQL (every server process) and the workers used during the run, divided by its jobs; it
+# holds better than rates on a loaded machine.
+# Then a profile of one worker run of mix (a): the worker's batch histograms, pg_stat_statements
+# with the plpgsql's own statements, the WAL fsyncs. Then the effect delay at a steady RATE=1000
+# notifications/s for RATE_SECONDS (pgbench --rate, one worker process): from the notification's
+# commit as its client saw it (pgbench's log) to the commit of its effect (track_commit_timestamp of
+# the change row). Then the procrastinate (PyPI) peer: one job per notification doing the same
 # writes (procrastinate-peer/peer.py), 1 and 2 processes (--concurrency 4, as SIWA_WORKER_CONCURRENCY),
 # from a venv under ~/.cache (SIWA_BENCH_PROCRASTINATE_VENV); if PyPI fails the output says so.
 #
@@ -68,7 +71,21 @@ trap cleanup EXIT
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 "$DATABASE_URL" "$@"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
+# CPU seconds (user + system) of a process; with `children`, also of its reaped children.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" -v c="${2:-}" '{print ($14 + $15 + (c ? $16 + $17 : 0)) / hz}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# CPU seconds PostgreSQL has used so far: the postmaster, its live children, and its exited ones
+# (backends of closed connections, reaped by the postmaster).
+pg_cpu_s() {
+  local postmaster; postmaster=$(head -1 "$PG_DIR/data/postmaster.pid")
+  # A closed connection's backend is counted once the postmaster has reaped it: wait for that
+  # (back to the children PostgreSQL keeps: checkpointer, writers, launchers; and our psql's).
+  for _ in $(seq 50); do (( $(pgrep -c -P "$postmaster") <= pg_children )) && break; sleep 0.05; done
+  local total; total=$(cpu_s "$postmaster" children)
+  for child in $(pgrep -P "$postmaster"); do total=$(python3 -c "print($total + $(cpu_s "$child"))"); done
+  echo "$total"
+}
 "$BIN/siwa" migrate --database-url "$DATABASE_URL" >/dev/null 2>&1
+pg_children=$(pgrep -c -P "$(head -1 "$PG_DIR/data/postmaster.pid")")
 # Statements are tracked only while profiling (ALTER SYSTEM: a command-line setting could not be changed).
 sql -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" -c "SELECT pg_reload_conf()" >/dev/null
 sql <<'SQL'
@@ -152,7 +169,7 @@ queue() {
          # real token for its revoke to send back to the fake.
          links "$APPLE_JOBS" del- | sql >/dev/null
          start_workers 1 apple
-         wait_drained 120 "linking accounts for the revokes"
+         wait_completed "$APPLE_JOBS" 120 "linking accounts for the revokes"
          stop_workers
          local linked; linked=$(sql -c "SELECT count(*) FROM siwa.accounts WHERE sub LIKE 'del-%' AND status = 'active'")
          [[ $linked == "$APPLE_JOBS" ]] || { echo "bench: only $linked of $APPLE_JOBS accounts linked" >&2; exit 1; }
@@ -195,6 +212,23 @@ stop_workers() {
   workers=()
   worker_ports=()
 }
+per_job_us() { python3 -c "print(round(1e6 * $1 / $2))"; }
+# wait_completed COUNT SECONDS WHAT: until the running workers have completed COUNT jobs, read from
+# their /metrics (polling PostgreSQL would add its own CPU to what the run is charged).
+wait_completed() {
+  local deadline=$((SECONDS + $2))
+  while :; do
+    local done=0
+    for port in "${worker_ports[@]}"; do
+      local n; n=$(curl -fs "http://127.0.0.1:$port/metrics" 2>/dev/null \
+        | awk '/^siwa_worker_jobs_completed_total/ {s += $2} END {print s + 0}') || n=0  # not listening yet
+      done=$((done + ${n:-0}))
+    done
+    (( done >= $1 )) && return 0
+    (( SECONDS > deadline )) && { echo "bench: $3 did not finish within $2 s ($done of $1 jobs)" >&2; exit 1; }
+    sleep 0.1
+  done
+}
 wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or running
   local deadline=$((SECONDS + $1))
   until [[ $(sql -c "SELECT count(*) FROM siwa.jobs WHERE state IN ('available', 'running')") == 0 ]]; do
@@ -221,17 +255,22 @@ check_books() {  # the worker's run: every job completed, every notification pro
 changes() { sql -c "SELECT count(*) FROM siwa.account_changes WHERE notification_jti IS NOT NULL"; }
 
 # The run functions set `out` (no subshell: the workers they start must be theirs to stop).
-run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes)
+run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes pg_cpu_us/job worker_cpu_us/job)
   queue "$1" worker >/dev/null
+  local expected=$N; [[ $1 == d ]] && expected=$(( N + 2 * APPLE_JOBS ))
+  local pg_before; pg_before=$(pg_cpu_s)
   local started; started=$(now)
   start_workers "$2" "$([[ $1 == d ]] && echo apple)"
-  wait_drained 300 "worker run ($1, $2 processes)"
+  wait_completed "$expected" 300 "worker run ($1, $2 processes)"
   local rss; rss=$(peak_rss_mb)
+  local worker_cpu=0
+  for pid in "${workers[@]}"; do worker_cpu=$(python3 -c "print($worker_cpu + $(cpu_s "$pid"))"); done
   stop_workers
+  local pg_cpu; pg_cpu=$(python3 -c "print($(pg_cpu_s) - $pg_before)")
   check_books
-  out=($(rates "$started") "$rss" "$(changes)")
+  out=($(rates "$started") "$rss" "$(changes)" "$(per_job_us "$pg_cpu" "$expected")" "$(per_job_us "$worker_cpu" "$expected")")
 }
-run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes)
+run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
   queue "$1" raw >/dev/null
   local scripts=(-f "$here/raw-peer/notifications.sql")
   local transactions=$(( N / 50 ))
@@ -244,36 +283,57 @@ run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes)
   # Enough transactions per connection to drain the queue (pgbench picks weighted scripts at random);
   # the extra ones find nothing to claim and are not counted (rates use the jobs' finalized_at).
   local per=$(( transactions * 3 / 2 / RAW_CONNECTIONS + 10 ))
+  local pg_before; pg_before=$(pg_cpu_s)
   local started; started=$(now)
-  "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$RAW_CONNECTIONS" -j "$RAW_CONNECTIONS" -t "$per" \
+  # -M prepared: the raw statements are planned once per connection, as a tuned client would.
+  "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$RAW_CONNECTIONS" -j "$RAW_CONNECTIONS" -t "$per" \
     "${scripts[@]}" postgres >"$work/pgbench.log" 2>&1 || { tail -5 "$work/pgbench.log" >&2; exit 1; }
+  local pg_cpu; pg_cpu=$(python3 -c "print($(pg_cpu_s) - $pg_before)")
   local left; left=$(sql -c "SELECT count(*) FROM siwa.jobs WHERE state IN ('available', 'running')")
   [[ $left == 0 ]] || echo "bench: the raw peer left $left jobs (rates count what it completed)" >&2
-  out=($(rates "$started") "$(changes)")
+  local expected=$N; [[ $1 == d ]] && expected=$(( N + 2 * APPLE_JOBS ))
+  out=($(rates "$started") "$(changes)" "$(per_job_us "$pg_cpu" "$expected")")
 }
 
 # --- effect delay ---------------------------------------------------------------------------------
+# The delay runs from the notification's commit, as its client (pgbench) saw it, to the commit of its
+# effect (track_commit_timestamp on the change row). pgbench logs each transaction's end per client
+# in order; the jti names the client, and received_at orders each client's rows the same way.
 effect_delay() {  # -> out=(p50_ms p99_ms count store_p50_ms store_p99_ms rss_mb)
   reset
   start_workers 1
   sleep 1
   cat >"$work/insert.sql" <<'SQL'
 INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-VALUES (gen_random_uuid()::text, 'com.example.app', 'steady-' || gen_random_uuid()::text, 'email-enabled',
+VALUES ('c' || :client_id || '-' || gen_random_uuid(), 'com.example.app', 'steady-' || gen_random_uuid(), 'email-enabled',
         clock_timestamp(), 'x@privaterelay.appleid.com', true,
         jsonb_build_object('iss', 'https://appleid.apple.com', 'aud', 'com.example.app', 'events', repeat('e', 180)),
         repeat(md5(random()::text), 28));
 SQL
+  rm -f "$work"/steady.*
   (cd "$work" && "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c 4 -j 2 -R "$RATE" -T "$RATE_SECONDS" \
-    --log --log-prefix=steady -f "$work/insert.sql" postgres >"$work/steady.log" 2>&1) || { tail -5 "$work/steady.log" >&2; exit 1; }
+    --log --log-prefix=steady -f "$work/insert.sql" postgres >"$work/pgbench-steady.out" 2>&1) \
+    || { tail -5 "$work/pgbench-steady.out" >&2; exit 1; }
   wait_drained 60 "the steady-rate run"
   local rss; rss=$(peak_rss_mb)
   stop_workers
   local store; store=$(cat "$work"/steady.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "%.2f %.2f", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
-  local delay; delay=$(sql -F ' ' -c "SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2),
-                                      round((percentile_cont(0.99) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2), count(*)
-                                 FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - n.received_at) AS d
-                                         FROM siwa.account_changes c JOIN siwa.notifications n ON n.jti = c.notification_jti) x")
+  # client, end of the transaction (epoch s)
+  cat "$work"/steady.* | awk '{printf "%s\t%s.%06d\n", $1, $5, $6}' >"$work/steady.tsv"
+  local delay; delay=$(sql -F ' ' <<SQL
+CREATE TEMP TABLE stored (client int, committed double precision);
+\\copy stored FROM '$work/steady.tsv'
+WITH s AS (SELECT client, committed, row_number() OVER (PARTITION BY client ORDER BY committed) AS k FROM stored),
+     n AS (SELECT split_part(substr(n.jti, 2), '-', 1)::int AS client, n.jti,
+                  row_number() OVER (PARTITION BY split_part(substr(n.jti, 2), '-', 1) ORDER BY n.received_at) AS k
+             FROM siwa.notifications n),
+     d AS (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - s.committed AS d
+             FROM n JOIN s USING (client, k) JOIN siwa.account_changes c ON c.notification_jti = n.jti)
+SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2),
+       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2), count(*)
+  FROM d;
+SQL
+)
   out=($delay $store "$rss")
 }
 
@@ -330,7 +390,7 @@ profile() {
   sql -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
   local started; started=$(now)
   start_workers 1
-  wait_drained 300 "the profiled run"
+  wait_completed "$N" 300 "the profiled run"
   curl -fs "http://127.0.0.1:${worker_ports[0]}/metrics" >"$work/metrics.txt" || true
   stop_workers
   local ended; ended=$(sql -c "SELECT extract(epoch FROM max(finalized_at)) FROM siwa.jobs")
@@ -352,6 +412,8 @@ for line in open(metrics):
 wall = ended - started
 batches = values.get("siwa_worker_notification_batch_seconds_count", 0)
 batch_sum = values.get("siwa_worker_notification_batch_seconds_sum", 0)
+if not batches:
+    print("  (this siwa-worker build has no batch histograms: the worker's side is not shown)")
 print(f"  {jobs} jobs in {wall:.2f} s ({jobs / wall:,.0f} jobs/s): {batches:.0f} batches, "
       f"{values.get('siwa_worker_notification_batch_jobs_sum', 0) / max(batches, 1):.0f} jobs each")
 print(f"  a batch as the worker sees it (round trip, commit included): mean {1000 * batch_sum / max(batches, 1):.2f} ms; "
@@ -381,14 +443,18 @@ saved_n=$N; N=$((N / 4)); run_worker a 1; N=$saved_n
 for round in $(seq "$REPEAT"); do
   for mix in $MIXES; do
     echo "--- ${mix_name[$mix]}, round $round (load $(cut -d' ' -f1 /proc/loadavg))"
-    run_raw "$mix"; read -r r1n r1a r1all r1changes <<<"${out[*]}"
-    echo "    raw SQL, $RAW_CONNECTIONS connections:  $r1all jobs/s (notifications $r1n/s, Apple kinds $r1a/s), $r1changes changes"
-    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes <<<"${out[*]}"
-    echo "    1 worker process:        $w1all jobs/s (notifications $w1n/s, Apple kinds $w1a/s), $w1changes changes, RSS $w1rss MB"
-    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes <<<"${out[*]}"
-    echo "    2 worker processes:      $w2all jobs/s (notifications $w2n/s, Apple kinds $w2a/s), $w2changes changes, RSS $w2rss MB"
-    run_raw "$mix"; read -r r2n r2a r2all r2changes <<<"${out[*]}"
-    echo "    raw SQL, $RAW_CONNECTIONS connections:  $r2all jobs/s (notifications $r2n/s, Apple kinds $r2a/s), $r2changes changes"
+    run_raw "$mix"; read -r r1n r1a r1all r1changes r1cpu <<<"${out[*]}"
+    echo "    raw SQL, $RAW_CONNECTIONS connections:  $r1all jobs/s (notifications $r1n/s, Apple kinds $r1a/s), $r1changes changes;" \
+         "CPU per job: PostgreSQL $r1cpu us"
+    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes w1cpu w1wcpu <<<"${out[*]}"
+    echo "    1 worker process:        $w1all jobs/s (notifications $w1n/s, Apple kinds $w1a/s), $w1changes changes;" \
+         "CPU per job: PostgreSQL $w1cpu us, worker $w1wcpu us; RSS $w1rss MB"
+    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu <<<"${out[*]}"
+    echo "    2 worker processes:      $w2all jobs/s (notifications $w2n/s, Apple kinds $w2a/s), $w2changes changes;" \
+         "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB"
+    run_raw "$mix"; read -r r2n r2a r2all r2changes r2cpu <<<"${out[*]}"
+    echo "    raw SQL, $RAW_CONNECTIONS connections:  $r2all jobs/s (notifications $r2n/s, Apple kinds $r2a/s), $r2changes changes;" \
+         "CPU per job: PostgreSQL $r2cpu us"
     result[$mix]+="$w1all $w2all $r1all $r2all $w1rss $w2rss;"
   done
 done
