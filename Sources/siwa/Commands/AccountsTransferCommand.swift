@@ -156,7 +156,7 @@ enum AccountsTransferCommand {
         }
         var calls = MigrationCallSettings()
         if let text = try source.string("SIWA_RETRY_BASE") {
-            guard let base = WorkerConfiguration.parseDuration(text), base >= .milliseconds(10), base <= .seconds(60) else {
+            guard let base = ConfigurationSource.parseDuration(text), base >= .milliseconds(10), base <= .seconds(60) else {
                 throw ConfigurationError(variable: "SIWA_RETRY_BASE", problem: "expected a duration from 10ms to 60s, got \"\(text)\"")
             }
             calls.retry = RetryPolicy(base: base, cap: max(base, .seconds(60)))
