@@ -299,6 +299,43 @@ import WorkerCore
         }
     }
 
+    /// `siwa fake-apple` with a recipient team: the runbook can be rehearsed on one machine.
+    @Test func theFakeAppleCommandServesBothTeams() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let key = { (team: String) in harness.directory.appendingPathComponent("\(team).p8").path }
+        let fake = try ServiceProcess(
+            "siwa",
+            arguments: [
+                "fake-apple", "--listen", "127.0.0.1:0", "--team-id", Harness.teamA, "--verify-key-file", key(Harness.teamA),
+                "--recipient-team-id", Harness.teamB, "--recipient-verify-key-file", key(Harness.teamB),
+            ],
+            environment: [:])
+        let url = try await EndToEndStack.waitForListening(fake)
+        try await withMigratedDatabase { sender in
+            try await withMigratedDatabase { recipient in
+                let a = try await sender.connect()
+                defer { a.close() }
+                try await Harness.seedAccounts(2, on: a)
+                func run(_ arguments: [String], team: String, database: MigratedDatabase, stdin: String? = nil) async throws -> CommandRun {
+                    var environment = harness.environment(team: team, database: database)
+                    environment["SIWA_APPLE_BASE_URL"] = url
+                    let run = try CommandRun(["accounts", "transfer"] + arguments, environment: environment, stdin: stdin, in: harness.directory)
+                    _ = await run.waitForExit(timeout: .seconds(60))
+                    return run
+                }
+                let export = try await run(["export", "--target-team", Harness.teamB], team: Harness.teamA, database: sender)
+                #expect(export.status == 0, "\(export.stderr)")
+                let imported = try await run(["import"], team: Harness.teamB, database: recipient, stdin: export.stdout)
+                #expect(imported.status == 0, "\(imported.stderr)")
+                let b = try await recipient.connect()
+                defer { b.close() }
+                #expect(try await count(b, "SELECT count(*) FROM siwa.accounts WHERE app_user_id IN ('user-0001', 'user-0002')") == 2)
+            }
+        }
+        await fake.stop()
+    }
+
     // MARK: The Apple client
 
     /// Apple's access tokens last an hour; a long export outlives one. An expired token is
