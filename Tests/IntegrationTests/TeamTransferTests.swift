@@ -167,6 +167,23 @@ import WorkerCore
         }
     }
 
+    @Test func badUsageExitsTwoWithOneLineNamingWhatIsWrong() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let environment = harness.environment(team: Harness.teamA, databaseURL: "postgresql://127.0.0.1:1/none")
+        for (arguments, named) in [
+            (["accounts", "transfer"], "usage"), (["accounts", "transfer", "export"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", "lowercase1"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", Harness.teamA], "--target-team"),
+            (["accounts", "transfer", "import", "--rate", "0"], "--rate"),
+        ] {
+            let run = try CommandRun(arguments, environment: environment, stdin: nil, in: harness.directory)
+            let status = await run.waitForExit(timeout: .seconds(30))
+            #expect(status == 2, "\(arguments): \(run.stderr)")
+            #expect(run.stderr.split(separator: "\n").count == 1 && run.stderr.contains(named), "\(arguments): \(run.stderr)")
+        }
+    }
+
     @Test func anAccountAppleRefusesIsCountedAndAskedAgainNextRun() async throws {
         let harness = try Harness()
         defer { harness.stop() }
