@@ -120,8 +120,8 @@ package final class Worker: Sendable {
 
     // MARK: Wake-ups
 
-    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings the claim loops after a short
-    /// random delay, so several workers woken by one NOTIFY do not all claim in the same instant.
+    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings as many notification loops as
+    /// it announces full batches (at least one), and the Apple-calling loop.
     private func listenLoop() async {
         var connection: PostgresConnection?
         while !stopping {
@@ -136,8 +136,10 @@ package final class Worker: Sendable {
                     callBell.ring()
                 }
                 let notifications = try await connection!.waitForNotifications(timeout: .milliseconds(250))
+                // No jitter before claiming: workers woken by the same NOTIFY are kept apart by
+                // SKIP LOCKED (the others' claims come back empty at once), and a random pause would
+                // only add to every effect's delay.
                 if !notifications.isEmpty, !stopping {
-                    try? await Task.sleep(for: .microseconds(Int.random(in: 0...2000)))
                     for _ in 0..<batchesFor(notifications) { notificationBell.ring() }
                     callBell.ring()
                 }
