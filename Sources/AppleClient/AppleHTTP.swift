@@ -53,7 +53,7 @@ package final class AppleHTTP: Sendable {
         configuration.httpMaximumConnectionsPerHost = 16
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.urlCache = nil
-        session = URLSession(configuration: configuration)
+        session = URLSession(configuration: configuration, delegate: NoRedirects(), delegateQueue: nil)
     }
 
     package func get(_ path: String) async throws -> AppleHTTPResponse {
@@ -63,9 +63,11 @@ package final class AppleHTTP: Sendable {
         return try await send(request, endpoint: path)
     }
 
-    package func postForm(_ path: String, fields: [(String, String)]) async throws -> AppleHTTPResponse {
+    /// `bearer`: an access token for `Authorization` (user migration calls). Secret: never logged.
+    package func postForm(_ path: String, fields: [(String, String)], bearer: String? = nil) async throws -> AppleHTTPResponse {
         var request = URLRequest(url: baseURL.appendingPathComponent(path))
         request.httpMethod = "POST"
+        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
         request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
         request.setValue("application/json", forHTTPHeaderField: "Accept")
         request.httpBody = Data(FormEncoding.encode(fields).utf8)
@@ -88,6 +90,17 @@ package final class AppleHTTP: Sendable {
             // URLError's description can include the URL, never the body: safe to keep.
             throw AppleTransportError(kind: kind, endpoint: endpoint, detail: "URLError \(error.code.rawValue)")
         }
+    }
+}
+
+/// Refuses every redirect: a 307 would re-send the form (client_secret, refresh token, code) to
+/// wherever `Location` points. The 3xx itself comes back as the answer, which no caller takes for success.
+private final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
+    func urlSession(
+        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
+    ) {
+        completionHandler(nil)
     }
 }
 
