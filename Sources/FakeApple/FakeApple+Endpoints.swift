@@ -88,12 +88,15 @@ extension FakeApple {
         return true
     }
 
-    func signIDToken(clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, key: RSA.PrivateKey? = nil) -> String {
+    func signIDToken(
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, nonce: String? = nil, key: RSA.PrivateKey? = nil
+    ) -> String {
         let now = Int(Date().timeIntervalSince1970)
         var claims: [String: Any] = [
             "iss": Self.issuer, "aud": clientID, "sub": sub, "iat": now, "exp": now + 600, "auth_time": now,
             "nonce_supported": true,
         ]
+        if let nonce { claims["nonce"] = nonce }
         if let email {
             claims["email"] = email
             claims["email_verified"] = "true"
@@ -127,6 +130,26 @@ extension FakeApple {
             }
         let code = registerCode(clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate)
         return Self.json(["code": code, "expires_in": Int(configuration.codeLifetime)])
+    }
+
+    /// `POST /fake/identity-tokens {client_id, sub, nonce, email?, is_private_email?}`: what the
+    /// device gets from Apple at sign-in, an identity token whose `nonce` claim is `nonce` as given
+    /// (the app hands Apple the SHA-256 hex of the server's raw nonce) and a fresh authorization code.
+    func adminIssueIdentityToken(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
+            let clientID = object["client_id"] as? String, !clientID.isEmpty,
+            let sub = object["sub"] as? String, !sub.isEmpty,
+            let nonce = object["nonce"] as? String, !nonce.isEmpty
+        else { return Self.oauthError("invalid_request") }
+        let isPrivate: Bool? =
+            switch object["is_private_email"] {
+            case let flag as Bool: flag
+            case let text as String: text == "true"
+            default: nil
+            }
+        let issued = issueIdentityToken(
+            clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate)
+        return Self.json(["identity_token": issued.identityToken, "authorization_code": issued.authorizationCode])
     }
 
     func adminInjectFailures(_ request: HTTPRequest) -> HTTPResponse {
