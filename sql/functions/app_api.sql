@@ -118,12 +118,15 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM updated);
 $$;
 
+-- Privileges: the worker (which serves the app API) calls these; nobody else.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
-        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
-                 siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea),
-                 siwa.set_app_user_id(text, text, text) TO siwa_worker';
+        GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+                                  siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea),
+                                  siwa.set_app_user_id(text, text, text)
+           TO siwa_worker;
     END IF;
 END
 $$;
