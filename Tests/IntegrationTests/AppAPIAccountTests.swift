@@ -13,7 +13,7 @@ import Testing
             let patchMissing = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.nobody", body: ["app_user_id": "x"])
             #expect(patchMissing.status == 404 && patchMissing.error == "account_not_found")
 
-            #expect(try await api.signIn(sub: "001.acct").status == 200)
+            try await api.signedIn(sub: "001.acct")
             let account = try await api.request("GET", "/v1/accounts/\(Self.clientID)/001.acct")
             #expect(account.status == 200)
             #expect(account.json["status"] as? String == "active" && account.json["has_refresh_token"] as? Bool == true)
@@ -30,7 +30,7 @@ import Testing
 
     @Test func deletionIsQueuedOnceAndSignInIsRefusedMeanwhile() async throws {
         try await withAppAPI { api in
-            #expect(try await api.signIn(sub: "001.gone").status == 200)
+            try await api.signedIn(sub: "001.gone")
             let first = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.gone/deletion")
             #expect(first.status == 202 && first.json["status"] as? String == "pending_deletion")
             let job = try #require(first.json["job_id"] as? Int)
@@ -47,7 +47,7 @@ import Testing
 
     @Test func changeFeedPagesInOrder() async throws {
         try await withAppAPI { api in
-            for sub in ["001.c1", "001.c2", "001.c3"] { #expect(try await api.signIn(sub: sub).status == 200) }
+            for sub in ["001.c1", "001.c2", "001.c3"] { try await api.signedIn(sub: sub) }
             _ = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.c2/deletion")
             let page = try await api.request("GET", "/v1/changes?limit=2")
             #expect(page.status == 200)

@@ -5,6 +5,7 @@ import Foundation
 import JOSE
 import Postgres
 import Testing
+import WorkerCore
 
 /// `POST /v1/sign-in` against a real PostgreSQL and the fake Apple: every status of the contract,
 /// in the order of its checks.
@@ -180,7 +181,7 @@ import Testing
 
     @Test func pendingDeletionIsRefused() async throws {
         try await withAppAPI { api in
-            #expect(try await api.signIn(sub: "001.del").status == 200)
+            try await api.signedIn(sub: "001.del")
             _ = try await api.lifecycle.requestDeletion(sub: "001.del")
             let answer = try await api.signIn(sub: "001.del")
             #expect(answer.status == 403 && answer.error == "account_deleting")
@@ -232,7 +233,7 @@ import Testing
 
     @Test func appleDownIs502AndCreatesNothingWhileAnExistingAccountStillSignsIn() async throws {
         try await withAppAPI { api in
-            #expect(try await api.signIn(sub: "001.existing").status == 200)
+            try await api.signedIn(sub: "001.existing")
             api.fake.injectFailures(endpoint: "token", responses: [.status(503), .status(503)])
             let answer = try await api.signIn(sub: "001.newcomer")
             #expect(answer.status == 502 && answer.error == "token_exchange_failed")
@@ -246,7 +247,7 @@ import Testing
     }
 
     @Test func appleTimeoutAnswersWithin5s() async throws {
-        try await withAppAPI { api in
+        try await withAppAPI(appleTimeout: AppAPIServer.appleTimeout) { api in
             api.fake.injectFailures(endpoint: "token", responses: [.timeout])
             let started = ContinuousClock.now
             let answer = try await api.signIn(sub: "001.slow")
@@ -259,7 +260,7 @@ import Testing
 
     @Test func aSignInAfterDeletionStartsANewLife() async throws {
         try await withAppAPI { api in
-            #expect(try await api.signIn(sub: "001.life").status == 200)
+            try await api.signedIn(sub: "001.life")
             _ = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.life", body: ["app_user_id": "u-1"])
             let job = try await api.lifecycle.requestDeletion(sub: "001.life")
             try await api.lifecycle.run(job)

@@ -19,7 +19,9 @@ package final class AppAPIServer: Sendable {
     /// Largest request body read.
     static let maximumBodyBytes = 16 * 1024
     /// Bound on every call to Apple made while a request waits.
-    static let appleTimeout: Duration = .seconds(5)
+    package static let appleTimeout: Duration = .seconds(5)
+    /// Bound on every database call made while a request waits (after the pool's own lease wait).
+    package static let databaseTimeout: Duration = .seconds(5)
 
     package let configuration: AppAPIConfiguration
     private let tokens: [[UInt8]]
@@ -33,18 +35,20 @@ package final class AppAPIServer: Sendable {
     /// - Parameters:
     ///   - apple: the Apple handlers' context: its key set, token box and signer are the ones used here.
     ///   - pool: the API's own connections (its lease wait bounds how long a request queues for one).
+    ///   - appleTimeout, databaseTimeout: the bounds (tests on a loaded machine widen the database's).
     package init(
         configuration: AppAPIConfiguration, clientIDs: [String], apple: AppleJobContext, pool: PostgresPool,
-        registry: MetricsRegistry, logger: Logger
+        registry: MetricsRegistry, logger: Logger, appleTimeout: Duration = appleTimeout,
+        databaseTimeout: Duration = databaseTimeout
     ) {
         self.configuration = configuration
         tokens = configuration.tokens.map { Array($0.utf8) }
-        store = AppAPIStore(pool: pool)
+        store = AppAPIStore(pool: pool, timeout: databaseTimeout)
         keys = apple.identityVerifier.keys
         metrics = AppAPIMetrics(registry: registry)
         self.logger = logger
         let client = AppleAuthClient(
-            http: AppleHTTP(baseURL: apple.client.http.baseURL, timeout: Self.appleTimeout), signer: apple.client.signer)
+            http: AppleHTTP(baseURL: apple.client.http.baseURL, timeout: appleTimeout), signer: apple.client.signer)
         signIn = SignIn(
             store: store, verifier: apple.identityVerifier, client: client, tokenBox: apple.tokenBox,
             clientIDs: Set(clientIDs), metrics: metrics, logger: logger)

@@ -26,7 +26,9 @@ final class AppAPIHarness: Sendable {
     let logPath: String
     let baseURL: String
 
-    init(nonceLifetime: Duration = .seconds(300)) async throws {
+    /// - Parameter appleTimeout: the production bound (5 s) where a test is about it; wider elsewhere,
+    ///   so a loaded machine cannot turn the in-process fake's slowness into a 502.
+    init(nonceLifetime: Duration = .seconds(300), appleTimeout: Duration = .seconds(20)) async throws {
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("app-api-\(UUID().uuidString).log").path
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let descriptor = open(logPath, O_WRONLY | O_APPEND)
@@ -36,13 +38,15 @@ final class AppAPIHarness: Sendable {
         var context = lifecycle.context
         context.identityVerifier = IdentityTokenVerifier(
             keys: AppleKeySet(http: AppleHTTP(baseURL: lifecycle.fake.baseURL), logger: logger, minimumRefetchInterval: .zero))
-        apiPool = PostgresPool(conninfo: lifecycle.database.url, size: 8, logger: logger)
+        // The whole suite shares two loaded cores: database bounds wide enough that only a real hang trips them.
+        apiPool = PostgresPool(conninfo: lifecycle.database.url, size: 8, acquireTimeout: .seconds(60), logger: logger)
         let configuration = AppAPIConfiguration(
             listen: ListenAddress(host: "127.0.0.1", port: 0), tokens: [Self.token, String(repeating: "b", count: 40)],
             nonceLifetime: nonceLifetime)
         let server = AppAPIServer(
             configuration: configuration, clientIDs: [LifecycleHarness.clientID, Self.otherClientID], apple: context,
-            pool: apiPool, registry: MetricsRegistry(), logger: logger)
+            pool: apiPool, registry: MetricsRegistry(), logger: logger, appleTimeout: appleTimeout,
+            databaseTimeout: .seconds(60))
         self.server = server
         serving = Task { try await server.run() }
         let deadline = ContinuousClock.now + .seconds(20)
@@ -126,6 +130,14 @@ final class AppAPIHarness: Sendable {
         return try await signIn(identityToken: apple.identityToken, nonce: nonce, code: withCode ? apple.authorizationCode : nil)
     }
 
+    /// `signIn(sub:)` that must answer 200 (the test fails with the answer otherwise).
+    @discardableResult
+    func signedIn(sub: String) async throws -> Answer {
+        let answer = try await signIn(sub: sub)
+        guard answer.status == 200 else { throw HarnessError(message: "sign-in of \(sub): \(answer.status) \(answer.body)") }
+        return answer
+    }
+
     /// A token signed with the fake's key (or `key`) with these claims, as Apple's would be.
     func token(_ claims: [String: Any], keyID: String? = nil, key: RSA.PrivateKey? = nil) throws -> String {
         let payload = try JSONSerialization.data(withJSONObject: claims, options: [.sortedKeys, .withoutEscapingSlashes])
@@ -145,8 +157,8 @@ final class AppAPIHarness: Sendable {
 }
 
 /// Runs `body` with a fresh app API and shuts it down afterwards.
-func withAppAPI<T>(_ body: (AppAPIHarness) async throws -> T) async throws -> T {
-    let harness = try await AppAPIHarness()
+func withAppAPI<T>(appleTimeout: Duration = .seconds(20), _ body: (AppAPIHarness) async throws -> T) async throws -> T {
+    let harness = try await AppAPIHarness(appleTimeout: appleTimeout)
     do {
         let value = try await body(harness)
         await harness.shutDown()
