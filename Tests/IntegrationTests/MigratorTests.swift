@@ -1,6 +1,6 @@
 import Foundation
+import Migrations
 import Postgres
-import SiwaCore
 import Testing
 
 /// `siwa migrate`'s two kinds of SQL: numbered migrations once each, function files whenever their

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates Sources/SiwaCore/EmbeddedMigrations.swift from sql/NNN_*.sql and sql/functions/*.sql,
+# Regenerates Sources/Migrations/EmbeddedMigrations.swift from sql/NNN_*.sql and sql/functions/*.sql,
 # so `siwa migrate` carries its SQL inside the binary. SiwaCoreTests fails when the two drift apart.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=Sources/SiwaCore/EmbeddedMigrations.swift
+out=Sources/Migrations/EmbeddedMigrations.swift
 embed() {  # embed FILE: the file as an indented raw string literal
   if grep -q '"####' "$1"; then echo "embed-sql: $1 contains the raw-string delimiter" >&2; exit 1; fi
   echo "            sql: ####\"\"\""

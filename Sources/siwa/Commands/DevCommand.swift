@@ -2,6 +2,7 @@ import CryptoCore
 import Foundation
 import LocalPostgres
 import Logging
+import Migrations
 import Postgres
 import SiwaCore
 import Locking

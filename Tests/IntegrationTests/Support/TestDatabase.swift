@@ -1,8 +1,8 @@
 import Foundation
 import LocalPostgres
 import Logging
+import Migrations
 import Postgres
-import SiwaCore
 import Synchronization
 
 /// The cluster to stop and delete when the test process exits.
