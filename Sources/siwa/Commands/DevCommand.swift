@@ -418,7 +418,7 @@ final class DevStack: @unchecked Sendable {
                 text += """
 
                     Sign in (app API nonce, the fake Apple's identity token for its hash, sign-in with the code):
-                      \(siwa) simulate sign-in --client-id \(clientID) --sub 000123.abc.0001 \
+                      \(siwa) simulate sign-in --client-id \(clientID) --sub 000456.def.0001 \
                     --api-url \(appAPI) --api-token \(settings.apiToken) --fake-apple-url \(fake)
 
                     """
