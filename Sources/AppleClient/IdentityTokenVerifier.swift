@@ -10,6 +10,8 @@ package struct AppleIdentity: Sendable, Equatable {
     package var email: String?
     package var isPrivateEmail: Bool?
     package var emailVerified: Bool?
+    /// `transfer_sub`: present for 60 days on tokens of users moved from another team (TN3159).
+    package var transferSub: String?
 }
 
 /// Why an `id_token` was refused. `rawValue` is stored as a failure reason: it holds no token content.
@@ -89,7 +91,8 @@ package struct IdentityTokenVerifier: Sendable {
         guard let sub = claims["sub"]?.stringValue, !sub.isEmpty else { throw .malformed }
         let identity = AppleIdentity(
             sub: sub, email: claims["email"]?.stringValue, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]),
-            emailVerified: AppleNotification.flag(claims["email_verified"]))
+            emailVerified: AppleNotification.flag(claims["email_verified"]),
+            transferSub: claims["transfer_sub"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
         return (identity, claims)
     }
 }

@@ -108,6 +108,18 @@ struct AppAPIStore: Sendable {
         }
     }
 
+    /// Team transfer (`sql/functions/transfer.sql`): a sign-in whose token carries `transfer_sub` of an
+    /// imported line lands on that line's `app_user_id`; nil when no line matches.
+    func claimTransfer(clientID: String, transferSub: String, sub: String, email: String?, isPrivateEmail: Bool?)
+        async throws -> String?
+    {
+        try await run { connection in
+            try await connection.query(
+                "SELECT siwa.claim_transfer(\(clientID), \(transferSub), \(sub), \(email), \(isPrivateEmail))"
+            )[0].decode(String?.self, at: 0)
+        }
+    }
+
     /// Returns the updated account, or nil when there is none.
     func setAppUserID(clientID: String, sub: String, appUserID: String?) async throws -> Account? {
         try await run { connection in

@@ -78,6 +78,20 @@ struct SignIn: Sendable {
             return .failure(.tokenInvalid)
         }
 
+        // A user moved from another team (TN3159): the imported line's account, before anything else.
+        var transferred = false
+        if let transferSub = identity.transferSub {
+            do {
+                transferred =
+                    try await store.claimTransfer(
+                        clientID: request.clientID, transferSub: transferSub, sub: identity.sub, email: identity.email,
+                        isPrivateEmail: identity.isPrivateEmail) != nil
+            } catch {
+                logger.warning("sign-in: could not claim a team transfer", metadata: ["error": "\(error)"])
+                return .failure(.databaseUnavailable)
+            }
+        }
+
         // 3. The account's state.
         let existing: AppAPIStore.Account?
         do {
@@ -107,7 +121,7 @@ struct SignIn: Sendable {
                 "client_id": account.clientID, "sub": account.sub, "email": AppAPIJSON.value(account.email),
                 "email_verified": AppAPIJSON.value(identity.emailVerified),
                 "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status,
-                "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew,
+                "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew && !transferred,
                 "has_refresh_token": account.hasRefreshToken,
             ])
         } catch let error as PostgresError where error.sqlState == "55000" {
