@@ -51,10 +51,13 @@ api_token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export SIWA_CLIENT_IDS=com.example.app SIWA_TEAM_ID=BENCHTEAM1 SIWA_KEY_ID=BENCHKEY01 \
   SIWA_PRIVATE_KEY_FILE="$work/AuthKey_BENCHKEY01.p8" SIWA_TOKEN_KEYS="$token_key" SIWA_APP_API_TOKENS="$api_token"
 
+# CPU seconds (user + system) used so far by the given processes together.
+cpu_s() { for pid in "$@"; do awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$pid/stat"; done | awk '{s += $1} END {print s}'; }
 fake_port=$(free_port)
 "$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" --verify-key-file "$work/AuthKey_BENCHKEY01.p8" \
   --team-id BENCHTEAM1 >"$work/fake.log" 2>&1 &
-children+=($!)
+fake_pid=$!
+children+=($fake_pid)
 wait_for "http://127.0.0.1:$fake_port/auth/keys"
 export SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port"
 
@@ -75,7 +78,10 @@ field() { sed "s/.* $2=\([^ ]*\).*/\1/" <<<"$1"; }
 echo "==> warming up (200 sign-ins each side is not measured)"
 drive "http://127.0.0.1:$api_port" warm 200 >/dev/null
 echo "==> app API: $N sign-ins at $C connections"
+cpu_before=$(cpu_s "$worker_pid"); fake_before=$(cpu_s "$fake_pid")
 swift_line=$(drive "http://127.0.0.1:$api_port" swift "$N")
+swift_cpu=$(python3 -c "print(f'{($(cpu_s "$worker_pid") - $cpu_before) * 1000 / $N:.2f}')")
+swift_fake_cpu=$(python3 -c "print(f'{($(cpu_s "$fake_pid") - $fake_before) * 1000 / $N:.2f}')")
 server_p99=$(curl -s "http://127.0.0.1:$ops_port/metrics" | python3 -c '
 import re, sys
 b = {float(m.group(1)): int(m.group(2)) for m in (re.match(r"siwa_app_api_sign_in_seconds_bucket\{le=\"([^\"]+)\"\} (\d+)", l) for l in sys.stdin) if m}
@@ -91,17 +97,24 @@ children+=($py_pid)
 wait_for -X POST "http://127.0.0.1:$py_port/v1/nonces"
 echo "==> Python peer: warm-up, then $N sign-ins at $C connections"
 drive "http://127.0.0.1:$py_port" pywarm 200 >/dev/null
+py_pids=("$py_pid" $(pgrep -P "$py_pid" || true))
+cpu_before=$(cpu_s "${py_pids[@]}"); fake_before=$(cpu_s "$fake_pid")
 py_line=$(drive "http://127.0.0.1:$py_port" py "$N")
+py_cpu=$(python3 -c "print(f'{($(cpu_s "${py_pids[@]}") - $cpu_before) * 1000 / $N:.2f}')")
+py_fake_cpu=$(python3 -c "print(f'{($(cpu_s "$fake_pid") - $fake_before) * 1000 / $N:.2f}')")
 kill "$py_pid" 2>/dev/null || true
 
 accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.accounts WHERE refresh_token_enc IS NOT NULL")
 py_accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM peer.accounts WHERE refresh_token_enc IS NOT NULL")
 printf '\nSign-in benchmark: %s sign-ins at %s connections, each nonce + fake Apple identity token + sign-in with a code exchange\n' "$N" "$C"
-printf '%-34s %12s %9s %9s %9s\n' "" "sign-ins/s" "p50 ms" "p99 ms" failures
-printf '%-34s %12s %9s %9s %9s\n' "app API (siwa-worker)" "$(field "$swift_line" rate)" "$(field "$swift_line" p50_ms)" "$(field "$swift_line" p99_ms)" "$(field "$swift_line" failures)"
-printf '%-34s %12s %9s %9s %9s\n' "Python peer (PyJWT+requests+psycopg)" "$(field "$py_line" rate)" "$(field "$py_line" p50_ms)" "$(field "$py_line" p99_ms)" "$(field "$py_line" failures)"
+printf '%-38s %11s %8s %8s %9s %14s %14s\n' "" "sign-ins/s" "p50 ms" "p99 ms" failures "server cpu ms" "fake cpu ms"
+printf '%-38s %11s %8s %8s %9s %14s %14s\n' "app API (siwa-worker)" "$(field "$swift_line" rate)" "$(field "$swift_line" p50_ms)" "$(field "$swift_line" p99_ms)" "$(field "$swift_line" failures)" "$swift_cpu" "$swift_fake_cpu"
+printf '%-38s %11s %8s %8s %9s %14s %14s\n' "Python peer (PyJWT+requests+psycopg)" "$(field "$py_line" rate)" "$(field "$py_line" p50_ms)" "$(field "$py_line" p99_ms)" "$(field "$py_line" failures)" "$py_cpu" "$py_fake_cpu"
+printf 'cpu ms: per sign-in (nonce + sign-in), user + system, of the server itself and of the fake Apple both share\n'
+printf 'load average at the end: %s (2 cores: every figure here shares them with the driver, the fake and PostgreSQL)\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'p50/p99: the POST /v1/sign-in request as the driver saw it; inside the worker p99 %s\n' "$server_p99"
 printf 'accounts with an encrypted refresh token: app API %s, Python peer %s\n' "$accounts" "$py_accounts"
 printf 'worker resident memory after its run: %s MB\n' "$worker_rss"
-printf 'app API / Python peer: %sx (target >= 5x); app API p99 %s ms (target <= 25 ms)\n' \
-  "$(python3 -c "print(f'{$(field "$swift_line" rate) / max($(field "$py_line" rate), 0.001):.1f}')")" "$(field "$swift_line" p99_ms)"
+printf 'app API / Python peer: %sx sign-ins/s, %sx less server CPU per sign-in (target >= 5x); app API p99 %s ms (target <= 25 ms)\n' \
+  "$(python3 -c "print(f'{$(field "$swift_line" rate) / max($(field "$py_line" rate), 0.001):.1f}')")" \
+  "$(python3 -c "print(f'{$py_cpu / max($swift_cpu, 0.001):.1f}')")" "$(field "$swift_line" p99_ms)"
