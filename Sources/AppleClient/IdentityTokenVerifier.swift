@@ -42,20 +42,30 @@ package struct IdentityTokenVerifier: Sendable {
     }
 
     /// The `id_token` of a code exchange: it must be about `expectedSub`.
-    package func verify(_ token: String, clientID: String, expectedSub: String, now: Date = Date()) async throws(
-        IdentityTokenError
-    ) -> AppleIdentity {
-        let (identity, _) = try await verifiedClaims(token, clientID: clientID, now: now)
+    ///
+    /// `trustingTransportWhenKeysUnavailable`: for an `id_token` received directly from Apple's token
+    /// endpoint (the exchange we made), whose signature cannot be checked only because Apple's keys
+    /// could not be fetched: its claims are still checked, and the channel vouches for its origin
+    /// (OpenID Connect Core 1.0, 3.1.3.7 step 6). The code is spent by then; refusing would lose the
+    /// grant to a local, transient fault.
+    package func verify(
+        _ token: String, clientID: String, expectedSub: String, now: Date = Date(),
+        trustingTransportWhenKeysUnavailable: Bool = false
+    ) async throws(IdentityTokenError) -> AppleIdentity {
+        let (identity, _) = try await verifiedClaims(
+            token, clientID: clientID, now: now, trustingTransportWhenKeysUnavailable: trustingTransportWhenKeysUnavailable)
         guard identity.sub == expectedSub else { throw .subMismatch }
         return identity
     }
 
-    /// The identity token of a sign-in: its `nonce` claim must be the lowercase hex SHA-256 of the
-    /// raw nonce the server issued (seed 000), compared in constant time.
+    /// The identity token of a sign-in, which the client hands us (so its signature is always
+    /// checked): its `nonce` claim must be the lowercase hex SHA-256 of the raw nonce the server
+    /// issued (seed 000), compared in constant time.
     package func verify(_ token: String, clientID: String, rawNonce: String, now: Date = Date()) async throws(
         IdentityTokenError
     ) -> AppleIdentity {
-        let (identity, claims) = try await verifiedClaims(token, clientID: clientID, now: now)
+        let (identity, claims) = try await verifiedClaims(
+            token, clientID: clientID, now: now, trustingTransportWhenKeysUnavailable: false)
         guard let claimed = claims["nonce"]?.stringValue,
             ConstantTime.equals(Array(claimed.utf8), Array(Self.nonceClaim(rawNonce: rawNonce).utf8))
         else { throw .nonceMismatch }
@@ -64,25 +74,23 @@ package struct IdentityTokenVerifier: Sendable {
 
     /// What the client hands Apple for a raw nonce: lowercase hex SHA-256 of its UTF-8 bytes.
     package static func nonceClaim(rawNonce: String) -> String {
-        SHA256.hash(Array(rawNonce.utf8)).map { byte in
-            let digits = Array("0123456789abcdef".utf8)
-            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 0x0F)]], as: UTF8.self)
-        }.joined()
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: SHA256.hash(Array(rawNonce.utf8)).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0x0F)]] }, as: UTF8.self)
     }
 
     /// Signature (alg pinned to RS256, key by `kid`), `iss`, `aud` ∋ `clientID`, `exp`, a `sub`.
-    private func verifiedClaims(_ token: String, clientID: String, now: Date) async throws(IdentityTokenError) -> (
-        AppleIdentity, [String: JSONValue]
-    ) {
+    private func verifiedClaims(
+        _ token: String, clientID: String, now: Date, trustingTransportWhenKeysUnavailable: Bool
+    ) async throws(IdentityTokenError) -> (AppleIdentity, [String: JSONValue]) {
         guard let jws = try? CompactJWS(token) else { throw .malformed }
         guard jws.algorithm == RS256.algorithm, let keyID = jws.keyID else { throw .badSignature }
-        let key: RS256.PublicKey
         switch await keys.key(keyID) {
-        case .found(let found): key = found
+        case .found(let key):
+            do { try RS256.verify(jws, publicKey: key) } catch { throw .badSignature }
         case .unknownKey: throw .unknownKey
-        case .unavailable: throw .keysUnavailable
+        case .unavailable:
+            guard trustingTransportWhenKeysUnavailable else { throw .keysUnavailable }
         }
-        do { try RS256.verify(jws, publicKey: key) } catch { throw .badSignature }
         guard let claims = JSONValue.object(jws.payloadBytes) else { throw .malformed }
         guard claims["iss"]?.stringValue == AppleNotification.appleIssuer else { throw .wrongIssuer }
         guard AppleNotification.audiences(claims["aud"])?.contains(clientID) == true else { throw .wrongAudience }

@@ -17,15 +17,20 @@ do {
 
 let logger = Logger(label: "siwa-worker", level: configuration.logLevel)
 let registry = MetricsRegistry()
+apple?.warnIfKeyFileIsShared(logger: logger)
 // Notification effects run inside the worker itself (siwa.run_notification_batch); the Apple-calling
 // kinds (exchange, revoke, reconcile) have handlers of their own, over a pool of their own.
 let applePool = PostgresPool(
     conninfo: configuration.databaseURL, size: min(configuration.concurrency, 8) + 1,
-    applicationName: "siwa-worker-apple", logger: logger)
+    applicationName: "siwa-worker-apple", limits: configuration.sessionLimits, logger: logger)
 // The app API (SIWA_APP_API_LISTEN) has connections of its own, so a burst of sign-ins never
-// starves the jobs, and the other way round.
+// starves the jobs, and the other way round. Its statements and lock waits are bounded by the
+// request's own database bound.
 let apiPool = configuration.appAPI.map { _ in
-    PostgresPool(conninfo: configuration.databaseURL, size: 8, acquireTimeout: .seconds(2), applicationName: "siwa-app-api", logger: logger)
+    PostgresPool(
+        conninfo: configuration.databaseURL, size: 8, acquireTimeout: .seconds(2), applicationName: "siwa-app-api",
+        limits: SessionLimits(statementTimeout: AppAPIServer.databaseTimeout, lockTimeout: AppAPIServer.databaseTimeout / 2),
+        logger: logger)
 }
 do {
     // One Apple context (key set, client, token box) for the handlers and the app API.

@@ -267,7 +267,8 @@ import WorkerCore
             #expect(try await api.lifecycle.status("001.life") == "deleted")
             let answer = try await api.signIn(sub: "001.life")
             #expect(answer.status == 200 && answer.json["status"] as? String == "active")
-            #expect(answer.json["app_user_id"] is NSNull, "the deleted user's app id is not handed to the new one")
+            #expect(answer.json["new"] as? Bool == false, "the row existed")
+            #expect(answer.json["app_user_id"] as? String == "u-1", "the state machine keeps the app's user id")
             #expect(answer.json["has_refresh_token"] as? Bool == true)
         }
     }

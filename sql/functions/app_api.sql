@@ -35,18 +35,17 @@ AS $$
     SELECT count(*)::integer FROM pruned;
 $$;
 
--- The account effect of a verified sign-in, in one place (the account state machine's sign-in
--- event): the account for (client_id, sub) is active afterwards, with the token's email and, when
--- the sign-in exchanged a code, the new refresh token (already encrypted by the worker).
---   * no row: created active (new = true), change `linked`;
---   * pending_deletion: SQLSTATE 55000 `deletion pending` (the API answers 403), nothing changes;
---   * deleted, apple_account_deleted: a new life: active, linked now, app_user_id cleared (it
---     belonged to the user whose data the app deleted), change `linked`;
---   * consent_revoked: active again with the same app_user_id, change `linked`;
---   * active: email refreshed; a token is stored only when none was (change `linked` then).
--- Row lock waits are bounded (lock_timeout), so a sign-in never hangs behind a stuck transaction.
+-- The account effect of a verified sign-in: one event of the account state machine
+-- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
+-- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
+-- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
+-- and found no deletion pending, before its exchange; a deletion requested since then is not undone
+-- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
+-- the caller answers 403).
+DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
 CREATE OR REPLACE FUNCTION siwa.sign_in(
-    p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea
+    p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+    p_checked_at timestamptz
 ) RETURNS TABLE (
     client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
     email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
@@ -54,55 +53,18 @@ CREATE OR REPLACE FUNCTION siwa.sign_in(
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '5s'
 AS $$
-#variable_conflict use_column
 DECLARE
-    previous siwa.accounts;
-    result siwa.accounts;
-    created boolean := false;
+    outcome record;
 BEGIN
     IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
         RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO siwa.accounts AS a (client_id, sub, status, email, is_private_email, refresh_token_enc, linked_at,
-                                    token_checked_at, updated_at)
-    VALUES (p_client_id, p_sub, 'active', p_email, p_is_private_email, p_refresh_token_enc, now(),
-            CASE WHEN p_refresh_token_enc IS NOT NULL THEN now() END, now())
-    ON CONFLICT DO NOTHING
-    RETURNING * INTO result;
-    created := FOUND;
-
-    IF NOT created THEN
-        SELECT * INTO previous FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
-        IF previous.status = 'pending_deletion' THEN
-            RAISE EXCEPTION 'siwa.sign_in: deletion pending for this account' USING ERRCODE = '55000';
-        END IF;
-        UPDATE siwa.accounts a
-           SET status = 'active',
-               app_user_id = CASE WHEN previous.status IN ('deleted', 'apple_account_deleted') THEN NULL
-                                  ELSE a.app_user_id END,
-               email = coalesce(p_email, a.email),
-               is_private_email = coalesce(p_is_private_email, a.is_private_email),
-               refresh_token_enc = coalesce(a.refresh_token_enc, p_refresh_token_enc),
-               linked_at = CASE WHEN previous.status <> 'active'
-                                  OR (a.refresh_token_enc IS NULL AND p_refresh_token_enc IS NOT NULL)
-                                THEN now() ELSE a.linked_at END,
-               token_checked_at = CASE WHEN a.refresh_token_enc IS NULL AND p_refresh_token_enc IS NOT NULL
-                                       THEN now() ELSE a.token_checked_at END,
-               updated_at = now()
-         WHERE a.client_id = p_client_id AND a.sub = p_sub
-        RETURNING * INTO result;
-    END IF;
-
-    IF created OR previous.status <> 'active'
-       OR (previous.refresh_token_enc IS NULL AND result.refresh_token_enc IS NOT NULL) THEN
-        PERFORM siwa.record_change(p_client_id, p_sub, 'linked', 'sign_in', NULL, NULL);
-    END IF;
-
-    RETURN QUERY SELECT result.client_id, result.sub, result.app_user_id, result.status, result.email,
-                        result.is_private_email, result.email_forwarding, result.sessions_revoked_at, result.linked_at,
-                        result.updated_at, result.refresh_token_enc IS NOT NULL, created;
+    SELECT * INTO outcome
+      FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
+    RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
+                        v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
+                   FROM siwa.account(p_client_id, p_sub) v;
 END
 $$;
 
@@ -124,7 +86,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
-                                  siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea),
+                                  siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.set_app_user_id(text, text, text)
            TO siwa_worker;
     END IF;

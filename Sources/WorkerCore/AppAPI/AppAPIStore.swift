@@ -52,11 +52,6 @@ struct AppAPIStore: Sendable {
         var createdAt: Date
     }
 
-    /// The view's columns, read from the table (the worker's role may; `siwa_app` reads `siwa.account`).
-    private static let accountColumns = """
-        client_id, sub, app_user_id, status, email, is_private_email, email_forwarding, sessions_revoked_at,
-        linked_at, updated_at, refresh_token_enc IS NOT NULL AS has_refresh_token
-        """
 
     private func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         let pool = pool
@@ -85,22 +80,44 @@ struct AppAPIStore: Sendable {
         }
     }
 
+    /// `siwa.account(...)`: the account without its tokens.
     func account(clientID: String, sub: String) async throws -> Account? {
         try await run { connection in
-            try await connection.query(
-                "SELECT \(unsafeSQL: Self.accountColumns) FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
-            ).first.map(Account.init)
+            try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
         }
     }
 
-    /// The sign-in event (`siwa.sign_in`). Throws SQLSTATE 55000 when a deletion is pending.
-    func signIn(clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?) async throws
-        -> Account
-    {
+    /// What a sign-in needs to know before calling Apple, and when it looked (the database's clock,
+    /// which `siwa.sign_in` compares with a deletion requested meanwhile).
+    struct SignInState: Sendable {
+        var status: String?
+        var hasRefreshToken: Bool
+        var checkedAt: Date
+    }
+
+    func signInState(clientID: String, sub: String) async throws -> SignInState {
         try await run { connection in
             let row = try await connection.query(
                 """
-                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken))
+                SELECT now() AS checked_at, a.status, coalesce(a.has_refresh_token, false) AS has_refresh_token
+                  FROM (SELECT 1) AS one LEFT JOIN siwa.account(\(clientID), \(sub)) AS a ON true
+                """)[0]
+            return SignInState(
+                status: try row.decode(String?.self, column: "status"),
+                hasRefreshToken: try row.decode(Bool.self, column: "has_refresh_token"),
+                checkedAt: try row.decode(Date.self, column: "checked_at"))
+        }
+    }
+
+    /// The sign-in event (`siwa.sign_in`): the account after it; its status is not `active` when a
+    /// deletion was requested after `checkedAt` (the token is then kept for that deletion).
+    func signIn(
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?, checkedAt: Date
+    ) async throws -> Account {
+        try await run { connection in
+            let row = try await connection.query(
+                """
+                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(checkedAt))
                 """)[0]
             var account = try Account(row)
             account.isNew = try row.decode(Bool.self, column: "is_new")
@@ -127,9 +144,7 @@ struct AppAPIStore: Sendable {
                 let found = try await connection.query(
                     "SELECT siwa.set_app_user_id(\(clientID), \(sub), \(appUserID))")[0].decode(Bool.self, at: 0)
                 guard found else { return nil }
-                return try await connection.query(
-                    "SELECT \(unsafeSQL: Self.accountColumns) FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
-                ).first.map(Account.init)
+                return try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
             }
         }
     }

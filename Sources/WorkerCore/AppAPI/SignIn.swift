@@ -93,18 +93,18 @@ struct SignIn: Sendable {
         }
 
         // 3. The account's state.
-        let existing: AppAPIStore.Account?
+        let state: AppAPIStore.SignInState
         do {
-            existing = try await store.account(clientID: request.clientID, sub: identity.sub)
+            state = try await store.signInState(clientID: request.clientID, sub: identity.sub)
         } catch {
             logger.warning("sign-in: could not read the account", metadata: ["error": "\(error)"])
             return .failure(.databaseUnavailable)
         }
-        if existing?.status == "pending_deletion" { return .failure(.accountDeleting) }
+        if state.status == "pending_deletion" { return .failure(.accountDeleting) }
 
         // 4. The exchange, before anything is written.
         var refreshToken: String?
-        if existing?.hasRefreshToken != true, let code = request.authorizationCode {
+        if !state.hasRefreshToken, let code = request.authorizationCode {
             switch await exchange(code: code, clientID: request.clientID, sub: identity.sub) {
             case .success(let token): refreshToken = token
             case .failure(let error): return .failure(error)
@@ -116,7 +116,9 @@ struct SignIn: Sendable {
             let sealed = try refreshToken.map { try tokenBox.seal($0, clientID: request.clientID, sub: identity.sub) }
             let account = try await store.signIn(
                 clientID: request.clientID, sub: identity.sub, email: identity.email,
-                isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed)
+                isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed, checkedAt: state.checkedAt)
+            // A deletion requested while Apple was asked: it stands, and holds the token to revoke it.
+            guard account.status == "active" else { return .failure(.accountDeleting) }
             return .success([
                 "client_id": account.clientID, "sub": account.sub, "email": AppAPIJSON.value(account.email),
                 "email_verified": AppAPIJSON.value(identity.emailVerified),
@@ -124,10 +126,6 @@ struct SignIn: Sendable {
                 "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew && !transferred,
                 "has_refresh_token": account.hasRefreshToken,
             ])
-        } catch let error as PostgresError where error.sqlState == "55000" {
-            // A deletion was requested between step 3 and now: the token obtained must not outlive it.
-            await revokeUnkept(refreshToken, clientID: request.clientID)
-            return .failure(.accountDeleting)
         } catch {
             logger.warning("sign-in: could not record the sign-in", metadata: ["error": "\(error)"])
             await revokeUnkept(refreshToken, clientID: request.clientID)
