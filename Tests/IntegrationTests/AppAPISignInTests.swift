@@ -273,6 +273,23 @@ import WorkerCore
         }
     }
 
+    @Test func aTransferSubLandsOnTheImportedLine() async throws {
+        try await withAppAPI { api in
+            try await api.connection.execute(
+                "INSERT INTO siwa.transfer_imports (client_id, transfer_sub, app_user_id) VALUES (\(Self.clientID), 'tsub.1', 'user-from-old-team')")
+            let nonce = try await api.nonce()
+            let token = api.fake.signIDToken(
+                clientID: Self.clientID, sub: "001.moved", email: nil, isPrivateEmail: nil, transferSub: "tsub.1",
+                nonce: IdentityTokenVerifier.nonceClaim(rawNonce: nonce))
+            let code = api.fake.registerCode(clientID: Self.clientID, sub: "001.moved")
+            let answer = try await api.signIn(identityToken: token, nonce: nonce, code: code)
+            #expect(answer.status == 200, "\(answer.body)")
+            #expect(answer.json["app_user_id"] as? String == "user-from-old-team" && answer.json["new"] as? Bool == false)
+            #expect(answer.json["has_refresh_token"] as? Bool == true, "the code is exchanged as for any sign-in")
+            #expect(try await api.lifecycle.changes("001.moved").map(\.change).first == "transferred")
+        }
+    }
+
     @Test func malformedAndOversizedRequests() async throws {
         try await withAppAPI { api in
             for raw in ["", "{", "[]", #"{"client_id":1,"identity_token":"x","nonce":"y"}"#, #"{"client_id":"a","nonce":"y"}"#,
