@@ -857,11 +857,13 @@ extension FunctionDefinitions {
             $$;
 
             -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
-            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes).
+            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes). STABLE, as
+            -- json_build_object is: declared IMMUTABLE it was not inlined, and ran as a function call of its
+            -- own for every change of a batch (4 % of a batch's time, deploy/bench/worker.sh's profile).
             CREATE OR REPLACE FUNCTION siwa.change_payload(
                 p_id bigint, p_client_id text, p_sub text, p_change text, p_status text
             ) RETURNS text
-            LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 SELECT json_build_object('id', p_id, 'client_id', left(p_client_id, 255), 'sub', left(p_sub, 255),
                                          'change', p_change, 'status', p_status)::text
             $$;
@@ -1690,8 +1692,11 @@ extension FunctionDefinitions {
             ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
             LANGUAGE plpgsql
             -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
-            -- stale statistics would suggest.
+            -- stale statistics would suggest. The plans are the same for every batch, so each statement here and
+            -- in the functions it calls is planned once per session (generic plan): a batch of one job spent
+            -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            SET plan_cache_mode = force_generic_plan
             AS $$
             DECLARE
                 ids bigint[];
@@ -1802,7 +1807,7 @@ extension FunctionDefinitions {
             -- Tables: sql/009_team_transfer.sql.
 
             -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
-            -- email; it is created `active` with no refresh token (the old team's tokens are useless to the new
+            -- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
             -- one), or, when this database also holds the sending side's account (found by the transfer_sub the
             -- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
             -- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
@@ -1854,15 +1859,19 @@ extension FunctionDefinitions {
                            is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
                      WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 ELSIF source.sub IS NOT NULL THEN
+                    -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
+                    -- team: neither the new team nor the new key can use them, so they go (README).
                     UPDATE siwa.accounts a
-                       SET sub = p_sub, app_user_id = line.app_user_id, status = 'active', email = p_email,
-                           is_private_email = p_is_private_email, email_forwarding = NULL, refresh_token_enc = NULL,
-                           last_email_event_at = NULL, token_checked_at = NULL, linked_at = now(), updated_at = now(),
+                       SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+                           email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
+                           refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+                           token_checked_at = NULL, linked_at = now(), updated_at = now(),
                            transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
                      WHERE a.client_id = source.client_id AND a.sub = source.sub;
                 ELSE
                     INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-                    VALUES (p_client_id, p_sub, line.app_user_id, 'active', p_email, p_is_private_email, now(), now());
+                    VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+                            p_is_private_email, now(), now());
                 END IF;
 
                 UPDATE siwa.transfer_imports t
