@@ -11,7 +11,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
-    ]
+    ] + WebhookSettings.variables
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
     package struct Apple: Sendable {
@@ -53,6 +53,8 @@ package struct WorkerConfiguration: Sendable {
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
     package var retryBase: Duration
+    /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`: nil when webhooks are off.
+    package var webhook: WebhookSettings?
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
         try source.rejectUnknownFlags(Self.variables)
@@ -110,6 +112,7 @@ package struct WorkerConfiguration: Sendable {
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
         notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 250, range: 1...1000)
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
+        webhook = try WebhookSettings.parse(source)
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
     }
