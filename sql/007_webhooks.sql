@@ -94,15 +94,19 @@ BEGIN
 END
 $$;
 
--- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: keys in the
--- contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place so every
--- retry sends the same bytes.
+-- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
+-- keys in the contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place
+-- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
 CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT json_build_object(
-        'id', c.id, 'client_id', c.client_id, 'sub', c.sub, 'app_user_id', c.app_user_id,
-        'change', c.change, 'status', c.status, 'reason', c.reason,
-        'created_at', to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text
+LANGUAGE sql STABLE AS $$
+    SELECT '{"id":' || c.id
+        || ',"client_id":' || coalesce(to_json(c.client_id)::text, 'null')
+        || ',"sub":' || coalesce(to_json(c.sub)::text, 'null')
+        || ',"app_user_id":' || coalesce(to_json(c.app_user_id)::text, 'null')
+        || ',"change":' || coalesce(to_json(c.change)::text, 'null')
+        || ',"status":' || coalesce(to_json(c.status)::text, 'null')
+        || ',"reason":' || coalesce(to_json(c.reason)::text, 'null')
+        || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"}'
 $$;
 
 -- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
@@ -115,7 +119,12 @@ CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(
     job_id bigint, attempt integer, change_id bigint, failures integer, first_failed_at timestamptz,
     body text, change_created_at timestamptz, claimed_at timestamptz
 )
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+-- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
+-- is planned again on every call).
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH due AS (
         SELECT j.id FROM siwa.jobs j
          WHERE j.state = 'available' AND j.kind = 'webhook' AND j.run_at <= now()
@@ -139,7 +148,8 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
            CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at, now()
       FROM claimed c
       LEFT JOIN siwa.account_changes a ON a.id = c.change_id
-     ORDER BY c.id
+     ORDER BY c.id;
+END
 $$;
 
 -- Records what the sender decided for each claimed delivery, fenced by (id, attempt):
@@ -150,7 +160,10 @@ $$;
 CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
     p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
 ) RETURNS TABLE (job_id bigint, state text)
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH r AS (
         SELECT * FROM unnest(p_ids, p_attempts, p_actions, p_texts, p_retry_ms)
                       AS r(id, attempt, action, text, retry_ms)
@@ -177,7 +190,8 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
          WHERE f.state = 'available' AND s.kind = 'webhook' AND s.state = 'available'
            AND s.client_id = f.client_id AND s.sub = f.sub AND s.id > f.id AND s.run_at < f.run_at
     )
-    SELECT f.id, f.state FROM finished f
+    SELECT f.id, f.state FROM finished f;
+END
 $$;
 
 -- Heartbeat of the deliveries a worker holds, and their hand-back at shutdown (no error counted).
