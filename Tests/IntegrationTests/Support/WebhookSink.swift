@@ -35,11 +35,14 @@ final class WebhookSink: Sendable {
     let secret: String
     private let server: HTTPServer
     private let state: Locked<(received: [Received], attempts: [String: Int], behaviour: Behaviour)>
+    /// Requests that arrived, answered or not yet (a slow answer is still pending).
+    private let arrivals = Locked<[Received]>([])
 
     init(secret: String, port: Int = 0, behaviour: @escaping Behaviour = { _, _ in .ok }) throws {
         self.secret = secret
         let state = Locked<(received: [Received], attempts: [String: Int], behaviour: Behaviour)>(([], [:], behaviour))
         self.state = state
+        let arrivals = arrivals
         server = HTTPServer(
             configuration: .init(host: "127.0.0.1", port: port, threadCount: 2, connectionTimeout: .seconds(30)),
             asyncRespond: { request in
@@ -52,6 +55,7 @@ final class WebhookSink: Sendable {
                         body: request.body, signatures: request.header("webhook-signature"),
                         now: Int64(Date().timeIntervalSince1970)),
                     changeID: (object?["id"] as? NSNumber)?.int64Value, sub: object?["sub"] as? String, status: 0)
+                arrivals.withLock { $0.append(received) }
                 let answer = state.withLock { state -> Answer in
                     let key = received.webhookID ?? ""
                     let attempt = state.attempts[key, default: 0]
@@ -73,6 +77,9 @@ final class WebhookSink: Sendable {
 
     /// Every request, in the order their answers were sent.
     var received: [Received] { state.withLock { $0.received } }
+
+    /// Every request that arrived, in arrival order (answered or not).
+    var arrived: [Received] { arrivals.withLock { $0 } }
 
     /// Requests answered 2xx, in answer order.
     var delivered: [Received] { received.filter { (200...299).contains($0.status) } }
