@@ -1,4 +1,5 @@
--- Webhook deliveries (sql/007_webhooks.sql holds the tables, indexes and the trigger).
+-- Webhook deliveries: queueing, claim, results, leases, backlog. Applied after the numbered
+-- migrations whenever this file changes; sql/007_webhooks.sql holds the table, indexes and trigger.
 
 -- Queues one `webhook` job per new change, in change order, while an endpoint is registered.
 -- SECURITY DEFINER: whichever role records a change (worker, app functions), its delivery is
@@ -162,6 +163,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
 $$;
 
+-- Privileges: the worker delivers; nobody else (see queue.sql on PUBLIC). The trigger function runs
+-- as its owner whoever records a change.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
