@@ -59,7 +59,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient"],
+                                         "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with

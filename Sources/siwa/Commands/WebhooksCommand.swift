@@ -7,19 +7,24 @@ import WorkerCore
 /// `siwa webhooks test|disable`: check an endpoint by hand, or stop queueing deliveries.
 enum WebhooksCommand: CLICommand {
     static let name = "webhooks"
-    static let summary = "test (send a signed test event to SIWA_WEBHOOK_URL, print the answer) | disable"
+    static let summary = "test (send a signed test event to SIWA_WEBHOOK_URL, print the answer) | disable | sink"
+    static let switches: Set<String> = ["quiet"]
 
     static let usage = """
         usage: siwa webhooks test       sends a signed test event to SIWA_WEBHOOK_URL (with SIWA_WEBHOOK_SECRET)
                                         and prints the answer; exit 0 on a 2xx
                siwa webhooks disable    stops queueing deliveries (DATABASE_URL) and cancels the queued ones;
                                         a worker started with SIWA_WEBHOOK_URL enables them again
+               siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet]
+                                        a local receiver that checks signatures (SIWA_WEBHOOK_SECRET), answers 204,
+                                        prints each delivery; GET /stats for counts, order breaks and delays
         """
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
         switch source.positional.first {
         case "test": return await test(source)
         case "disable": return await disable(source)
+        case "sink": return await WebhookSinkCommand.run(source)
         default:
             FileHandle.standardError.write(Data((usage + "\n").utf8))
             return 2

@@ -44,7 +44,10 @@ final class WebhookSink: Sendable {
         self.state = state
         let arrivals = arrivals
         server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: port, threadCount: 2, connectionTimeout: .seconds(30)),
+            // No grace at stop: a test's sink may hold a deliberately slow answer, and stop() runs on
+            // the test's thread.
+            configuration: .init(
+                host: "127.0.0.1", port: port, threadCount: 2, connectionTimeout: .seconds(30), shutdownGracePeriod: .zero),
             asyncRespond: { request in
                 let object = (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any]
                 var received = Received(
@@ -85,6 +88,12 @@ final class WebhookSink: Sendable {
     var delivered: [Received] { received.filter { (200...299).contains($0.status) } }
 
     func stop() { server.stop() }
+
+    /// The first 2xx answer of each change, in answer order (a change answered twice appears once).
+    var firstDeliveries: [Received] {
+        var seen = Set<Int64>()
+        return delivered.filter { $0.changeID.map { seen.insert($0).inserted } ?? false }
+    }
 
     /// Waits (bounded) until `condition` holds for what was received.
     func waitUntil(
