@@ -18,6 +18,10 @@ final class WebhookSink: Sendable {
         var sub: String?
         /// What the sink answered (after its delay, if any).
         var status: Int
+        /// Positions on one clock of arrivals and answers: a request that arrived after another was
+        /// answered has `arrivedAt` > the other's `answeredAt`.
+        var arrivedAt = 0
+        var answeredAt = 0
     }
 
     /// What to answer to one request; `attempt` counts earlier requests with the same webhook-id.
@@ -37,12 +41,14 @@ final class WebhookSink: Sendable {
     private let state: Locked<(received: [Received], attempts: [String: Int], behaviour: Behaviour)>
     /// Requests that arrived, answered or not yet (a slow answer is still pending).
     private let arrivals = Locked<[Received]>([])
+    private let clock = Locked(0)
 
     init(secret: String, port: Int = 0, behaviour: @escaping Behaviour = { _, _ in .ok }) throws {
         self.secret = secret
         let state = Locked<(received: [Received], attempts: [String: Int], behaviour: Behaviour)>(([], [:], behaviour))
         self.state = state
         let arrivals = arrivals
+        let clock = clock
         server = HTTPServer(
             // No grace at stop: a test's sink may hold a deliberately slow answer, and stop() runs on
             // the test's thread.
@@ -58,6 +64,7 @@ final class WebhookSink: Sendable {
                         body: request.body, signatures: request.header("webhook-signature"),
                         now: Int64(Date().timeIntervalSince1970)),
                     changeID: (object?["id"] as? NSNumber)?.int64Value, sub: object?["sub"] as? String, status: 0)
+                received.arrivedAt = clock.withLock { $0 += 1; return $0 }
                 arrivals.withLock { $0.append(received) }
                 let answer = state.withLock { state -> Answer in
                     let key = received.webhookID ?? ""
@@ -67,6 +74,7 @@ final class WebhookSink: Sendable {
                 }
                 if answer.delay > .zero { try? await Task.sleep(for: answer.delay) }
                 received.status = answer.status
+                received.answeredAt = clock.withLock { $0 += 1; return $0 }
                 state.withLock { $0.received.append(received) }
                 return HTTPResponse(status: answer.status, headers: answer.headers, body: Array(#"{"ok":true}"#.utf8))
             })
