@@ -53,14 +53,16 @@ package final class Worker: Sendable {
         metrics = WorkerMetrics(registry: registry)
         pool = PostgresPool(
             conninfo: configuration.databaseURL, size: 3 + min(configuration.concurrency, 8),
-            acquireTimeout: .seconds(10), applicationName: "siwa-worker", logger: logger)
+            acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
+            logger: logger)
         queue = JobQueue(pool: pool)
         webhooks = configuration.webhook.map { settings in
             WebhookDispatcher(
                 settings: settings, databaseURL: configuration.databaseURL,
                 options: .init(
                     workerID: configuration.workerID, lease: configuration.jobLease, pollInterval: configuration.pollInterval,
-                    shutdownGrace: configuration.shutdownGrace, retryPolicy: RetryPolicy(base: configuration.retryBase, cap: .seconds(3600))),
+                    shutdownGrace: configuration.shutdownGrace, retryPolicy: RetryPolicy(base: configuration.retryBase, cap: .seconds(3600)),
+                    limits: configuration.sessionLimits),
                 registry: registry, logger: logger)
         }
         let registry = registry
@@ -138,7 +140,8 @@ package final class Worker: Sendable {
             do {
                 if connection == nil {
                     let fresh = try await PostgresConnection.connect(
-                        to: configuration.databaseURL, applicationName: "siwa-worker-listen", logger: logger)
+                        to: configuration.databaseURL, applicationName: "siwa-worker-listen",
+                        limits: configuration.sessionLimits, logger: logger)
                     try await fresh.listen("siwa_jobs")
                     connection = fresh
                     notificationBell.ring()  // anything queued while we were not listening

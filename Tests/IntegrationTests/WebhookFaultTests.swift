@@ -54,6 +54,42 @@ struct WebhookFaultTests {
         }
     }
 
+    /// The whole path in real processes: a stored notification, its effect applied by the worker,
+    /// the change row, and its delivery by the same worker.
+    @Test func appliedEffectsReachTheWebhook() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let sink = try WebhookSink(secret: WebhookDeliveryTests.secret)
+            defer { sink.stop() }
+            let worker = try database.startWorker([
+                "SIWA_WEBHOOK_URL": sink.url, "SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret,
+            ])
+            try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint") { $0 == 1 }
+            try await database.queueNotifications(4, types: ["consent-revoked", "email-disabled"], on: connection)
+            try await sink.waitUntil { $0.filter { $0.status == 200 }.count >= 4 }
+            // The counters move once the results are written: read /metrics until they do (bounded).
+            let port = try await worker.boundHTTPPort()
+            var metrics = ""
+            let deadline = ContinuousClock.now + .seconds(15)
+            repeat {
+                metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
+                if metrics.contains("siwa_webhook_delivered_total 4") { break }
+                try await Task.sleep(for: .milliseconds(50))
+            } while ContinuousClock.now < deadline
+            await worker.stop()
+            let changes = try await connection.int("SELECT count(*) FROM siwa.account_changes")
+            #expect(changes == 4)
+            let delivered = sink.firstDeliveries
+            #expect(delivered.count == changes)
+            #expect(sink.received.allSatisfy { $0.verified })
+            #expect(Set(delivered.compactMap { try? JSONSerialization.jsonObject(with: Data($0.body.utf8)) as? [String: Any] }
+                .compactMap { $0["change"] as? String }) == ["consent_revoked", "email_disabled"])
+            #expect(metrics.contains("siwa_webhook_delivered_total 4"), "\(metrics)")
+            #expect(metrics.contains("siwa_webhook_delivery_delay_seconds_count 4"))
+        }
+    }
+
     @Test func postgresRestartWithDeliveriesPendingLosesNothing() async throws {
         let cluster = try await LocalPostgresClusterForTest.start()
         defer { cluster.destroyBlocking() }

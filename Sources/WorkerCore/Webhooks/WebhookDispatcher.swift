@@ -1,7 +1,7 @@
 internal import Foundation
 package import JobQueue
 package import Logging
-internal import Postgres
+package import Postgres
 package import SiwaCore
 import Locking
 
@@ -22,13 +22,19 @@ package final class WebhookDispatcher: Sendable {
         package var pollInterval: Duration
         package var shutdownGrace: Duration
         package var retryPolicy: RetryPolicy
+        /// The worker's session bounds (`SIWA_WORKER_STATEMENT_TIMEOUT`): no claim or write hangs.
+        package var limits: SessionLimits
 
-        package init(workerID: String, lease: Duration, pollInterval: Duration, shutdownGrace: Duration, retryPolicy: RetryPolicy) {
+        package init(
+            workerID: String, lease: Duration, pollInterval: Duration, shutdownGrace: Duration, retryPolicy: RetryPolicy,
+            limits: SessionLimits = .none
+        ) {
             self.workerID = workerID
             self.lease = lease
             self.pollInterval = pollInterval
             self.shutdownGrace = shutdownGrace
             self.retryPolicy = retryPolicy
+            self.limits = limits
         }
     }
 
@@ -67,7 +73,7 @@ package final class WebhookDispatcher: Sendable {
         self.logger = logger.with(["component": "webhooks"])
         pool = PostgresPool(
             conninfo: databaseURL, size: 3, acquireTimeout: .seconds(10), applicationName: "siwa-worker-webhooks",
-            logger: logger)
+            limits: options.limits, logger: logger)
         queue = WebhookQueue(pool: pool)
         client = WebhookClient(url: settings.url, timeout: settings.timeout, maxConnections: settings.concurrency)
         rule = WebhookRetryRule(policy: options.retryPolicy, window: settings.retryWindow)
