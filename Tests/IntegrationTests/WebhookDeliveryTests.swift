@@ -340,10 +340,10 @@ final class RunningDispatcher: Sendable {
                 workerID: "test-webhooks", lease: .seconds(5), pollInterval: .milliseconds(100), shutdownGrace: .seconds(2),
                 retryPolicy: RetryPolicy(base: .milliseconds(20), cap: .milliseconds(200))),
             registry: registry, logger: TestDatabase.logger)
-        let task = Task { await dispatcher.run() }
+        let running = RunningDispatcher(dispatcher: dispatcher, task: Task { await dispatcher.run() }, registry: registry)
         // Changes are queued from the registration on.
-        try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint") { $0 == 1 }
-        return RunningDispatcher(dispatcher: dispatcher, task: task, registry: registry)
+        try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(30)) { $0 == 1 }
+        return running
     }
 
     func stop() async {

@@ -24,7 +24,7 @@ struct WebhookFaultTests {
                 "SIWA_WEBHOOK_URL": sink.url, "SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret, "SIWA_RETRY_BASE": "20ms",
             ]
             let first = try database.startWorker(webhookEnvironment)
-            try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint") { $0 == 1 }
+            try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(30)) { $0 == 1 }
             try await WebhookDeliveryTests().recordChanges(["victim"], count: 2, tag: "v", on: connection)
             try await WebhookDeliveryTests().recordChanges(["bystander"], count: 5, tag: "b", on: connection)
             let victimIDs = try await WebhookDeliveryTests().changeIDs("victim", on: connection)
@@ -65,7 +65,7 @@ struct WebhookFaultTests {
             let worker = try database.startWorker([
                 "SIWA_WEBHOOK_URL": sink.url, "SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret,
             ])
-            try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint") { $0 == 1 }
+            try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(30)) { $0 == 1 }
             try await database.queueNotifications(4, types: ["consent-revoked", "email-disabled"], on: connection)
             try await sink.waitUntil { $0.filter { $0.status == 200 }.count >= 4 }
             // The counters move once the results are written: read /metrics until they do (bounded).
@@ -92,7 +92,16 @@ struct WebhookFaultTests {
 
     @Test func postgresRestartWithDeliveriesPendingLosesNothing() async throws {
         let cluster = try await LocalPostgresClusterForTest.start()
-        defer { cluster.destroyBlocking() }
+        do {
+            try await restartWithDeliveriesPending(cluster)
+        } catch {
+            await cluster.destroy()
+            throw error
+        }
+        await cluster.destroy()
+    }
+
+    private func restartWithDeliveriesPending(_ cluster: LocalPostgresCluster) async throws {
         var connection = try await PostgresConnection.connect(to: cluster.url, logger: TestDatabase.logger)
         try await SiwaMigrations.apply(connection)
         let sink = try WebhookSink(secret: WebhookDeliveryTests.secret) { _, _ in .status(503) }
