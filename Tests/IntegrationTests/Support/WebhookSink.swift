@@ -29,6 +29,8 @@ final class WebhookSink: Sendable {
         var status: Int = 200
         var delay: Duration = .zero
         var headers: [(name: String, value: String)] = []
+        /// Held (unanswered) while the sink's gate is closed, at most 30 s.
+        var held = false
 
         static let ok = Answer()
         static func status(_ status: Int) -> Answer { Answer(status: status) }
@@ -42,6 +44,7 @@ final class WebhookSink: Sendable {
     /// Requests that arrived, answered or not yet (a slow answer is still pending).
     private let arrivals = Locked<[Received]>([])
     private let clock = Locked(0)
+    private let gateClosed = Locked(true)
 
     init(secret: String, port: Int = 0, behaviour: @escaping Behaviour = { _, _ in .ok }) throws {
         self.secret = secret
@@ -49,6 +52,7 @@ final class WebhookSink: Sendable {
         self.state = state
         let arrivals = arrivals
         let clock = clock
+        let gateClosed = gateClosed
         server = HTTPServer(
             // No grace at stop: a test's sink may hold a deliberately slow answer, and stop() runs on
             // the test's thread.
@@ -73,6 +77,10 @@ final class WebhookSink: Sendable {
                     return state.behaviour(received, attempt)
                 }
                 if answer.delay > .zero { try? await Task.sleep(for: answer.delay) }
+                let holdUntil = ContinuousClock.now + .seconds(30)
+                while answer.held, gateClosed.withLock({ $0 }), ContinuousClock.now < holdUntil {
+                    try? await Task.sleep(for: .milliseconds(20))
+                }
                 received.status = answer.status
                 received.answeredAt = clock.withLock { $0 += 1; return $0 }
                 state.withLock { $0.received.append(received) }
@@ -85,6 +93,9 @@ final class WebhookSink: Sendable {
     var url: String { "http://127.0.0.1:\(server.port)/hooks/siwa" }
 
     func answer(_ behaviour: @escaping Behaviour) { state.withLock { $0.behaviour = behaviour } }
+
+    /// Lets held answers go (see `Answer.held`).
+    func openGate() { gateClosed.withLock { $0 = false } }
 
     /// Every request, in the order their answers were sent.
     var received: [Received] { state.withLock { $0.received } }
@@ -105,7 +116,7 @@ final class WebhookSink: Sendable {
 
     /// Waits (bounded) until `condition` holds for what was received.
     func waitUntil(
-        timeout: Duration = .seconds(20), _ what: String = #function, _ condition: ([Received]) -> Bool
+        timeout: Duration = .seconds(60), _ what: String = #function, _ condition: ([Received]) -> Bool
     ) async throws {
         let deadline = ContinuousClock.now + timeout
         while !condition(received) {
