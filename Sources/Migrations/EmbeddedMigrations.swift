@@ -2033,6 +2033,9 @@ extension FunctionDefinitions {
             DO $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    -- The trigger function too, as 003 grants every function of the schema to the worker (a
+                    -- trigger's EXECUTE is not checked when it fires; this keeps 003 re-runnable unchanged).
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.queue_webhook_deliveries() TO siwa_worker';
                     EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.change_object(siwa.account_changes) TO siwa_worker';
                     EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision) TO siwa_worker';
                     EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[])

@@ -121,10 +121,10 @@ raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
     cat >"$PG_DIR/raw.sql" <<'SQL'
 SELECT coalesce(array_agg(job_id), '{}') AS ids, coalesce(array_agg(attempt::bigint), '{}') AS attempts
   FROM siwa.claim_webhook_deliveries('pgbench', 32, 60) \gset
-SELECT count(*) FROM siwa.finish_webhook_deliveries(:'ids'::bigint[], :'attempts'::bigint[],
-    array_fill('completed'::text, ARRAY[cardinality(:'ids'::bigint[])]),
-    array_fill('delivered 204'::text, ARRAY[cardinality(:'ids'::bigint[])]),
-    array_fill(0::bigint, ARRAY[cardinality(:'ids'::bigint[])]));
+SELECT count(*) FROM siwa.finish_webhook_deliveries(':ids'::bigint[], ':attempts'::bigint[],
+    array_fill('completed'::text, ARRAY[cardinality(':ids'::bigint[])]),
+    array_fill('delivered 204'::text, ARRAY[cardinality(':ids'::bigint[])]),
+    array_fill(0::bigint, ARRAY[cardinality(':ids'::bigint[])]));
 SQL
     local began; began=$(now)
     local per=$(( changes / 32 / $1 + 10 ))
