@@ -102,7 +102,9 @@ extension ModelRun {
             for token in tokens where token.code.map(codes.contains) == true && !token.dead {
                 violations.append(
                     .init(
-                        .tokensRevoked, "token from a code before the deletion still live at Apple",
+                        .tokensRevoked,
+                        "token from a code before the deletion still live at Apple ("
+                            + (everStored.contains(token.token) ? "it was stored)" : "never stored)"),
                         "a token issued \(token.issuedAt) (stored by us: \(everStored.contains(token.token))) was never revoked; account ends \(status ?? "-")"
                     ))
             }
@@ -113,7 +115,7 @@ extension ModelRun {
         for token in tokens where everStored.contains(token.token) && token.token != current && !token.dead {
             violations.append(
                 .init(
-                    .tokensRevoked, "stored token dropped while live at Apple",
+                    .tokensRevoked, "stored token dropped while live at Apple (by the \(dropped[token.token] ?? "?"))",
                     "a token issued \(token.issuedAt) was stored, then replaced or discarded unrevoked; account ends \(status ?? "-")"))
         }
         if status == "deleted", account?.hasToken == true {

@@ -23,6 +23,9 @@ final class ModelRun {
     private(set) var committed: [CommittedCall] = []
     /// Every refresh token seen stored on the account (decrypted), after any step or job.
     private(set) var everStored: Set<String> = []
+    private var storedNow: String?
+    /// Tokens that were stored and later replaced or discarded, with what dropped them.
+    private(set) var dropped: [String: String] = [:]
     private var newestEvent: Date?
     private var notificationCount = 0
     private var linkCount = 0
@@ -62,7 +65,7 @@ final class ModelRun {
                 let what = try await perform(step, index: index)
                 trace.append("\(index + 1). \(step) → \(what)")
                 count(step, result: what)
-                try await observeStoredToken()
+                try await observeStoredToken(after: Self.doer(of: what) ?? step.category)
             } catch {
                 trace.append("\(index + 1). \(step) → error \(error)")
                 violations.append(.init(.harness, "step threw \(Self.errorKind(error))", "step \(index + 1) (\(step)): \(error)"))
@@ -335,9 +338,16 @@ final class ModelRun {
     /// jobs (Apple answering 200), with time moved on so backoffs and pauses are over, until none
     /// is left. Bounded: a job that never finishes is a violation, not a hang.
     private func quiesce() async throws {
-        if inFlight != nil { trace.append("end: " + (try await releaseInFlight(answering: .ok))) }
-        if stalled != nil { trace.append("end: " + (try await resumeStalled(answer: .ok))) }
-        try await observeStoredToken()
+        if inFlight != nil {
+            let what = try await releaseInFlight(answering: .ok)
+            trace.append("end: " + what)
+            try await observeStoredToken(after: Self.doer(of: what) ?? "call in flight")
+        }
+        if stalled != nil {
+            let what = try await resumeStalled(answer: .ok)
+            trace.append("end: " + what)
+            try await observeStoredToken(after: Self.doer(of: what) ?? "stalled worker")
+        }
         for _ in 0..<60 {
             _ = try await connection.execute(
                 """
@@ -346,10 +356,14 @@ final class ModelRun {
                 """)
             _ = try await connection.execute("UPDATE siwa.paused_clients SET next_probe_at = now() WHERE client_id = \(clientID)")
             let notifications = try await applyNotifications(onlyOldest: false)
-            if notifications != "nothing pending" { trace.append("end: notifications: \(notifications)") }
+            if notifications != "nothing pending" {
+                trace.append("end: notifications: \(notifications)")
+                try await observeStoredToken(after: "notification worker")
+            }
             if let job = try await claim(pick: 0) {
-                trace.append("end: " + (try await world.execute(job, answer: .ok, clientID: clientID)))
-                try await observeStoredToken()
+                let what = try await world.execute(job, answer: .ok, clientID: clientID)
+                trace.append("end: " + what)
+                try await observeStoredToken(after: Self.doer(of: what) ?? "a job")
                 continue
             }
             let open = try await connection.query(
@@ -378,8 +392,18 @@ final class ModelRun {
         )[0].decode(Int64.self, at: 0)
     }
 
-    private func observeStoredToken() async throws {
-        if let token = try await storedToken() { everStored.insert(token) }
+    /// Notes the token stored now; one that was stored before and is gone was dropped by `doer`.
+    private func observeStoredToken(after doer: String) async throws {
+        let token = try await storedToken()
+        if let previous = storedNow, previous != token, dropped[previous] == nil { dropped[previous] = doer }
+        if let token { everStored.insert(token) }
+        storedNow = token
+    }
+
+    /// "exchange job" for a job's result ("exchange job 12 attempt 1: ...").
+    static func doer(of what: String) -> String? {
+        let words = what.split(separator: " ", maxSplits: 2)
+        return words.count > 1 && words[1] == "job" ? "\(words[0]) job" : nil
     }
 
     /// The refresh token stored on the account now, decrypted.
