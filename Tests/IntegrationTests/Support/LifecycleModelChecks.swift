@@ -111,8 +111,8 @@ extension ModelRun {
         }
         // ...nor can a later deletion revoke a token the account no longer holds: one that was
         // replaced or discarded must be dead at Apple.
-        let current = try await storedToken()
-        for token in tokens where everStored.contains(token.token) && token.token != current && !token.dead {
+        let held = try await heldTokens()
+        for token in tokens where everStored.contains(token.token) && !held.contains(token.token) && !token.dead {
             violations.append(
                 .init(
                     .tokensRevoked, "stored token dropped while live at Apple (by the \(dropped[token.token] ?? "?"))",

@@ -23,7 +23,7 @@ final class ModelRun {
     private(set) var committed: [CommittedCall] = []
     /// Every refresh token seen stored on the account (decrypted), after any step or job.
     private(set) var everStored: Set<String> = []
-    private var storedNow: String?
+    private var storedNow: Set<String> = []
     /// Tokens that were stored and later replaced or discarded, with what dropped them.
     private(set) var dropped: [String: String] = [:]
     private var newestEvent: Date?
@@ -392,12 +392,12 @@ final class ModelRun {
         )[0].decode(Int64.self, at: 0)
     }
 
-    /// Notes the token stored now; one that was stored before and is gone was dropped by `doer`.
+    /// Notes the tokens the account holds now; one held before and gone now was dropped by `doer`.
     private func observeStoredToken(after doer: String) async throws {
-        let token = try await storedToken()
-        if let previous = storedNow, previous != token, dropped[previous] == nil { dropped[previous] = doer }
-        if let token { everStored.insert(token) }
-        storedNow = token
+        let held = try await heldTokens()
+        for previous in storedNow.subtracting(held) where dropped[previous] == nil { dropped[previous] = doer }
+        everStored.formUnion(held)
+        storedNow = held
     }
 
     /// "exchange job" for a job's result ("exchange job 12 attempt 1: ...").
@@ -406,12 +406,30 @@ final class ModelRun {
         return words.count > 1 && words[1] == "job" ? "\(words[0]) job" : nil
     }
 
-    /// The refresh token stored on the account now, decrypted.
-    func storedToken() async throws -> String? {
+    /// The refresh tokens the account holds now, decrypted: the current one, and any the schema
+    /// keeps for a later deletion to revoke (`retired_tokens_enc`, when the column exists).
+    func heldTokens() async throws -> Set<String> {
         let rows = try await connection.query(
-            "SELECT refresh_token_enc FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)")
-        guard let sealed = try rows.first?.decode([UInt8]?.self, at: 0) else { return nil }
-        return try? world.harness.tokenBox.open(sealed, clientID: clientID, sub: sub)
+            """
+            SELECT refresh_token_enc, coalesce((to_jsonb(a) -> 'retired_tokens_enc')::text, '[]') AS retired
+              FROM siwa.accounts a WHERE client_id = \(clientID) AND sub = \(sub)
+            """)
+        guard let row = rows.first else { return [] }
+        var sealed: [[UInt8]] = try row.decode([UInt8]?.self, column: "refresh_token_enc").map { [$0] } ?? []
+        // bytea in jsonb: "\\x0a1b..." strings.
+        let retired = (try? JSONSerialization.jsonObject(with: Data(try row.decode(String.self, column: "retired").utf8))) as? [String]
+        sealed += (retired ?? []).compactMap { Self.bytes(hex: $0.hasPrefix("\\x") ? String($0.dropFirst(2)) : $0) }
+        return Set(sealed.compactMap { try? world.harness.tokenBox.open($0, clientID: clientID, sub: sub) })
+    }
+
+    static func bytes(hex: String) -> [UInt8]? {
+        let digits = Array(hex.utf8)
+        guard digits.count % 2 == 0 else { return nil }
+        return stride(from: 0, to: digits.count, by: 2).map { index -> UInt8? in
+            UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16)
+        }.reduce(into: [UInt8]?([])) { result, byte in
+            if let byte { result?.append(byte) } else { result = nil }
+        }
     }
 }
 
