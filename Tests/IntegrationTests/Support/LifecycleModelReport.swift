@@ -102,7 +102,7 @@ struct ModelReport {
     static func describe(steps: [ModelStep], outcome: ModelSequence.Outcome) -> String {
         var lines = ["steps:"] + steps.enumerated().map { "  \($0.offset + 1). \($0.element)" }
         lines += ["what happened:"] + outcome.trace.map { "  \($0)" }
-        lines += ["broken:"] + outcome.violations.map { "  [\($0.rule.rawValue)] \($0.kind): \($0.detail)" }
+        lines += ["broken:"] + Set(outcome.violations.map { "  [\($0.rule.rawValue)] \($0.kind): \($0.detail)" }).sorted()
         return lines.joined(separator: "\n")
     }
 }
