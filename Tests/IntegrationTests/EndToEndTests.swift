@@ -8,9 +8,9 @@ import WorkerCore
 
 /// The lifecycle through real processes: `siwa fake-apple`, `siwa-receiver`, `siwa-worker` (its real
 /// executor, retry policy and pause bookkeeping), the app-facing SQL, `siwa simulate`, `siwa status`.
-/// One stack per scenario, so a failure in one does not hide the others; each checks that no
+/// One stack per scenario (one at a time), so a failure in one does not hide the others; each checks that no
 /// code, refresh token or JWT it handled reached any process's log.
-@Suite struct EndToEndTests {
+@Suite(.serialized) struct EndToEndTests {
     static let clientID = EndToEndStack.clientID
 
     /// A link, a deletion requested twice, Apple's follow-up notification, and what the app's
