@@ -234,8 +234,10 @@ package final class FakeApple: Sendable {
             guard let clientID else { return nil }
             return state.holds.removeValue(forKey: FakeAppleState.failureKey(endpoint, clientID))
         }
+        let arrived = Date()
         let proceed: @Sendable (FakeAppleFailure?) -> Void = { [self] released in
             let injected = released.map { ($0, String?.none) } ?? state.withLock { $0.nextFailure(endpoint, clientID: clientID) }
+            if case (.oauthError("invalid_grant"), _)? = injected { endGrant(named: form, arrived: arrived) }
             answer(injected, endpoint: endpoint, clientID: clientID, grantType: grantType, form: form, respond: respond, body)
         }
         if let hold, hold.arrive(proceed) { return }
@@ -246,7 +248,6 @@ package final class FakeApple: Sendable {
         _ injected: (FakeAppleFailure, String?)?, endpoint: String, clientID: String?, grantType: String?,
         form: [String: String], respond: @escaping @Sendable (HTTPResponse) -> Void, _ body: () -> (HTTPResponse, Bool)
     ) {
-        if case (.oauthError("invalid_grant"), _)? = injected { endGrant(named: form) }
         var response: HTTPResponse
         var validSecret = false
         switch injected {
@@ -274,10 +275,16 @@ package final class FakeApple: Sendable {
     }
 
     /// An injected `invalid_grant` keeps the fake consistent: the code or token it names is dead.
-    private func endGrant(named form: [String: String]) {
+    /// For a refresh token that is Apple's answer when the user ended the grant: every token of that
+    /// user and client ID issued before the call arrived is dead (a token issued after it is not).
+    private func endGrant(named form: [String: String], arrived: Date) {
         state.withLock { state in
             if let code = form["code"] { state.codes[code]?.used = true }
-            if let token = form["refresh_token"] ?? form["token"] { state.refreshTokens[token]?.revoked = true }
+            guard let token = form["refresh_token"] ?? form["token"], let grant = state.refreshTokens[token] else { return }
+            for (other, entry) in state.refreshTokens
+            where entry.clientID == grant.clientID && entry.sub == grant.sub && entry.issuedAt <= arrived {
+                state.refreshTokens[other]?.revoked = true
+            }
         }
     }
 

@@ -78,7 +78,7 @@ import Testing
             else { return false }
             return steps[link...].contains { if case .slowWork(_, .invalidGrant) = $0 { true } else { false } }
         }
-        let noise: [ModelStep] = [.reconcile, .release, .notify(.emailEnabled, earlierBy: 40), .crash(pick: 2)]
+        let noise: [ModelStep] = [.reconcile, .release, .notify(.emailEnabled, stepsBack: 4), .crash(pick: 2)]
         let original =
             noise + [.app([.requestDeletion(withCode: true), .link(longUserID: false)])] + noise
             + [.slowWork(pick: 2, answer: .invalidGrant)] + noise

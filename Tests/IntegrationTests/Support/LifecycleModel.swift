@@ -9,9 +9,11 @@ import Foundation
 enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     /// One app transaction making these calls, in order.
     case app([AppCall])
-    /// Apple notifies about the account. `earlierBy` nil: the event happened now (later than every
-    /// earlier one); else it happened that many milliseconds before the newest event so far.
-    case notify(NotificationKind, earlierBy: Int?)
+    /// Apple notifies about the account. `stepsBack` nil: the event happened now (later than every
+    /// earlier one); else it happened just before the step that many steps back (before the
+    /// sequence, when that is past its start). Times anchored to steps, not to milliseconds, keep a
+    /// sequence's outcome the same on a fast or a loaded machine.
+    case notify(NotificationKind, stepsBack: Int?)
     /// The notification worker runs the account's pending notifications (all, or only the oldest).
     case applyNotifications(onlyOldest: Bool)
     /// A worker claims the account's `pick`-th available Apple job (claim order) and runs it; Apple
@@ -36,8 +38,8 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     var description: String {
         switch self {
         case .app(let calls): "app transaction [\(calls.map(\.description).joined(separator: "; "))]"
-        case .notify(let kind, let earlier):
-            "notify \(kind.rawValue) " + (earlier.map { "\($0) ms earlier than the newest event" } ?? "(now, the newest)")
+        case .notify(let kind, let back):
+            "notify \(kind.rawValue) " + (back.map { "(event_time just before the step \($0) back)" } ?? "(now, the newest)")
         case .applyNotifications(let oldest): oldest ? "notification worker: oldest pending only" : "notification worker: all pending"
         case .work(let pick, let answer): "worker runs Apple job #\(pick); Apple answers \(answer)"
         case .slowWork(let pick, let answer): "worker runs Apple job #\(pick); Apple's answer (\(answer)) stays in flight"
@@ -119,8 +121,8 @@ struct ModelGenerator {
             return .app((0..<count).map { _ in appCall(&random) })
         case 20..<35:
             let kind = NotificationKind.allCases.randomElement(using: &random)!
-            let earlier = Int.random(in: 0..<3, using: &random) == 0 ? Int.random(in: 1...5000, using: &random) : nil
-            return .notify(kind, earlierBy: earlier)
+            let back = Int.random(in: 0..<3, using: &random) == 0 ? Int.random(in: 1...6, using: &random) : nil
+            return .notify(kind, stepsBack: back)
         case 35..<45:
             return .applyNotifications(onlyOldest: Int.random(in: 0..<3, using: &random) == 0)
         case 45..<75:
@@ -235,7 +237,7 @@ struct ModelShrinker {
         case .app(let calls) where calls.count > 1: calls.map { .app([$0]) }
         case .app([.requestDeletion(withCode: true)]): [.app([.requestDeletion(withCode: false)])]
         case .app([.link(longUserID: true)]): [.app([.link(longUserID: false)])]
-        case .notify(let kind, .some): [.notify(kind, earlierBy: nil)]
+        case .notify(let kind, .some(let back)): (back > 1 ? [.notify(kind, stepsBack: 1)] : []) + [.notify(kind, stepsBack: nil)]
         case .applyNotifications(true): [.applyNotifications(onlyOldest: false)]
         case .work(let pick, let answer) where pick != 0 || answer != .ok:
             [.work(pick: 0, answer: answer), .work(pick: pick, answer: .ok)].filter { $0 != step }

@@ -27,6 +27,8 @@ final class ModelRun {
     /// Tokens that were stored and later replaced or discarded, with what dropped them.
     private(set) var dropped: [String: String] = [:]
     private var newestEvent: Date?
+    /// When each step started: what `notify(_:stepsBack:)` anchors its `event_time` to.
+    private var stepStarts: [Date] = []
     private var notificationCount = 0
     private var linkCount = 0
     private var inFlight: InFlight?
@@ -61,6 +63,7 @@ final class ModelRun {
     /// Runs every step, then drives the account to quiescence.
     func run(_ steps: [ModelStep]) async {
         for (index, step) in steps.enumerated() {
+            stepStarts.append(Date())
             do {
                 let what = try await perform(step, index: index)
                 trace.append("\(index + 1). \(step) → \(what)")
@@ -104,7 +107,7 @@ final class ModelRun {
     private func perform(_ step: ModelStep, index: Int) async throws -> String {
         switch step {
         case .app(let calls): return try await app(calls)
-        case .notify(let kind, let earlier): return try await notify(kind, earlierBy: earlier)
+        case .notify(let kind, let back): return try await notify(kind, stepsBack: back, index: index)
         case .applyNotifications(let oldest): return try await applyNotifications(onlyOldest: oldest)
         case .work(let pick, let answer):
             guard let job = try await claim(pick: pick) else { return "no Apple job" }
@@ -124,7 +127,7 @@ final class ModelRun {
         case .resumeStalled(let answer): return try await resumeStalled(answer: answer)
         case .reconcile: return try await reconcile()
         case .userRevokesAtApple:
-            world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: Date())
+            world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: stepStarts[index])
             return "grants ended at Apple"
         }
     }
@@ -194,14 +197,19 @@ final class ModelRun {
         }
     }
 
-    private func notify(_ kind: NotificationKind, earlierBy earlier: Int?) async throws -> String {
-        let now = Date()
-        let time: Date =
-            if let earlier { (newestEvent ?? now).addingTimeInterval(-Double(earlier) / 1000) } else {
-                max(now, (newestEvent ?? now).addingTimeInterval(0.001))
-            }
-        newestEvent = max(newestEvent ?? time, time)
+    private func notify(_ kind: NotificationKind, stepsBack back: Int?, index: Int) async throws -> String {
         notificationCount += 1
+        let time: Date
+        if let back {
+            // Just before that step began: after everything earlier steps did (tokens issued,
+            // links committed: each step ends with a database round trip), before anything it did.
+            let anchor = index - back
+            let start = anchor >= 0 ? stepStarts[anchor] : stepStarts[0].addingTimeInterval(Double(anchor))
+            time = start.addingTimeInterval(-Double(1 + notificationCount % 25) * 1e-6)
+        } else {
+            time = max(stepStarts[index], (newestEvent ?? .distantPast).addingTimeInterval(1e-6))
+        }
+        newestEvent = max(newestEvent ?? time, time)
         let prefix = "\(clientID).n\(notificationCount)."
         let jti = prefix + "1"
         try await connection.withTransaction { connection in
@@ -438,7 +446,7 @@ extension ModelStep {
     var category: String {
         switch self {
         case .app(let calls): "app: " + calls.map(\.description).joined(separator: " + ")
-        case .notify(let kind, let earlier): "notify \(kind.rawValue)" + (earlier == nil ? "" : " (earlier)")
+        case .notify(let kind, let back): "notify \(kind.rawValue)" + (back == nil ? "" : " (earlier)")
         case .applyNotifications: "notification worker"
         case .work(_, let answer): "worker, Apple answers \(answer)"
         case .slowWork(_, let answer): "worker, Apple slow then \(answer)"

@@ -1,5 +1,6 @@
 import FakeApple
 import Foundation
+import HTTPServer
 import JobQueue
 import Logging
 import Postgres
@@ -19,7 +20,11 @@ final class ModelWorld: Sendable {
     let harness: LifecycleHarness
     let queue: JobQueue
     let handlers: [JobKind: any JobHandler]
+    /// Handlers whose Apple is an endpoint that never answers in time: Apple hanging. The call never
+    /// reaches the fake, so a client that gives up early (a loaded machine) cannot leave the fake
+    /// having done work nobody heard of.
     let quickTimeoutHandlers: [JobKind: any JobHandler]
+    private let hangingApple: HTTPServer
     let scheduler: ReconcileScheduler
     /// Short backoffs: the driver makes due whatever waits anyway (time passes between steps).
     let policy = RetryPolicy(base: .milliseconds(50), cap: .seconds(5))
@@ -38,8 +43,16 @@ final class ModelWorld: Sendable {
         harness = try await LifecycleHarness(timeout: .seconds(60), hang: .seconds(3), logger: logger, poolSize: lanes * 2 + 2)
         queue = JobQueue(pool: harness.pool)
         handlers = try Self.byKind(makeAppleHandlers(settings: harness.settings, pool: harness.pool, logger: logger))
+        hangingApple = HTTPServer(
+            configuration: .init(host: "127.0.0.1", port: 0, threadCount: 1),
+            handler: ClosureHTTPHandler { _, respond in
+                DispatchQueue.global().asyncAfter(deadline: .now() + 3) { respond(.json(status: 504, #"{"error":"timeout"}"#)) }
+            },
+            logger: logger)
+        try hangingApple.start()
         var quick = harness.settings
         quick.timeout = Self.quickTimeout
+        quick.baseURL = URL(string: "http://127.0.0.1:\(hangingApple.port)")!
         quickTimeoutHandlers = try Self.byKind(makeAppleHandlers(settings: quick, pool: harness.pool, logger: logger))
         scheduler = ReconcileScheduler(pool: harness.pool, logger: logger)
         deletionWithCode =
@@ -55,7 +68,15 @@ final class ModelWorld: Sendable {
         Dictionary(handlers.map { ($0.kind, $0) }, uniquingKeysWith: { first, _ in first })
     }
 
-    func shutDown() async { await harness.shutDown() }
+    func shutDown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                self.hangingApple.stop()
+                continuation.resume()
+            }
+        }
+        await harness.shutDown()
+    }
 
     var fake: FakeApple { harness.fake }
 
@@ -77,9 +98,10 @@ final class ModelWorld: Sendable {
         }
     }
 
-    /// Queues Apple's answer for the next call of `clientID` (nothing for `.ok`).
+    /// Queues Apple's answer for the next call of `clientID` (nothing for `.ok`, nor for `.timeout`:
+    /// those calls go to the hanging endpoint).
     func inject(_ answer: AppleAnswer, clientID: String, endpoints: [String]) {
-        guard let failure = Self.failure(for: answer) else { return }
+        guard answer != .timeout, let failure = Self.failure(for: answer) else { return }
         for endpoint in endpoints { fake.injectFailures(endpoint: endpoint, clientID: clientID, responses: [failure]) }
     }
 
