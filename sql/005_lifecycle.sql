@@ -16,11 +16,6 @@ CREATE INDEX app_groups_group ON siwa.app_groups (group_id, client_id);
 -- Retention prunes the app's change feed by age.
 CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
--- request_deletion gains an optional authorization code; a second overload with two arguments
--- would make every two-argument call ambiguous, so the old one goes (the new one takes the same
--- calls: the code defaults to NULL).
-DROP FUNCTION IF EXISTS siwa.request_deletion(text, text);
-
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN

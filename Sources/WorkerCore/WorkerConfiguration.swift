@@ -10,7 +10,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
-        "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
+        "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL", "SIWA_APP_GROUPS",
     ]
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
@@ -32,6 +32,9 @@ package struct WorkerConfiguration: Sendable {
 
     package var databaseURL: String
     package var clientIDs: [String]
+    /// `SIWA_APP_GROUPS`: client IDs that share users (a notification for one applies to the
+    /// accounts of all); each group lists at least two IDs, each in `clientIDs` and in one group.
+    package var appGroups: [[String]] = []
     package var apple: Apple
     package var concurrency: Int
     package var retentionDays: Int
@@ -60,6 +63,7 @@ package struct WorkerConfiguration: Sendable {
         clientIDs = try CommonSettings.clientIDs(source)
         let common = try CommonSettings(source)
         logLevel = common.logLevel
+        appGroups = try Self.parseAppGroups(try source.string("SIWA_APP_GROUPS") ?? "", clientIDs: clientIDs)
 
         let callsText = try source.string("SIWA_APPLE_CALLS") ?? "enabled"
         guard ["enabled", "disabled"].contains(callsText) else {
@@ -112,6 +116,30 @@ package struct WorkerConfiguration: Sendable {
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
+    }
+
+    /// `a,b;c,d`: `;`-separated groups of `,`-separated client IDs.
+    package static func parseAppGroups(_ text: String, clientIDs: [String]) throws(ConfigurationError) -> [[String]] {
+        var groups: [[String]] = []
+        var seen: Set<String> = []
+        for item in text.split(separator: ";") {
+            let members = item.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            if members.isEmpty { continue }
+            for member in members {
+                guard clientIDs.contains(member) else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is not in SIWA_CLIENT_IDS")
+                }
+                guard seen.insert(member).inserted else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is in more than one group")
+                }
+            }
+            guard members.count >= 2 else {
+                throw ConfigurationError(
+                    variable: "SIWA_APP_GROUPS", problem: "a group needs at least two client IDs, got \"\(members[0])\" alone")
+            }
+            groups.append(members)
+        }
+        return groups
     }
 
     /// `id:base64(32 bytes)`, comma-separated; ids unique and non-empty.

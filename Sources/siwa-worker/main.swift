@@ -27,8 +27,14 @@ do {
     if apple == nil {
         logger.warning("SIWA_APPLE_CALLS=disabled: exchange, revoke and reconcile jobs wait until a worker with Apple credentials runs")
     }
+    // The effects read SIWA_APP_GROUPS from the database: written before the first batch when the
+    // database is reachable, else as soon as it is.
+    let groupsStored = await AppGroups.storeOnce(configuration.appGroups, on: applePool, logger: logger)
     let worker = Worker(configuration: configuration, handlers: handlers, logger: logger, registry: registry)
     try await withThrowingTaskGroup(of: Void.self) { group in
+        if !groupsStored {
+            group.addTask { await AppGroups.storeUntilDone(configuration.appGroups, on: applePool, logger: logger) }
+        }
         if apple?.reconcileDaily == true {
             group.addTask { await ReconcileScheduler(pool: applePool, logger: logger).run() }
         }

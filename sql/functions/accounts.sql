@@ -408,7 +408,7 @@ $$;
 -- it yields is revoked with any stored one. Calling it again returns the same job while that
 -- deletion is pending or done (a code given again is exchanged while it is pending), unless a link
 -- was queued after it finished: then that link is deleted too, by a new job.
-CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -460,6 +460,17 @@ BEGIN
 END
 $$;
 
+-- The contract's `authorization_code text DEFAULT NULL`, as an overload: a default on the
+-- three-argument function would make every two-argument call ambiguous with this one, which stays
+-- because migration 003 (shipped, re-run when roles appear later) names it and existing callers
+-- and grants use it.
+CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text) RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT siwa.request_deletion($1, $2, NULL::text)
+$$;
+
 -- App-facing: the account without its tokens; no row when unknown.
 CREATE OR REPLACE FUNCTION siwa.account(client_id text, sub text) RETURNS SETOF siwa.account_view
 LANGUAGE sql STABLE
@@ -487,12 +498,12 @@ BEGIN
             siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-            siwa.account(text, text)
+            siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
         GRANT EXECUTE ON FUNCTION siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-                                  siwa.account(text, text)
+                                  siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_app;
     END IF;
 END
