@@ -34,7 +34,8 @@ import Testing
         }
         if let replay = settings.replay {
             let steps = generator.sequence(seed: replay)
-            let outcome = try await ModelSequence.run(steps, world: world, name: "replay-\(String(replay, radix: 16))")
+            let outcome = try await ModelSequence.run(
+                steps, grouped: ModelGenerator.isGrouped(seed: replay), world: world, name: "replay-\(String(replay, radix: 16))")
             print(ModelReport.describe(steps: steps, outcome: outcome))
             #expect(outcome.violations.count == 0, "the replayed sequence breaks the rules listed above")
             return
@@ -125,11 +126,11 @@ enum ModelSequence {
 
     /// Runs `steps` on an account of its own, to quiescence, and checks it.
     static func run(
-        _ steps: [ModelStep], world: ModelWorld, name: String, connection: PostgresConnection? = nil
+        _ steps: [ModelStep], grouped: Bool, world: ModelWorld, name: String, connection: PostgresConnection? = nil
     ) async throws -> Outcome {
         let own = connection == nil ? try await world.connect() : nil
         defer { own?.close() }
-        let run = ModelRun(world: world, connection: connection ?? own!, name: name)
+        let run = ModelRun(world: world, connection: connection ?? own!, name: name, grouped: grouped)
         await run.run(steps)
         do {
             try await run.check()
@@ -160,7 +161,9 @@ enum ModelSequence {
                         guard index < settings.sequences else { return }
                         let seed = ModelGenerator.sequenceSeed(run: settings.seed, index: index)
                         let steps = generator.sequence(seed: seed)
-                        let outcome = try await run(steps, world: world, name: "\(tag).\(index)", connection: connection)
+                        let outcome = try await run(
+                            steps, grouped: ModelGenerator.isGrouped(seed: seed), world: world, name: "\(tag).\(index)",
+                            connection: connection)
                         exercised.withValue { $0.merge(outcome.exercised, uniquingKeysWith: +) }
                         if !outcome.violations.isEmpty {
                             failures.withValue { $0.append(ModelFailure(index: index, seed: seed, steps: steps, violations: outcome.violations)) }

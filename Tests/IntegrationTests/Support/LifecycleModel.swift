@@ -143,7 +143,7 @@ struct ModelGenerator {
     }
 
     private func appCall(_ random: inout SeededGenerator) -> AppCall {
-        if Int.random(in: 0..<100, using: &random) < 55 { return .link(longUserID: Int.random(in: 0..<100, using: &random) < 8) }
+        if Int.random(in: 0..<100, using: &random) < 62 { return .link(longUserID: Int.random(in: 0..<100, using: &random) < 8) }
         return .requestDeletion(withCode: deletionWithCode && Int.random(in: 0..<10, using: &random) < 3)
     }
 
@@ -161,6 +161,10 @@ struct ModelGenerator {
         default: .invalidClient
         }
     }
+
+    /// Whether the sequence of `seed` links its account under a Services ID grouped with the App ID
+    /// Apple notifies (one in four).
+    static func isGrouped(seed: UInt64) -> Bool { seed % 4 == 0 }
 
     /// The seed of sequence `index` of a run seeded with `seed` (SplitMix64's mixing of both).
     static func sequenceSeed(run seed: UInt64, index: Int) -> UInt64 {

@@ -46,7 +46,7 @@ extension ModelRun {
         let notifications = try await connection.query(
             """
             SELECT jti, event_type, event_time, processed_at IS NOT NULL AS processed FROM siwa.notifications
-             WHERE client_id = \(clientID) AND sub = \(sub) ORDER BY event_time, jti
+             WHERE client_id = \(notificationClientID) AND sub = \(sub) ORDER BY event_time, jti
             """
         ).map {
             StoredNotification(
@@ -58,7 +58,7 @@ extension ModelRun {
             SELECT id, kind, state, outcome, notification_jti,
                    coalesce((SELECT string_agg(coalesce(e->>'error', e #>> '{}'), ',') FROM jsonb_array_elements(errors) e), '')
                        AS errors
-              FROM siwa.jobs WHERE client_id = \(clientID) ORDER BY id
+              FROM siwa.jobs WHERE client_id IN (\(clientID), \(notificationClientID)) ORDER BY id
             """
         ).map {
             (
@@ -73,6 +73,7 @@ extension ModelRun {
             "end: account \(account?.status ?? "absent"); changes told to the app: "
                 + changes.map { "\($0.change)→\($0.status ?? "-")" + ($0.reason.map { " (\($0))" } ?? "") }.joined(separator: ", "))
         let status = account?.status
+        exercised["account ended \(status ?? "absent")", default: 0] += 1
 
         // Every requested deletion ends deleted.
         if status == "pending_deletion" {
@@ -168,6 +169,20 @@ extension ModelRun {
                             .emailNewest, "forwarding not at the newest event",
                             "newest email event \(newest.jti) is \(newest.type); forwarding is \(account.forwarding ?? "NULL")"))
                 }
+            }
+        }
+
+        // Apple's consent-revoked and account-deleted end the account's life: an account still active
+        // at the end has seen none newer than its link (with an app group: whatever the `aud`).
+        if let account, account.status == "active" {
+            for notification in notifications
+            where ["consent-revoked", "account-deleted"].contains(notification.type)
+                && account.linkedAt.map({ notification.eventTime >= $0 }) ?? true
+            {
+                violations.append(
+                    .init(
+                        .endingEventsApply, "active after a newer \(notification.type)",
+                        "\(notification.jti) (\(notification.type)) is newer than the link, yet the account ends active"))
             }
         }
 

@@ -49,6 +49,7 @@ struct ModelReport {
                 continue
             }
             let key = defects[index].violation.key
+            let grouped = ModelGenerator.isGrouped(seed: defects[index].first.seed)
             if let other = defects.indices.first(where: { defects[$0].outcome?.violations.contains { $0.key == key } == true }) {
                 defects[index].shownBy = other
                 continue
@@ -56,7 +57,7 @@ struct ModelReport {
             let fails: ([ModelStep]) async -> Bool = { steps in
                 guard ContinuousClock.now < deadline else { return false }
                 let name = "shrink-\(replays.withValue { value -> Int in value += 1; return value })"
-                let outcome = try? await ModelSequence.run(steps, world: world, name: name)
+                let outcome = try? await ModelSequence.run(steps, grouped: grouped, world: world, name: name)
                 return outcome?.violations.contains { $0.key == key } ?? false
             }
             let original = defects[index].first.steps
@@ -67,7 +68,7 @@ struct ModelReport {
             var shrinker = ModelShrinker(budget: 120, stillFails: fails)
             let shrunk = await shrinker.shrink(original)
             defects[index].shrunk = shrunk
-            defects[index].outcome = try? await ModelSequence.run(shrunk, world: world, name: "shrunk-\(index)")
+            defects[index].outcome = try? await ModelSequence.run(shrunk, grouped: grouped, world: world, name: "shrunk-\(index)")
         }
     }
 
@@ -88,6 +89,9 @@ struct ModelReport {
             }
             let steps = defect.shrunk ?? defect.first.steps
             lines.append(defect.shrunk == nil ? "  sequence (\(steps.count) steps):" : "  shrunk from \(defect.first.steps.count) to \(steps.count) steps:")
+            if ModelGenerator.isGrouped(seed: defect.first.seed) {
+                lines.append("  (account linked under a Services ID grouped with the App ID Apple notifies)")
+            }
             lines += steps.enumerated().map { "    \($0.offset + 1). \($0.element)" }
             if let outcome = defect.outcome {
                 lines.append("  what happened:")

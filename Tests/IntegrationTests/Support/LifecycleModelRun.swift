@@ -10,13 +10,16 @@ import WorkerCore
 final class ModelRun {
     let world: ModelWorld
     let connection: PostgresConnection
+    /// The account's client ID: where the app links and deletes (a Services ID when grouped).
     let clientID: String
+    /// The `aud` of Apple's notifications: the group's primary App ID when grouped, else `clientID`.
+    let notificationClientID: String
     let sub: String
     /// What each step did, for the failure report.
     var trace: [String] = []
     /// How often each kind of step did something (was not a no-op), and notable results: the
     /// run prints the totals, to show what the sequences exercised.
-    private(set) var exercised: [String: Int] = [:]
+    var exercised: [String: Int] = [:]
     var violations: [ModelViolation] = []
 
     /// App calls that committed, in commit order.
@@ -53,15 +56,32 @@ final class ModelRun {
         var finished: LockedBox<Bool>
     }
 
-    init(world: ModelWorld, connection: PostgresConnection, name: String) {
+    /// `grouped`: the account is linked under a website's Services ID grouped (`SIWA_APP_GROUPS`)
+    /// with the app's primary App ID, to which Apple sends the notifications.
+    init(world: ModelWorld, connection: PostgresConnection, name: String, grouped: Bool) {
         self.world = world
         self.connection = connection
-        clientID = "com.model.\(name)"
+        notificationClientID = "com.model.\(name)"
+        clientID = grouped ? notificationClientID + ".web" : notificationClientID
         sub = "000.\(name)"
     }
 
     /// Runs every step, then drives the account to quiescence.
     func run(_ steps: [ModelStep]) async {
+        if clientID != notificationClientID {
+            do {
+                // What the worker stores from SIWA_APP_GROUPS (AppGroups.store replaces the whole
+                // table; each sequence adds only its own group).
+                _ = try await connection.execute(
+                    """
+                    INSERT INTO siwa.app_groups (client_id, group_id)
+                    VALUES (\(notificationClientID), \(notificationClientID)), (\(clientID), \(notificationClientID))
+                    """)
+                trace.append("0. \(clientID) grouped with \(notificationClientID), where Apple's notifications go")
+            } catch {
+                violations.append(.init(.harness, "app group setup threw \(Self.errorKind(error))", "\(error)"))
+            }
+        }
         for (index, step) in steps.enumerated() {
             stepStarts.append(Date())
             do {
@@ -214,7 +234,7 @@ final class ModelRun {
         let jti = prefix + "1"
         try await connection.withTransaction { connection in
             try await world.harness.database.queueNotifications(
-                1, prefix: prefix, clientID: clientID, sub: sub, types: [kind.rawValue],
+                1, prefix: prefix, clientID: notificationClientID, sub: sub, types: [kind.rawValue],
                 eventTime: "to_timestamp(\(time.timeIntervalSince1970))", on: connection)
             // Parked until one of this sequence's steps runs the notification worker.
             _ = try await connection.execute("UPDATE siwa.jobs SET run_at = 'infinity' WHERE notification_jti = \(jti)")
@@ -226,15 +246,13 @@ final class ModelRun {
     /// Makes the sequence's parked notification jobs due (all or the oldest), runs the real
     /// notification batch (which then claims only them), and parks what is left.
     private func applyNotifications(onlyOldest: Bool) async throws -> String {
-        let clientID = clientID
-        let world = world
-        let connection = connection
+        let (clientID, audience, world, connection) = (clientID, notificationClientID, world, connection)
         let results = try await world.exclusive.withLock {
             _ = try await connection.execute(
                 """
                 UPDATE siwa.jobs SET run_at = now()
-                 WHERE client_id = \(clientID) AND kind = 'notification' AND state = 'available'
-                   AND (NOT \(onlyOldest) OR id = (SELECT min(id) FROM siwa.jobs WHERE client_id = \(clientID)
+                 WHERE client_id = \(audience) AND kind = 'notification' AND state = 'available'
+                   AND (NOT \(onlyOldest) OR id = (SELECT min(id) FROM siwa.jobs WHERE client_id = \(audience)
                                                        AND kind = 'notification' AND state = 'available'))
                 """)
             let results = try await world.queue.runNotificationBatch(
@@ -242,7 +260,7 @@ final class ModelRun {
             _ = try await connection.execute(
                 """
                 UPDATE siwa.jobs SET run_at = 'infinity'
-                 WHERE client_id = \(clientID) AND kind = 'notification' AND state = 'available'
+                 WHERE client_id = \(audience) AND kind = 'notification' AND state = 'available'
                 """)
             return results
         }
@@ -375,7 +393,10 @@ final class ModelRun {
                 continue
             }
             let open = try await connection.query(
-                "SELECT count(*)::int FROM siwa.jobs WHERE client_id = \(clientID) AND state IN ('available', 'running')"
+                """
+                SELECT count(*)::int FROM siwa.jobs
+                 WHERE client_id IN (\(clientID), \(notificationClientID)) AND state IN ('available', 'running')
+                """
             )[0].decode(Int.self, at: 0)
             if open == 0 { return }
             if notifications == "nothing pending" {
@@ -492,6 +513,7 @@ enum ModelRule: String, Hashable, Sendable, CaseIterable {
     case deletedStaysDeleted = "deleted stays deleted under notifications"
     case notificationOnce = "no notification applied twice"
     case emailNewest = "email forwarding ends at the newest event"
+    case endingEventsApply = "consent-revoked and account-deleted end the account's life"
     case causalChanges = "the app's change rows come in causal order"
     case exchangeNeverLost = "a successful exchange is never lost"
     case linkBlockedWhilePending = "a pending deletion blocks a new link"
