@@ -374,7 +374,7 @@ final class ModelRun {
             trace.append("end: " + what)
             try await observeStoredToken(after: Self.doer(of: what) ?? "stalled worker")
         }
-        for _ in 0..<60 {
+        for _ in 0..<200 {
             _ = try await connection.execute(
                 """
                 UPDATE siwa.jobs SET run_at = now()
@@ -404,7 +404,7 @@ final class ModelRun {
                 return
             }
         }
-        violations.append(.init(.quiescence, "no quiescence", "jobs still open after 60 rounds"))
+        violations.append(.init(.quiescence, "no quiescence", "jobs still open after 200 rounds"))
     }
 
     // MARK: Observations
