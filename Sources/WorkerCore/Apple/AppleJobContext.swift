@@ -119,3 +119,16 @@ extension Job {
 
     var idMetadata: Logger.Metadata { ["job_id": .string(String(id)), "kind": .string(kind.rawValue), "client_id": .string(clientID)] }
 }
+
+extension JobResult {
+    /// A database failure as the job's recorded error and one log line: which operation and which
+    /// SQLSTATE (a lock timeout, a failover, a missing grant), never values, so `siwa jobs list`
+    /// says why a job is retrying without anyone reading the worker's logs.
+    static func databaseFailure(_ error: any Error, operation: String, logger: Logger) -> JobResult {
+        let sqlState = (error as? PostgresError)?.sqlState ?? "none"
+        logger.warning(
+            "database error; the job will retry",
+            metadata: ["db.operation": .string(operation), "db.sqlstate": .string(sqlState), "error": "\(error)"])
+        return .failed(error: "database_error: \(operation) (SQLSTATE \(sqlState))")
+    }
+}

@@ -39,7 +39,7 @@ package struct ExchangeJobHandler: JobHandler {
                 return .snoozed(reason: "client_paused", for: wait)
             }
         } catch {
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "pause_check", logger: logger)
         }
 
         let outcome = await context.client.exchange(code: code, clientID: job.clientID)
@@ -86,6 +86,7 @@ package struct ExchangeJobHandler: JobHandler {
             return await exchangeFailed(job, reason: "token_encryption_failed", logger: logger)
         }
         var lastError = ""
+        var lastSQLState = "none"
         for attempt in 1...storeAttempts {
             do {
                 let status = try await context.pool.withConnection { connection in
@@ -103,6 +104,7 @@ package struct ExchangeJobHandler: JobHandler {
                 return .completedByHandler
             } catch {
                 lastError = "\(error)"
+                lastSQLState = (error as? PostgresError)?.sqlState ?? "none"
                 logger.warning(
                     "could not store the refresh token; retrying",
                     metadata: ["attempt": .int(attempt), "error": .string(lastError)])
@@ -111,7 +113,7 @@ package struct ExchangeJobHandler: JobHandler {
         }
         logger.error("could not store the refresh token; revoking it at Apple", metadata: ["error": .string(lastError)])
         await revokeUnstored(refreshToken, job: job, logger: logger)
-        return .failed(error: "database_error")
+        return .failed(error: "database_error: exchange_succeeded (SQLSTATE \(lastSQLState))")
     }
 
     /// A token we will not store goes back to Apple, so no grant outlives our knowledge of it.
@@ -138,8 +140,7 @@ package struct ExchangeJobHandler: JobHandler {
             }
             return .completedByHandler
         } catch {
-            logger.warning("database error completing the exchange", metadata: ["error": "\(error)"])
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "exchange_failed", logger: logger)
         }
     }
 }

@@ -35,7 +35,7 @@ package struct ReconcileJobHandler: JobHandler {
                 )
             }
         } catch {
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "reconcile_read", logger: logger)
         }
         guard let account, account.status == AccountStatus.active.rawValue, let stored = account.token else {
             return .completed(outcome: "skipped")
@@ -55,7 +55,7 @@ package struct ReconcileJobHandler: JobHandler {
                 return .snoozed(reason: "client_paused", for: wait)
             }
         } catch {
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "pause_check", logger: logger)
         }
 
         let outcome = await context.client.refresh(refreshToken: refreshToken, clientID: job.clientID)
@@ -92,8 +92,7 @@ package struct ReconcileJobHandler: JobHandler {
             }
             return .completedByHandler
         } catch {
-            logger.warning("database error recording the reconciliation", metadata: ["error": "\(error)"])
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "reconcile_result", logger: logger)
         }
     }
 }

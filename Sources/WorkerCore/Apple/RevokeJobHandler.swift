@@ -41,8 +41,7 @@ package struct RevokeJobHandler: JobHandler {
                         wait: try row.decode(Double?.self, column: "wait_seconds"))
                 }
             } catch {
-                logger.warning("database error in a deletion step", metadata: ["error": "\(error)"])
-                return .failed(error: "database_error")
+                return .databaseFailure(error, operation: "revoke_step", logger: logger)
             }
             switch (step.action, step.token) {
             case ("revoke", let token?):
@@ -79,7 +78,7 @@ package struct RevokeJobHandler: JobHandler {
                 return .snoozed(reason: "client_paused", for: wait)
             }
         } catch {
-            return .failed(error: "database_error")
+            return .databaseFailure(error, operation: "pause_check", logger: logger)
         }
 
         let outcome = await context.client.revoke(refreshToken: refreshToken, clientID: job.clientID)
@@ -93,7 +92,7 @@ package struct RevokeJobHandler: JobHandler {
                 }
             } catch {
                 // Revoked at Apple but not recorded: the next run revokes it again (Apple answers 200).
-                return .failed(error: "database_error")
+                return .databaseFailure(error, operation: "revoke_succeeded", logger: logger)
             }
             return nil
         case .configurationFault(let error):
