@@ -486,3 +486,41 @@ extension LifecycleRulesTests {
         }
     }
 }
+
+extension LifecycleRulesTests {
+    /// Key rotation re-seals the tokens kept for a later deletion too; the deletion, with only the
+    /// new key configured, still revokes both tokens.
+    @Test func keyRotationReachesRetiredTokens() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.rot")
+            try await h.linkAccount(sub: "001.rot")  // the first token is retired, still valid at Apple
+            let newKey = LifecycleHarness.makeTokenKeys(["k2"])
+            let rotated = try TokenBox(configuration: newKey + "," + h.tokenKeys)
+            let rotation = TokenKeyRotation(connection: h.connection, tokenBox: rotated)
+            #expect(try await rotation.remaining() == 2)
+            #expect(try await rotation.run().reencrypted == 2)
+            #expect(try await rotation.remaining() == 0)
+            let retired = try #require(
+                try await h.scalar([UInt8].self, "SELECT retired_tokens_enc[1] FROM siwa.accounts WHERE sub = '001.rot'"))
+            #expect(TokenBox.keyID(of: retired) == "k2")
+            let onlyNew = try TokenBox(configuration: newKey)
+            let tokens = h.fake.refreshTokens(clientID: Self.client, sub: "001.rot")
+            #expect(try tokens.contains(onlyNew.open(retired, clientID: Self.client, sub: "001.rot")))
+        }
+    }
+
+    /// An import for an account pending deletion keeps the token for the revoke (it is a live grant).
+    @Test func importDuringPendingDeletionIsRevoked() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.imp")
+            let revoke = try await h.requestDeletion(sub: "001.imp")
+            h.fake.registerRefreshToken("rtok-imported", clientID: Self.client, sub: "001.imp")
+            let summary = try await AccountImporter(connection: h.connection, tokenBox: h.tokenBox)
+                .run(lines: ["\(Self.client),001.imp,user-i,rtok-imported"])
+            #expect(summary.imported == 0 && summary.skipped == 1)
+            #expect(try await h.run(revoke) == .completedByHandler)
+            #expect(try await h.status("001.imp") == "deleted")
+            #expect(h.fake.isRevoked(refreshToken: "rtok-imported") == true)
+        }
+    }
+}

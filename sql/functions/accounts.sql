@@ -152,6 +152,44 @@ BEGIN
 END
 $$;
 
+-- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
+-- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
+-- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
+-- the account was imported.
+CREATE OR REPLACE FUNCTION siwa.account_imported(
+    p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
+) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    created boolean;
+    a siwa.accounts;
+BEGIN
+    created := siwa.lock_account(p_client_id, p_sub, 'active');
+    SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+    IF a.refresh_token_enc = p_token_enc OR p_token_enc = ANY (a.retired_tokens_enc) THEN
+        RETURN false;
+    END IF;
+    IF created OR a.status = 'active' THEN
+        UPDATE siwa.accounts
+           SET app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
+               refresh_token_enc = p_token_enc,
+               retired_tokens_enc = CASE WHEN accounts.refresh_token_enc IS NOT NULL
+                                         THEN accounts.retired_tokens_enc || accounts.refresh_token_enc
+                                         ELSE accounts.retired_tokens_enc END,
+               linked_at = CASE WHEN created THEN now() ELSE accounts.linked_at END,
+               updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub;
+        PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
+        RETURN true;
+    END IF;
+    IF a.status = 'pending_deletion' THEN
+        UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub;
+    END IF;
+    RETURN false;
+END
+$$;
+
 -- ExchangeJobHandler: Apple answered the exchange of job p_job_id with a token (sealed for the
 -- row) and a verified identity. Applied whether or not the job's lease still holds: the code is
 -- spent at Apple, so this token is the only one the link will get. Completes the job (a run
@@ -495,6 +533,7 @@ BEGIN
             siwa.record_change(text, text, text, text, text, bigint),
             siwa.change_payload(bigint, text, text, text, text), siwa.lock_account(text, text, text),
             siwa.account_linked(text, text, text, bytea, text, boolean, boolean, boolean, bigint),
+            siwa.account_imported(text, text, text, bytea),
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
             siwa.reconcile_result(bigint, integer, bytea, text),

@@ -74,19 +74,12 @@ package struct AccountImporter {
         let imported = try await connection.withTransaction { connection in
             var imported = 0
             for row in rows {
-                let changed = try await connection.query(
-                    """
-                    INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, refresh_token_enc, linked_at, updated_at)
-                    VALUES (\(row.clientID), \(row.sub), \(row.appUserID), 'active', \(row.sealed), now(), now())
-                    ON CONFLICT (client_id, sub) DO UPDATE
-                       SET app_user_id = coalesce(EXCLUDED.app_user_id, accounts.app_user_id),
-                           refresh_token_enc = EXCLUDED.refresh_token_enc, updated_at = now()
-                     WHERE accounts.status = 'active'
-                    RETURNING 1
-                    """)
-                guard !changed.isEmpty else { continue }
-                _ = try await connection.query(
-                    "SELECT siwa.record_change(\(row.clientID), \(row.sub), 'imported', NULL, NULL, NULL)")
+                // The state machine decides (sql/functions/accounts.sql): new or active accounts take
+                // the token; a pending deletion keeps it to revoke; others are left alone.
+                let taken = try await connection.query(
+                    "SELECT siwa.account_imported(\(row.clientID), \(row.sub), \(row.appUserID), \(row.sealed))"
+                )[0].decode(Bool.self, at: 0)
+                guard taken else { continue }
                 imported += 1
             }
             return imported
@@ -115,14 +108,17 @@ package struct TokenKeyRotation {
         self.batchSize = batchSize
     }
 
-    /// Rows still sealed with another key.
+    /// Tokens still sealed with another key (current and retired ones: a deletion revokes both).
     package func remaining() async throws -> Int {
         let current = Array(tokenBox.currentKeyID.utf8)
         let rows = try await connection.query(
             """
-            SELECT count(*) FROM siwa.accounts
-             WHERE refresh_token_enc IS NOT NULL
-               AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current)
+            SELECT (SELECT count(*) FROM siwa.accounts
+                     WHERE refresh_token_enc IS NOT NULL
+                       AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current))
+                 + (SELECT count(*) FROM siwa.accounts a, unnest(a.retired_tokens_enc) AS t(token)
+                     WHERE cardinality(a.retired_tokens_enc) > 0
+                       AND substring(t.token FROM 3 FOR get_byte(t.token, 1)) <> \(current))
             """)
         return try rows[0].decode(Int.self, at: 0)
     }
@@ -174,6 +170,59 @@ package struct TokenKeyRotation {
             progress(summary)
             if count < batchSize { break }
         }
+        try await rotateRetired(into: &summary, progress: progress)
         return summary
+    }
+
+    /// The tokens kept for a later deletion (`retired_tokens_enc`), re-sealed the same way.
+    private func rotateRetired(into summary: inout Summary, progress: (Summary) -> Void) async throws {
+        let current = Array(tokenBox.currentKeyID.utf8)
+        var after = ("", "")
+        while true {
+            let box = tokenBox
+            let cursor = after
+            let batchSize = batchSize
+            let (count, done, failed, last) = try await connection.withTransaction { connection in
+                let rows = try await connection.query(
+                    """
+                    SELECT a.client_id, a.sub, t.token FROM (
+                        SELECT client_id, sub, retired_tokens_enc FROM siwa.accounts
+                         WHERE cardinality(retired_tokens_enc) > 0 AND (client_id, sub) > (\(cursor.0), \(cursor.1))
+                         ORDER BY client_id, sub
+                         LIMIT \(batchSize)
+                           FOR UPDATE SKIP LOCKED) a, unnest(a.retired_tokens_enc) AS t(token)
+                     ORDER BY a.client_id, a.sub
+                    """)
+                var done = 0
+                var failed = 0
+                var last = cursor
+                var accounts = 0
+                for row in rows {
+                    let clientID = try row.decode(String.self, column: "client_id")
+                    let sub = try row.decode(String.self, column: "sub")
+                    let stored = try row.decode([UInt8].self, column: "token")
+                    if last != (clientID, sub) { accounts += 1 }
+                    last = (clientID, sub)
+                    guard TokenBox.keyID(of: stored).map({ Array($0.utf8) }) != current else { continue }
+                    guard let token = try? box.open(stored, clientID: clientID, sub: sub),
+                        let sealed = try? box.seal(token, clientID: clientID, sub: sub)
+                    else {
+                        failed += 1
+                        continue
+                    }
+                    done += try await connection.execute(
+                        """
+                        UPDATE siwa.accounts SET retired_tokens_enc = array_replace(retired_tokens_enc, \(stored), \(sealed))
+                         WHERE client_id = \(clientID) AND sub = \(sub) AND \(stored) = ANY (retired_tokens_enc)
+                        """)
+                }
+                return (accounts, done, failed, last)
+            }
+            summary.reencrypted += done
+            summary.failed += failed
+            after = last
+            if done + failed > 0 { progress(summary) }
+            if count < batchSize { break }
+        }
     }
 }
