@@ -62,7 +62,10 @@ extension FakeApple {
         }
         guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
         state.withLock { state in
-            if state.refreshTokens[token]?.clientID == clientID { state.refreshTokens[token]?.revoked = true }
+            if state.refreshTokens[token]?.clientID == clientID {
+                state.refreshTokens[token]?.revoked = true
+                state.refreshTokens[token]?.revokeCalls += 1
+            }
         }
         return (HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: []), true)
     }

@@ -52,6 +52,8 @@ package final class NotificationStore: Sendable {
         /// Until `start()` nothing would ever commit: refuse rather than queue forever.
         var running = false
         var databaseDownUntil: ContinuousClock.Instant?
+        /// Since the first failed commit or connect of an outage that is not over yet.
+        var outageStarted: ContinuousClock.Instant?
         var lastSuccess: ContinuousClock.Instant?
         var rejectionCounts: [String: Int] = [:]
     }
@@ -225,18 +227,40 @@ package final class NotificationStore: Sendable {
         }
     }
 
+    /// Opens a session on the writable host (with a multi-host URL and
+    /// `target_session_attrs=read-write`, libpq tries each host in turn, so after a failover this finds
+    /// the promoted standby). Logs the start and the end of an outage once each, not every retry.
     private func connect() -> PostgresConnection? {
         do {
             let connection = try PostgresConnection.connectBlocking(
                 to: conninfo, applicationName: "siwa-receiver", logger: logger)
-            state.withLock { state in
+            let outageStarted = state.withLock { state in
+                defer { state.outageStarted = nil }
                 state.databaseDownUntil = nil
                 state.lastSuccess = .now  // a fresh session is proof enough for /readyz
+                return state.outageStarted
+            }
+            if let outageStarted {
+                logger.info(
+                    "database reachable again; committing",
+                    metadata: [
+                        "db.server": .string(connection.server),
+                        "outage_ms": .int(Int((ContinuousClock.now - outageStarted) / .milliseconds(1))),
+                    ])
             }
             return connection
         } catch {
-            logger.error("database unreachable; answering 503 until it is back", metadata: ["error": "\(error)"])
-            state.withLock { $0.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
+            let firstFailure = state.withLock { state in
+                state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
+                guard state.outageStarted == nil else { return false }
+                state.outageStarted = .now
+                return true
+            }
+            if firstFailure {
+                logger.error("database unreachable; answering 503 until it is back", metadata: ["error": "\(error)"])
+            } else {
+                logger.debug("database still unreachable", metadata: ["error": "\(error)"])
+            }
             return nil
         }
     }
@@ -287,7 +311,10 @@ package final class NotificationStore: Sendable {
         } catch let error as PostgresError where error.isConnectionProblem || !connection.isUsable {
             // The COMMIT's fate is unknown; 503 makes the sender retry, and the jti makes that safe.
             logger.error("database connection lost during commit", metadata: ["error": "\(error)"])
-            state.withLock { $0.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
+            state.withLock { state in
+                state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
+                if state.outageStarted == nil { state.outageStarted = .now }
+            }
             for item in batch { item.respond(.rejected(.databaseUnavailable)) }
             return []
         } catch {

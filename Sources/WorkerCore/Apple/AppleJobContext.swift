@@ -17,6 +17,9 @@ package struct AppleJobContext: Sendable {
     package var pauseInterval: Duration = .seconds(300)
     /// Authorization codes live five minutes at Apple.
     package var codeLifetime: TimeInterval = 300
+    /// How long a job's completion is retried through a database outage (the job lease: past it,
+    /// another run may own the job anyway).
+    package var completionRetryWindow: Duration = .seconds(60)
 
     package init(
         pool: PostgresPool, client: AppleAuthClient, tokenBox: TokenBox, identityVerifier: IdentityTokenVerifier,
@@ -49,10 +52,15 @@ package struct AppleJobContext: Sendable {
         _ job: Job, outcome: String, logger: Logger, _ body: @Sendable (PostgresConnection) async throws -> Void
     ) async -> JobResult {
         do {
-            try await pool.withConnection { connection in
-                try await connection.withTransaction { connection in
-                    try await body(connection)
-                    try await completeFenced(job, outcome: outcome, on: connection)
+            // Apple has answered by now: a failover must not turn that answer into a second call. The
+            // transaction ends with the fenced completion, so running it again after a COMMIT whose
+            // answer was lost matches nothing and rolls back (LeaseLost).
+            try await retryingConnectionProblems(for: completionRetryWindow, operation: "complete job", logger: logger) {
+                try await pool.withConnection { connection in
+                    try await connection.withTransaction { connection in
+                        try await body(connection)
+                        try await completeFenced(job, outcome: outcome, on: connection)
+                    }
                 }
             }
             return .completedByHandler

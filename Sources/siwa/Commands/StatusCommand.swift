@@ -46,6 +46,7 @@ struct StatusReport {
     var pausedClients: [PausedClient]
     var notificationsLastHour: Int
     var rejectionsLastHour: [String: Int]
+    var replication: ReplicationStatus
 
     var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
 
@@ -126,7 +127,8 @@ struct StatusReport {
                     nextProbeAt: try row.decode(Date.self, column: "next_probe_at"))
             },
             notificationsLastHour: try received.decode(Int.self, column: "n"),
-            rejectionsLastHour: rejections)
+            rejectionsLastHour: rejections,
+            replication: try await ReplicationStatus.load(connection))
     }
 
     // MARK: Rendering
@@ -168,6 +170,7 @@ struct StatusReport {
                 .map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")"
         }
         facts.append(["rejected, last hour", rejectedText])
+        facts.append(["replication", replication.summary])
         out += CLI.table(facts)
         for client in pausedClients {
             out +=
@@ -207,6 +210,7 @@ struct StatusReport {
                 "rejected": rejected,
                 "rejected_by_reason": rejectionsLastHour,
             ] as [String: Any],
+            "replication": replication.jsonObject,
         ]
     }
 }
