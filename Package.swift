@@ -35,7 +35,9 @@ let package = Package(
         .target(name: "JSON", swiftSettings: strict),
         .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], swiftSettings: strict),
         .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
-        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "Postgres", "JOSE", "JSON"], swiftSettings: strict),
+        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "JSON"], swiftSettings: strict),
+        // sql/ embedded, and the migrator that applies it (the only building block over libpq).
+        .target(name: "Migrations", dependencies: ["Logging", "Postgres"], swiftSettings: strict),
         .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging", "SiwaCore"], swiftSettings: strict),
 
@@ -56,7 +58,7 @@ let package = Package(
         .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Logging"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
-                          dependencies: ["Locking", "SiwaCore", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
+                          dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
                                          "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient"],
                           swiftSettings: strict),
 
@@ -67,6 +69,7 @@ let package = Package(
 
         // Unit tests: no network, no database.
         .testTarget(name: "SiwaCoreTests", dependencies: ["SiwaCore"], swiftSettings: strict),
+        .testTarget(name: "MigrationsTests", dependencies: ["Migrations"], swiftSettings: strict),
         .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
@@ -80,7 +83,7 @@ let package = Package(
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "JOSE", "CryptoCore", "FakeApple",
+                    dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
                                    "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore"],
                     swiftSettings: strict),
     ]

@@ -89,20 +89,36 @@ package struct ConfigurationSource: Sendable {
         return value
     }
 
-    /// The raw value: flag, then environment, then `X_FILE` (trailing newline trimmed). Empty counts as unset.
+    /// The raw value: from the command line (`--x` or `--x-file`), else from the environment (`X` or
+    /// `X_FILE`; a file's trailing newline trimmed). Empty counts as unset. Giving both `X` and
+    /// `X_FILE` in the same place is an error, not a silent choice: one of them is a mistake, and
+    /// it may be the secret the operator meant to use. An unreadable or empty file is an error too.
     package func string(_ variable: String) throws(ConfigurationError) -> String? {
-        if let flag = flags[Self.flagName(for: variable)], !flag.isEmpty { return flag }
-        if let value = environment[variable], !value.isEmpty { return value }
-        if let path = flags[Self.flagName(for: variable + "_FILE")] ?? environment[variable + "_FILE"], !path.isEmpty {
-            guard let data = FileManager.default.contents(atPath: path),
-                let text = String(data: data, encoding: .utf8)
-            else {
-                throw ConfigurationError(variable: variable + "_FILE", problem: "cannot read \(path)")
+        let fileVariable = variable + "_FILE"
+        let layers: [(value: String?, path: String?)] = [
+            (flags[Self.flagName(for: variable)], flags[Self.flagName(for: fileVariable)]),
+            (environment[variable], environment[fileVariable]),
+        ]
+        for layer in layers {
+            let value = layer.value.flatMap { $0.isEmpty ? nil : $0 }
+            let path = layer.path.flatMap { $0.isEmpty ? nil : $0 }
+            switch (value, path) {
+            case (nil, nil): continue
+            case (let value?, nil): return value
+            case (nil, let path?): return try Self.read(path, for: fileVariable)
+            case (_?, _?): throw ConfigurationError(variable: variable, problem: "is set together with \(fileVariable); set one of them")
             }
-            let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
-            return trimmed.isEmpty ? nil : trimmed
         }
         return nil
+    }
+
+    private static func read(_ path: String, for fileVariable: String) throws(ConfigurationError) -> String {
+        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
+            throw ConfigurationError(variable: fileVariable, problem: "cannot read \(path)")
+        }
+        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !trimmed.isEmpty else { throw ConfigurationError(variable: fileVariable, problem: "\(path) is empty") }
+        return trimmed
     }
 
     package func require(_ variable: String) throws(ConfigurationError) -> String {

@@ -26,6 +26,31 @@ import Testing
         }
     }
 
+    @Test func variableAndItsFileTwinTogetherAreRefused() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cfg-\(UUID())").path
+        try "postgres://from-file\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let both = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "postgres://x", "DATABASE_URL_FILE": path])
+        #expect(throws: ConfigurationError(variable: "DATABASE_URL", problem: "is set together with DATABASE_URL_FILE; set one of them")) {
+            try both.string("DATABASE_URL")
+        }
+        // A flag still wins over the environment, whichever form each takes.
+        let flagOverFile = try ConfigurationSource(arguments: ["--database-url", "postgres://flag"], environment: ["DATABASE_URL_FILE": path])
+        #expect(try flagOverFile.string("DATABASE_URL") == "postgres://flag")
+        let fileFlagOverVariable = try ConfigurationSource(arguments: ["--database-url-file", path], environment: ["DATABASE_URL": "postgres://x"])
+        #expect(try fileFlagOverVariable.string("DATABASE_URL") == "postgres://from-file")
+    }
+
+    @Test func emptyFileIsAnError() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cfg-\(UUID())").path
+        try "\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let source = try ConfigurationSource(arguments: [], environment: ["SIWA_TOKEN_KEYS_FILE": path])
+        #expect(throws: ConfigurationError(variable: "SIWA_TOKEN_KEYS_FILE", problem: "\(path) is empty")) {
+            try source.string("SIWA_TOKEN_KEYS")
+        }
+    }
+
     @Test func badIntegerNamesRangeAndValue() throws {
         let source = try ConfigurationSource(arguments: [], environment: ["SIWA_WORKER_CONCURRENCY": "many"])
         do {
@@ -69,27 +94,6 @@ import Testing
         #expect(throws: ConfigurationError.self) { try CommonSettings.databaseURL(bad) }
         let good = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "host=/tmp dbname=x"])
         #expect(try CommonSettings.databaseURL(good) == "host=/tmp dbname=x")
-    }
-}
-
-@Suite struct EmbeddedMigrationsTests {
-    /// The binary carries sql/*.sql; this fails when someone edits one without re-running
-    /// deploy/scripts/embed-sql.sh.
-    @Test func embeddedMigrationsMatchSQLFolder() throws {
-        let folder = URL(fileURLWithPath: #filePath)
-            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("sql")
-        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path)
-            .filter { $0.range(of: #"^\d{3}_.*\.sql$"#, options: .regularExpression) != nil }.sorted()
-        #expect(files.map { String($0.dropLast(4)) } == Migration.embedded.map(\.name))
-        for (file, migration) in zip(files, Migration.embedded) {
-            let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
-            let normalised = text.split(separator: "\n", omittingEmptySubsequences: false)
-                .map { $0.replacingOccurrences(of: #"\s+$"#, with: "", options: .regularExpression) }
-                .joined(separator: "\n").trimmingCharacters(in: .newlines)
-            #expect(migration.sql.trimmingCharacters(in: .newlines) == normalised, "\(file) drifted: run deploy/scripts/embed-sql.sh")
-            #expect(migration.version == Int(file.prefix(3)))
-        }
     }
 }
 

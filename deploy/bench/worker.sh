@@ -65,8 +65,14 @@ trap cleanup EXIT
 url="postgresql://postgres@127.0.0.1:$port/siwa"
 psql() { command psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres "$@"; }
 psql -d postgres -c "CREATE DATABASE siwa"
-for f in "$root"/sql/[0-9][0-9][0-9]_*.sql; do psql -d siwa --single-transaction -f "$f" >/dev/null 2>&1 \
-    || { echo "bench: $f failed" >&2; exit 1; }; done
+migrate() {  # migrate DB: every file `siwa migrate` applies, in its order
+    local f
+    for f in "$root"/sql/[0-9][0-9][0-9]_*.sql $(LC_ALL=C ls "$root"/sql/functions/*.sql); do
+        PGOPTIONS="-c check_function_bodies=off" psql -d "$1" --single-transaction -f "$f" >/dev/null 2>&1 \
+            || { echo "bench: $f failed on database $1" >&2; return 1; }
+    done
+}
+migrate siwa || exit 1
 echo "bench: PostgreSQL $("$pg_bin/postgres" -V | awk '{print $3}') on 127.0.0.1:$port, fsync=on synchronous_commit=on, $(nproc) CPUs"
 
 reset() {
@@ -149,8 +155,7 @@ procrastinate_ready() {  # -> status 0 when the venv has procrastinate and psyco
 peer_url="postgresql://postgres@127.0.0.1:$port/peer"
 procrastinate_setup() {
     psql -d postgres -c "CREATE DATABASE peer"
-    for f in "$root"/sql/[0-9][0-9][0-9]_*.sql; do psql -d peer --single-transaction -f "$f" >/dev/null 2>&1 \
-        || { echo "bench: $f failed on the peer database" >&2; return 1; }; done
+    migrate peer || return 1
     (cd "$here/procrastinate-peer" && PYTHONPATH=. PEER_DATABASE_URL=$peer_url "$procrastinate_venv/bin/procrastinate" \
         --app peer.app schema --apply >"$tmp/peer.log" 2>&1) || { cat "$tmp/peer.log" >&2; return 1; }
 }

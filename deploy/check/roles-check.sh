@@ -5,7 +5,7 @@
 #
 # Self-contained: needs the PostgreSQL server binaries and psql (Debian: postgresql, installed with
 # apt-get when missing and run as root); picks a free
-# port, runs the cluster in a temp dir (as the postgres user when run as root), stops it at exit.
+# port, runs the cluster with deploy/scripts/throwaway-postgres.sh (the benchmarks' starter), stops it at exit.
 # Exit status 0 when every check passed, 1 otherwise.
 set -uo pipefail
 
@@ -26,26 +26,15 @@ if [[ -z "$pg_bin" || ! -x "$pg_bin/initdb" ]]; then
 fi
 command -v psql >/dev/null || { echo "roles-check: psql not found" >&2; exit 1; }
 
-port=${PGPORT_CHECK:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000)))}
+# shellcheck source=../scripts/throwaway-postgres.sh
+source "$here/../scripts/throwaway-postgres.sh"
+PG_BIN=$pg_bin
+pg_throwaway_start fsync=off || exit 1
+port=$PG_PORT
 tmp=$(mktemp -d)
-as_pg=()
-if [[ $(id -u) -eq 0 ]]; then
-    chown postgres "$tmp"
-    as_pg=(runuser -u postgres --)
-fi
+trap 'rm -rf "$tmp"; pg_throwaway_stop' EXIT
 
-cleanup() {
-    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -m immediate -w stop >/dev/null 2>&1
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-"${as_pg[@]}" "$pg_bin/initdb" -D "$tmp/data" -A trust -U postgres --no-sync >"$tmp/initdb.log" 2>&1 \
-    || { cat "$tmp/initdb.log" >&2; exit 1; }
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$tmp/data" -w -l "$tmp/server.log" \
-    -o "-c listen_addresses=127.0.0.1 -p $port -k $tmp -c fsync=off" start >/dev/null \
-    || { cat "$tmp/server.log" >&2; exit 1; }
-echo "roles-check: PostgreSQL $("$pg_bin/postgres" -V | awk '{print $3}') on 127.0.0.1:$port"
+echo "roles-check: PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}') on 127.0.0.1:$port"
 
 passed=0
 failed=0
@@ -73,12 +62,15 @@ denied() {
 # expect WHAT ACTUAL EXPECTED
 expect() { if [[ "$2" == "$3" ]]; then ok "$1"; else fail "$1: got '$2', want '$3'"; fi; }
 
-apply() {  # apply USER DB FILE...: apply migration files in one transaction, like `siwa migrate`
+apply() {  # apply USER DB FILE...: apply SQL files (paths under sql/) in one transaction, like `siwa migrate`
     local user=$1 db=$2; shift 2
     local args=()
     for f in "$@"; do args+=(-f "$sql_dir/$f"); done
-    psql -X -q -v ON_ERROR_STOP=1 --single-transaction -h 127.0.0.1 -p "$port" -U "$user" -d "$db" "${args[@]}" 2>&1
+    PGOPTIONS="-c check_function_bodies=off" \
+        psql -X -q -v ON_ERROR_STOP=1 --single-transaction -h 127.0.0.1 -p "$port" -U "$user" -d "$db" "${args[@]}" 2>&1
 }
+# Every file `siwa migrate` applies, in its order: the numbered migrations, then the function files.
+all_sql=$(cd "$sql_dir" && ls [0-9][0-9][0-9]_*.sql && LC_ALL=C ls functions/*.sql)
 
 privileges() {  # a listing of every privilege in schema siwa, to compare before/after
     q postgres "$1" "
@@ -102,10 +94,11 @@ privileges() {  # a listing of every privilege in schema siwa, to compare before
 echo "== a migrating user without CREATEROLE (database 'limited')"
 q postgres postgres "CREATE ROLE migrator LOGIN NOCREATEROLE NOSUPERUSER" >/dev/null
 q postgres postgres "CREATE DATABASE limited OWNER migrator" >/dev/null
-if out=$(apply migrator limited 001_schema.sql 002_effects.sql 003_roles.sql); then
-    ok "001-003 apply as a user who may not create roles"
+# shellcheck disable=SC2086 # one file name a word
+if out=$(apply migrator limited $all_sql); then
+    ok "every migration and function file applies as a user who may not create roles"
 else
-    fail "001-003 as migrator: $out"
+    fail "migrations as migrator: $out"
 fi
 notices=$(grep -c 'may not create roles' <<<"$out")
 expect "a NOTICE for each role it could not create" "$notices" 3
@@ -113,10 +106,11 @@ expect "no siwa_* role created by it" "$(q postgres postgres "SELECT count(*) FR
 
 echo "== migrating as superuser (database 'siwa')"
 q postgres postgres "CREATE DATABASE siwa" >/dev/null
-if out=$(apply postgres siwa 001_schema.sql 002_effects.sql 003_roles.sql); then
-    ok "001-003 apply as superuser"
+# shellcheck disable=SC2086
+if out=$(apply postgres siwa $all_sql); then
+    ok "every migration and function file applies as superuser"
 else
-    fail "001-003 as superuser: $out"
+    fail "migrations as superuser: $out"
 fi
 expect "three NOLOGIN group roles exist" \
     "$(q postgres postgres "SELECT string_agg(rolname || '=' || rolcanlogin, ',' ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'siwa\_%'")" \
@@ -207,6 +201,9 @@ denied app siwa "UPDATE siwa.jobs" "UPDATE siwa.jobs SET state = 'cancelled'"
 denied app siwa "SELECT siwa.notifications" "SELECT * FROM siwa.notifications"
 denied app siwa "INSERT siwa.account_changes" "INSERT INTO siwa.account_changes (client_id, sub, change) VALUES ('c', 's', 'x')"
 denied app siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
+expect "no siwa function is executable by PUBLIC" \
+    "$(q postgres siwa "SELECT count(*) FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace
+                         AND has_function_privilege('public', oid, 'EXECUTE')")" 0
 denied app siwa "call siwa.record_change" "SELECT siwa.record_change('c', 's', 'x', NULL, NULL, NULL)"
 denied app siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('c', 's')"
 

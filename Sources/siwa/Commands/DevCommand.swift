@@ -2,6 +2,7 @@ import CryptoCore
 import Foundation
 import LocalPostgres
 import Logging
+import Migrations
 import Postgres
 import SiwaCore
 import Locking
@@ -184,7 +185,7 @@ final class DevStack: @unchecked Sendable {
         }
         say("migrating...")
         let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-dev", logger: logger)
-        let applied: [Int]
+        let applied: Migrator.Report
         do {
             applied = try await Migrator(logger: logger).migrate(connection)
             connection.close()
@@ -192,7 +193,7 @@ final class DevStack: @unchecked Sendable {
             connection.close()
             throw error
         }
-        say(applied.isEmpty ? "schema up to date" : "applied migrations \(applied.map(String.init).joined(separator: ", "))")
+        say(applied.isEmpty ? "schema up to date" : applied.summary)
 
         // Apple: the fake, a given base URL, or the real one.
         var appleBase = settings.appleBaseURL?.absoluteString ?? "https://appleid.apple.com"
@@ -224,6 +225,10 @@ final class DevStack: @unchecked Sendable {
         environment["SIWA_APPLE_BASE_URL"] = appleBase
         environment["SIWA_LOG_LEVEL"] = "\(settings.logLevel)"
         environment["SIWA_NOTIFICATION_PATH"] = settings.notificationPath
+        // What dev decided replaces any file twin of the same setting (both set is an error).
+        for decided in ["DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_LOG_LEVEL", "SIWA_NOTIFICATION_PATH"] {
+            environment[decided + "_FILE"] = nil
+        }
         // Our own settings must not leak into the children as stray variables.
         environment["SIWA_DEV_EXIT_AFTER"] = nil
         environment["SIWA_DEV_READY_TIMEOUT"] = nil

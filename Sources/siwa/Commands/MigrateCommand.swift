@@ -1,9 +1,11 @@
 import Foundation
 import Logging
+import Migrations
 import Postgres
 import SiwaCore
 
-/// `siwa migrate`: applies the embedded `sql/NNN_*.sql` files not yet recorded in `siwa.schema_migrations`.
+/// `siwa migrate`: applies the embedded `sql/NNN_*.sql` files not yet recorded in `siwa.schema_migrations`,
+/// then the `sql/functions/*.sql` files that changed.
 enum MigrateCommand: CLICommand {
     static let name = "migrate"
     static let summary = "apply the SQL migrations (safe to run twice, or from two processes at once)"
@@ -23,7 +25,7 @@ enum MigrateCommand: CLICommand {
             let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-migrate", logger: logger)
             defer { connection.close() }
             let applied = try await Migrator(logger: logger).migrate(connection)
-            print(applied.isEmpty ? "up to date" : "applied \(applied.map(String.init).joined(separator: ", "))")
+            print(applied.summary)
             return 0
         } catch {
             logger.error("migration failed", metadata: ["error": "\(error)"])

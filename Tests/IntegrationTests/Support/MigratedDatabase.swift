@@ -1,9 +1,8 @@
 import Foundation
 import Logging
 import Postgres
-import SiwaCore
 
-/// A fresh database with every migration applied. Our SQL lives in the fixed schema `siwa`, so
+/// A fresh database with every migration applied (a copy of `TestDatabase.migratedTemplate()`). Our SQL lives in the fixed schema `siwa`, so
 /// tests isolate by database rather than by schema: each test gets `test_<random>` of its own.
 struct MigratedDatabase: Sendable {
     let name: String
@@ -13,15 +12,12 @@ struct MigratedDatabase: Sendable {
 
     static func make() async throws -> MigratedDatabase {
         let base = try await TestDatabase.shared.baseURL()
+        let template = try await TestDatabase.shared.migratedTemplate()
         let name = "test_" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         let admin = try await PostgresConnection.connect(to: base, logger: TestDatabase.logger)
         defer { admin.close() }
-        try await admin.simpleQuery("CREATE DATABASE \(name)")
-        let database = MigratedDatabase(name: name, url: Self.url(base, database: name), adminURL: base)
-        let connection = try await database.connect()
-        defer { connection.close() }
-        try await Migrator(logger: TestDatabase.logger).migrate(connection)
-        return database
+        try await admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE \(template)")
+        return MigratedDatabase(name: name, url: Self.url(base, database: name), adminURL: base)
     }
 
     func connect() async throws -> PostgresConnection {

@@ -1,6 +1,6 @@
 import LocalPostgres
+import Migrations
 import Postgres
-import SiwaCore
 
 /// A cluster for a test that stops and starts PostgreSQL (the shared one must stay up).
 enum LocalPostgresClusterForTest {

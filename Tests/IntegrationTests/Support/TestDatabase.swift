@@ -1,6 +1,7 @@
 import Foundation
 import LocalPostgres
 import Logging
+import Migrations
 import Postgres
 import Synchronization
 
@@ -41,6 +42,28 @@ actor TestDatabase {
     func baseURL() async throws -> String {
         if let externalURL { return externalURL }
         return try await cluster().url
+    }
+
+    private var migratingTemplate: Task<String, any Error>?
+
+    /// A database migrated once per test process, copied by `CREATE DATABASE ... TEMPLATE` for every
+    /// test that needs a migrated database: the migrations run once, not once per test. Nothing
+    /// stays connected to it (PostgreSQL refuses to copy a database in use).
+    func migratedTemplate() async throws -> String {
+        if let migratingTemplate { return try await migratingTemplate.value }
+        let task = Task { () async throws -> String in
+            let base = try await self.baseURL()
+            let name = "template_" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+            let admin = try await PostgresConnection.connect(to: base, logger: Self.logger)
+            defer { admin.close() }
+            try await admin.simpleQuery("CREATE DATABASE \(name)")
+            let connection = try await PostgresConnection.connect(to: MigratedDatabase.url(base, database: name), logger: Self.logger)
+            defer { connection.close() }
+            try await Migrator(logger: Self.logger).migrate(connection)
+            return name
+        }
+        migratingTemplate = task
+        return try await task.value
     }
 
     /// Creates `test_<random>` and returns it with a conninfo whose `search_path` is that schema.

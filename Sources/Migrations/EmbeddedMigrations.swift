@@ -677,3 +677,495 @@ extension Migration {
             """####),
     ]
 }
+
+extension FunctionDefinitions {
+    package static let embedded: [FunctionDefinitions] = [
+        FunctionDefinitions(
+            name: "accounts",
+            sql: ####"""
+            -- The app's side of an account: linking, deletion, and the change feed every effect writes to.
+            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+
+            -- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
+            CREATE OR REPLACE FUNCTION siwa.record_change(
+                p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
+            ) RETURNS bigint
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                account siwa.accounts;
+                change_id bigint;
+            BEGIN
+                SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+                INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
+                VALUES (p_client_id, p_sub, account.app_user_id, p_change, account.status, p_reason, p_jti, p_job_id)
+                RETURNING id INTO change_id;
+                PERFORM pg_notify('siwa_account_changes', json_build_object(
+                    'id', change_id, 'client_id', p_client_id, 'sub', p_sub, 'app_user_id', account.app_user_id,
+                    'change', p_change, 'status', account.status)::text);
+                RETURN change_id;
+            END
+            $$;
+
+            -- App-facing: queue the exchange of a fresh authorization code (codes live five minutes, single
+            -- use). Runs first in the queue. The worker removes the code from the row once it is used.
+            CREATE OR REPLACE FUNCTION siwa.link_account(client_id text, sub text, app_user_id text, authorization_code text)
+            RETURNS bigint
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            DECLARE
+                job_id bigint;
+            BEGIN
+                IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' OR coalesce(authorization_code, '') = '' THEN
+                    RAISE EXCEPTION 'siwa.link_account: client_id, sub and authorization_code are required'
+                        USING ERRCODE = '22023';
+                END IF;
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts, run_at)
+                VALUES ('exchange', 0, link_account.client_id, link_account.sub,
+                        jsonb_build_object('app_user_id', link_account.app_user_id, 'code', authorization_code),
+                        8, now())
+                RETURNING id INTO job_id;
+                RETURN job_id;
+            END
+            $$;
+
+            -- App-facing: mark the account for deletion and queue the revoke at Apple. Calling it again
+            -- returns the same job while that deletion is pending or done.
+            CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text) RETURNS bigint
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            DECLARE
+                a siwa.accounts;
+                job_id bigint;
+            BEGIN
+                IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
+                    RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
+                END IF;
+                INSERT INTO siwa.accounts (client_id, sub, status)
+                VALUES (request_deletion.client_id, request_deletion.sub, 'pending_deletion')
+                ON CONFLICT DO NOTHING;
+                SELECT * INTO a FROM siwa.accounts
+                 WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub FOR UPDATE;
+
+                IF a.status IN ('pending_deletion', 'deleted') THEN
+                    SELECT id INTO job_id FROM siwa.jobs
+                     WHERE jobs.client_id = a.client_id AND jobs.sub = a.sub AND kind = 'revoke' AND state <> 'cancelled'
+                     ORDER BY id DESC LIMIT 1;
+                    IF job_id IS NOT NULL THEN
+                        RETURN job_id;
+                    END IF;
+                END IF;
+
+                UPDATE siwa.accounts SET status = 'pending_deletion', updated_at = now()
+                 WHERE accounts.client_id = a.client_id AND accounts.sub = a.sub;
+                -- A pending deletion is never dropped: revoke jobs retry for as long as it takes.
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
+                VALUES ('revoke', 1, a.client_id, a.sub, 2147483647)
+                RETURNING id INTO job_id;
+                PERFORM siwa.record_change(a.client_id, a.sub, 'deletion_requested', NULL, NULL, job_id);
+                RETURN job_id;
+            END
+            $$;
+
+            -- Privileges: the app calls the app-facing functions; the worker everything here (see queue.sql
+            -- on PUBLIC).
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.record_change(text, text, text, text, text, bigint),
+                                              siwa.link_account(text, text, text, text), siwa.request_deletion(text, text)
+                       TO siwa_worker;
+                END IF;
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.link_account(text, text, text, text), siwa.request_deletion(text, text)
+                       TO siwa_app;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
+            name: "notifications",
+            sql: ####"""
+            -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
+            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+
+            -- The order-aware rules of the four effects, in one place: the outcome of an event against the
+            -- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
+            -- planner into the statements of siwa.apply_notifications.
+            CREATE OR REPLACE FUNCTION siwa.notification_outcome(
+                p_event_type text, p_event_time timestamptz, p_status text, p_linked_at timestamptz,
+                p_last_email_event_at timestamptz, p_email_forwarding text
+            ) RETURNS text
+            LANGUAGE sql IMMUTABLE AS $$
+                SELECT CASE
+                    WHEN p_event_type NOT IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                        THEN 'ignored_unknown_type'
+                    -- Includes Apple's consent-revoked answering our own revoke: it must not revive the row.
+                    WHEN p_status = 'deleted' THEN 'ignored_account_deleted'
+                    WHEN p_linked_at IS NOT NULL AND p_event_time < p_linked_at THEN 'stale'
+                    WHEN p_event_type = 'consent-revoked' THEN
+                        CASE WHEN p_status IN ('consent_revoked', 'apple_account_deleted') THEN 'no_change' ELSE 'applied' END
+                    WHEN p_event_type = 'account-deleted' THEN
+                        CASE WHEN p_status = 'apple_account_deleted' THEN 'no_change' ELSE 'applied' END
+                    WHEN p_status IN ('apple_account_deleted', 'pending_deletion') THEN 'ignored_account_deleted'
+                    WHEN p_last_email_event_at IS NOT NULL AND p_event_time < p_last_email_event_at THEN 'stale'
+                    WHEN p_last_email_event_at = p_event_time
+                     AND p_email_forwarding = CASE p_event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END
+                        THEN 'no_change'
+                    ELSE 'applied'
+                END
+            $$;
+
+            -- Applies a batch of stored notifications to their accounts and records each outcome on its
+            -- notification (siwa.notifications.outcome; a jti with no row is `missing` to the caller).
+            -- Idempotent (a processed notification is left as it is) and order-aware: the events of one
+            -- account are applied in event_time order (then batch order), each against the state the
+            -- previous one left, with the rules of siwa.notification_outcome. Set-based: a few statements
+            -- per batch, one more per extra event of the busiest account.
+            --
+            -- Locks: the accounts the batch may touch are inserted (if missing) or locked in key order by one
+            -- statement, so two batches with overlapping accounts cannot deadlock on each other. Every
+            -- notification row is written once (outcome and, when its account is deleted, the erasure);
+            -- every account row once per applied event; account_changes gets one row and one
+            -- NOTIFY siwa_account_changes per applied effect, with the account's state after it.
+            CREATE OR REPLACE FUNCTION siwa.apply_notifications(p_jtis text[], p_job_ids bigint[]) RETURNS void
+            LANGUAGE plpgsql
+            -- Every statement here is driven by the batch's keys: nested loops over primary-key and account
+            -- index lookups, whatever stale statistics (a table analyzed empty, then filled) would suggest.
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            AS $$
+            #variable_conflict use_column
+            DECLARE
+                ev_jtis text[];
+                ev_jobs bigint[];
+                ev_ranks bigint[];
+                rounds bigint;
+                round_clients text[];
+                round_subs text[];
+                erase_clients text[] := '{}';
+                erase_subs text[] := '{}';
+                round_email_clients text[];
+                round_email_subs text[];
+                email_clients text[] := '{}';
+                email_subs text[] := '{}';
+            BEGIN
+                -- The unprocessed notifications, each ranked among its account's known-type events; an
+                -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
+                -- are created ('active': Apple only notifies about users who signed in, so an unknown sub is
+                -- a link we never saw) or locked (DO UPDATE ... WHERE false locks without writing).
+                WITH b AS (
+                    SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type,
+                           CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                                THEN row_number() OVER (
+                                    PARTITION BY n.client_id, n.sub,
+                                                 n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                                    ORDER BY n.event_time, u.ord)
+                                ELSE 1 END AS rank
+                      FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
+                      JOIN siwa.notifications n ON n.jti = u.jti
+                     WHERE n.processed_at IS NULL
+                ), locked AS (
+                    INSERT INTO siwa.accounts AS a (client_id, sub, status)
+                    SELECT DISTINCT b.client_id, b.sub, 'active' FROM b
+                     WHERE b.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                     ORDER BY 1, 2
+                    ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
+                )
+                SELECT array_agg(b.jti ORDER BY b.ord), array_agg(b.job_id ORDER BY b.ord), array_agg(b.rank ORDER BY b.ord),
+                       max(b.rank)
+                  INTO ev_jtis, ev_jobs, ev_ranks, rounds
+                  FROM b;
+
+                -- Round r applies the r-th event of every account at once (almost always one round).
+                FOR r IN 1 .. coalesce(rounds, 0) LOOP
+                    WITH e AS (
+                        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
+                               n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+                               siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
+                                                         a.last_email_event_at, a.email_forwarding) AS outcome
+                          FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
+                          JOIN siwa.notifications n ON n.jti = u.jti
+                          LEFT JOIN siwa.accounts a ON a.client_id = n.client_id AND a.sub = n.sub
+                         WHERE u.rank = r
+                    ), d AS (
+                        -- erase: the account is deleted or deleted at Apple once this event is applied.
+                        SELECT e.*, coalesce(e.status IN ('deleted', 'apple_account_deleted')
+                                             OR (e.outcome = 'applied' AND e.event_type = 'account-deleted'
+                                                 AND e.status <> 'pending_deletion'), false) AS erase
+                          FROM e
+                    ), n AS (
+                        UPDATE siwa.notifications n
+                           SET processed_at = now(), outcome = d.outcome,
+                               email = CASE WHEN d.erase THEN NULL ELSE n.email END,
+                               jws = CASE WHEN d.erase THEN NULL ELSE n.jws END,
+                               claims = CASE WHEN d.erase THEN n.claims - 'events' ELSE n.claims END
+                          FROM d
+                         WHERE n.jti = d.jti AND n.processed_at IS NULL  -- rechecked under the row lock
+                        RETURNING d.*
+                    ), a AS (
+                        UPDATE siwa.accounts a
+                           SET status = CASE WHEN a.status = 'pending_deletion' THEN a.status  -- the revoke job finishes it
+                                             WHEN n.event_type = 'consent-revoked' THEN 'consent_revoked'
+                                             WHEN n.event_type = 'account-deleted' THEN 'apple_account_deleted'
+                                             ELSE a.status END,
+                               refresh_token_enc = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
+                                                        THEN NULL ELSE a.refresh_token_enc END,
+                               sessions_revoked_at = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
+                                                          THEN now() ELSE a.sessions_revoked_at END,
+                               email_forwarding = CASE n.event_type WHEN 'email-enabled' THEN 'enabled'
+                                                                    WHEN 'email-disabled' THEN 'disabled'
+                                                                    ELSE a.email_forwarding END,
+                               email = CASE WHEN n.erase THEN NULL
+                                            WHEN n.event_type IN ('email-enabled', 'email-disabled') THEN coalesce(n.email, a.email)
+                                            ELSE a.email END,
+                               is_private_email = CASE WHEN n.erase AND a.email IS NOT NULL THEN NULL
+                                                       WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                                                       THEN coalesce(n.is_private_email, a.is_private_email)
+                                                       ELSE a.is_private_email END,
+                               last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                                                          THEN n.event_time ELSE a.last_email_event_at END,
+                               updated_at = now()
+                          FROM n
+                         WHERE n.outcome = 'applied' AND a.client_id = n.client_id AND a.sub = n.sub
+                        RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
+                                  CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
+                                                    WHEN 'account-deleted' THEN 'apple_account_deleted'
+                                                    WHEN 'email-enabled' THEN 'email_enabled'
+                                                    ELSE 'email_disabled' END AS change
+                    ), c AS (
+                        INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
+                        SELECT a.client_id, a.sub, a.app_user_id, a.change, a.status, a.jti, a.job_id FROM a ORDER BY a.ord
+                        RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
+                                  account_changes.app_user_id, account_changes.change, account_changes.status
+                    ), told AS (
+                        SELECT count(pg_notify('siwa_account_changes', json_build_object(
+                                   'id', c.id, 'client_id', c.client_id, 'sub', c.sub, 'app_user_id', c.app_user_id,
+                                   'change', c.change, 'status', c.status)::text)) AS sent
+                          FROM c
+                    )
+                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
+                           array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+                           array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
+                      INTO round_clients, round_subs, round_email_clients, round_email_subs
+                      FROM n, told;
+                    erase_clients := erase_clients || coalesce(round_clients, '{}');
+                    erase_subs := erase_subs || coalesce(round_subs, '{}');
+                    email_clients := email_clients || coalesce(round_email_clients, '{}');
+                    email_subs := email_subs || coalesce(round_email_subs, '{}');
+                END LOOP;
+
+                -- Personal data does not outlive its purpose: the rest of a deleted account's notifications,
+                -- and the account's email (what the rounds did not already erase in their own writes).
+                IF cardinality(erase_clients) > 0 THEN
+                    UPDATE siwa.notifications n
+                       SET email = NULL, jws = NULL, claims = n.claims - 'events'
+                      FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(erase_clients, erase_subs) AS u(client_id, sub)) d
+                     WHERE n.client_id = d.client_id AND n.sub = d.sub
+                       AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events');
+                END IF;
+                IF cardinality(email_clients) > 0 THEN
+                    UPDATE siwa.accounts a SET email = NULL, is_private_email = NULL
+                      FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(email_clients, email_subs) AS u(client_id, sub)) d
+                     WHERE a.client_id = d.client_id AND a.sub = d.sub AND a.email IS NOT NULL;
+                END IF;
+            END
+            $$;
+
+            -- Applies one stored notification (siwa.apply_notifications with a batch of one) and returns the
+            -- outcome recorded on it: `applied`, `no_change`, `stale`, `ignored_account_deleted`,
+            -- `ignored_unknown_type`, or `missing` (pruned by retention before it ran).
+            CREATE OR REPLACE FUNCTION siwa.apply_notification(p_jti text, p_job_id bigint) RETURNS text
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                result text;
+            BEGIN
+                PERFORM siwa.apply_notifications(ARRAY[p_jti], ARRAY[p_job_id]);
+                SELECT n.outcome INTO result FROM siwa.notifications n WHERE n.jti = p_jti;
+                RETURN coalesce(result, 'missing');
+            END
+            $$;
+
+            -- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
+            -- its notifications keep only what recognises a redelivery (jti) and what happened (type, time).
+            CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
+            LANGUAGE sql AS $$
+                UPDATE siwa.notifications
+                   SET email = NULL, jws = NULL, claims = claims - 'events'
+                 WHERE client_id = p_client_id AND sub = p_sub
+                   AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
+                UPDATE siwa.accounts SET email = NULL, is_private_email = NULL
+                 WHERE client_id = p_client_id AND sub = p_sub AND email IS NOT NULL;
+            $$;
+
+            -- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION
+                        siwa.notification_outcome(text, timestamptz, text, timestamptz, timestamptz, text),
+                        siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
+                        siwa.erase_personal_data(text, text)
+                       TO siwa_worker;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
+            name: "queue",
+            sql: ####"""
+            -- The job queue's functions: queueing triggers, backoff, and the notification hot path.
+            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+
+            -- A notification's job is written by the same statement that stores the notification, so the
+            -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
+            -- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
+            CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
+                SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
+                RETURN NULL;
+            END
+            $$;
+
+            -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
+            -- number of new jobs so a worker can size its claim.
+            CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                queued bigint;
+            BEGIN
+                SELECT count(*) INTO queued FROM new_jobs;
+                IF queued > 0 THEN
+                    PERFORM pg_notify('siwa_jobs', queued::text);
+                END IF;
+                RETURN NULL;
+            END
+            $$;
+
+            -- Full-jitter exponential backoff, the same rule as JobQueue's RetryPolicy:
+            -- uniform in [0, min(cap, base * 2^(failures - 1))] seconds.
+            CREATE OR REPLACE FUNCTION siwa.job_backoff(p_failures integer, p_base double precision, p_cap double precision)
+            RETURNS interval
+            LANGUAGE sql VOLATILE AS $$
+                SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
+            $$;
+
+            -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
+            -- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
+            -- the lease (kept in the signature for callers).
+            -- p_isolate = false: the whole batch with siwa.apply_notifications, set-based, no subtransactions
+            -- (fast path; any error aborts the whole batch, the caller retries with p_isolate = true).
+            -- p_isolate = true: each job with siwa.apply_notification in its own subtransaction, in
+            -- event_time order; a job that raises is failed with backoff (or discarded at max_attempts) and
+            -- the rest commit. Returns one row per claimed job.
+            CREATE OR REPLACE FUNCTION siwa.run_notification_batch(
+                p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
+                p_backoff_base double precision, p_backoff_cap double precision
+            ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
+            LANGUAGE plpgsql
+            -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
+            -- stale statistics would suggest.
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            AS $$
+            DECLARE
+                ids bigint[];
+                jtis text[];
+                attempts integer[];
+                done_ids bigint[] := '{}';
+                done_attempts integer[] := '{}';
+                done_jtis text[] := '{}';
+                job record;
+                message text;
+                final_state text;
+            BEGIN
+                -- The row locks taken here are the lease: held until this transaction ends, so no other
+                -- worker can take these jobs, and a crash rolls everything back (nothing half-applied, nothing
+                -- stuck). Each job row is written once, by its completion, which also grows `attempt`.
+                SELECT array_agg(d.id ORDER BY d.priority, d.run_at, d.id), array_agg(d.notification_jti ORDER BY d.priority, d.run_at, d.id),
+                       array_agg(d.attempt ORDER BY d.priority, d.run_at, d.id)
+                  INTO ids, jtis, attempts
+                  FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
+                         WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT p_limit
+                           FOR UPDATE SKIP LOCKED) d;
+
+                IF ids IS NULL THEN
+                    RETURN;
+                END IF;
+
+                IF p_isolate THEN
+                    FOR job IN
+                        SELECT u.id, u.jti, u.attempt
+                          FROM unnest(ids, jtis, attempts) WITH ORDINALITY AS u(id, jti, attempt, ord)
+                          LEFT JOIN siwa.notifications n ON n.jti = u.jti
+                         ORDER BY n.event_time, u.ord
+                    LOOP
+                        BEGIN
+                            PERFORM siwa.apply_notification(job.jti, job.id);
+                        EXCEPTION WHEN OTHERS THEN
+                            message := SQLERRM;
+                            UPDATE siwa.jobs j
+                               SET errors = j.errors || jsonb_build_array(jsonb_build_object(
+                                       'attempt', j.attempt, 'at', now(), 'error', message)),
+                                   state = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
+                                                THEN 'discarded' ELSE 'available' END,
+                                   run_at = now() + siwa.job_backoff(jsonb_array_length(j.errors) + 1, p_backoff_base, p_backoff_cap),
+                                   finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
+                                                       THEN now() END,
+                                   attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
+                             WHERE j.id = job.id AND j.state = 'available' AND j.attempt = job.attempt
+                            RETURNING j.state INTO final_state;
+                            job_id := job.id; jti := job.jti; outcome := NULL; error := message;
+                            state := coalesce(final_state, 'lost'); delay_seconds := NULL;
+                            RETURN NEXT;
+                            CONTINUE;
+                        END;
+                        done_ids := done_ids || job.id;
+                        done_attempts := done_attempts || job.attempt;
+                        done_jtis := done_jtis || job.jti;
+                    END LOOP;
+                ELSE
+                    PERFORM siwa.apply_notifications(jtis, ids);
+                    done_ids := ids;
+                    done_attempts := attempts;
+                    done_jtis := jtis;
+                END IF;
+
+                -- Completion, fenced by the row lock and by state and attempt as read at the claim. The
+                -- outcome is the one recorded on the notification (`missing`: pruned before it ran).
+                RETURN QUERY
+                WITH d AS (
+                    SELECT u.id, u.attempt, coalesce(n.outcome, 'missing') AS outcome, n.received_at
+                      FROM unnest(done_ids, done_attempts, done_jtis) AS u(id, attempt, jti)
+                      LEFT JOIN siwa.notifications n ON n.jti = u.jti
+                ), completed AS (
+                    UPDATE siwa.jobs j
+                       SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
+                           locked_by = NULL, locked_until = NULL
+                      FROM d
+                     WHERE j.id = d.id AND j.state = 'available' AND j.attempt = d.attempt
+                    RETURNING j.id, j.notification_jti, d.outcome, d.received_at
+                )
+                SELECT c.id, c.notification_jti, c.outcome, NULL::text, 'completed'::text,
+                       extract(epoch FROM clock_timestamp() - c.received_at)::double precision
+                  FROM completed c;
+            END
+            $$;
+
+            -- Privileges. Functions are executable by PUBLIC when created, and 003's schema-scoped
+            -- ALTER DEFAULT PRIVILEGES cannot take away that global default: revoke it explicitly.
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
+                                              siwa.run_notification_batch(text, integer, double precision, boolean,
+                                                                          double precision, double precision)
+                       TO siwa_worker;
+                END IF;
+            END
+            $$;
+            """####),
+    ]
+}

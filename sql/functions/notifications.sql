@@ -1,0 +1,224 @@
+-- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
+-- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+
+-- The order-aware rules of the four effects, in one place: the outcome of an event against the
+-- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
+-- planner into the statements of siwa.apply_notifications.
+CREATE OR REPLACE FUNCTION siwa.notification_outcome(
+    p_event_type text, p_event_time timestamptz, p_status text, p_linked_at timestamptz,
+    p_last_email_event_at timestamptz, p_email_forwarding text
+) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_event_type NOT IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+            THEN 'ignored_unknown_type'
+        -- Includes Apple's consent-revoked answering our own revoke: it must not revive the row.
+        WHEN p_status = 'deleted' THEN 'ignored_account_deleted'
+        WHEN p_linked_at IS NOT NULL AND p_event_time < p_linked_at THEN 'stale'
+        WHEN p_event_type = 'consent-revoked' THEN
+            CASE WHEN p_status IN ('consent_revoked', 'apple_account_deleted') THEN 'no_change' ELSE 'applied' END
+        WHEN p_event_type = 'account-deleted' THEN
+            CASE WHEN p_status = 'apple_account_deleted' THEN 'no_change' ELSE 'applied' END
+        WHEN p_status IN ('apple_account_deleted', 'pending_deletion') THEN 'ignored_account_deleted'
+        WHEN p_last_email_event_at IS NOT NULL AND p_event_time < p_last_email_event_at THEN 'stale'
+        WHEN p_last_email_event_at = p_event_time
+         AND p_email_forwarding = CASE p_event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END
+            THEN 'no_change'
+        ELSE 'applied'
+    END
+$$;
+
+-- Applies a batch of stored notifications to their accounts and records each outcome on its
+-- notification (siwa.notifications.outcome; a jti with no row is `missing` to the caller).
+-- Idempotent (a processed notification is left as it is) and order-aware: the events of one
+-- account are applied in event_time order (then batch order), each against the state the
+-- previous one left, with the rules of siwa.notification_outcome. Set-based: a few statements
+-- per batch, one more per extra event of the busiest account.
+--
+-- Locks: the accounts the batch may touch are inserted (if missing) or locked in key order by one
+-- statement, so two batches with overlapping accounts cannot deadlock on each other. Every
+-- notification row is written once (outcome and, when its account is deleted, the erasure);
+-- every account row once per applied event; account_changes gets one row and one
+-- NOTIFY siwa_account_changes per applied effect, with the account's state after it.
+CREATE OR REPLACE FUNCTION siwa.apply_notifications(p_jtis text[], p_job_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+-- Every statement here is driven by the batch's keys: nested loops over primary-key and account
+-- index lookups, whatever stale statistics (a table analyzed empty, then filled) would suggest.
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    ev_jtis text[];
+    ev_jobs bigint[];
+    ev_ranks bigint[];
+    rounds bigint;
+    round_clients text[];
+    round_subs text[];
+    erase_clients text[] := '{}';
+    erase_subs text[] := '{}';
+    round_email_clients text[];
+    round_email_subs text[];
+    email_clients text[] := '{}';
+    email_subs text[] := '{}';
+BEGIN
+    -- The unprocessed notifications, each ranked among its account's known-type events; an
+    -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
+    -- are created ('active': Apple only notifies about users who signed in, so an unknown sub is
+    -- a link we never saw) or locked (DO UPDATE ... WHERE false locks without writing).
+    WITH b AS (
+        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type,
+               CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                    THEN row_number() OVER (
+                        PARTITION BY n.client_id, n.sub,
+                                     n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                        ORDER BY n.event_time, u.ord)
+                    ELSE 1 END AS rank
+          FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
+          JOIN siwa.notifications n ON n.jti = u.jti
+         WHERE n.processed_at IS NULL
+    ), locked AS (
+        INSERT INTO siwa.accounts AS a (client_id, sub, status)
+        SELECT DISTINCT b.client_id, b.sub, 'active' FROM b
+         WHERE b.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+         ORDER BY 1, 2
+        ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
+    )
+    SELECT array_agg(b.jti ORDER BY b.ord), array_agg(b.job_id ORDER BY b.ord), array_agg(b.rank ORDER BY b.ord),
+           max(b.rank)
+      INTO ev_jtis, ev_jobs, ev_ranks, rounds
+      FROM b;
+
+    -- Round r applies the r-th event of every account at once (almost always one round).
+    FOR r IN 1 .. coalesce(rounds, 0) LOOP
+        WITH e AS (
+            SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
+                   n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+                   siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
+                                             a.last_email_event_at, a.email_forwarding) AS outcome
+              FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
+              JOIN siwa.notifications n ON n.jti = u.jti
+              LEFT JOIN siwa.accounts a ON a.client_id = n.client_id AND a.sub = n.sub
+             WHERE u.rank = r
+        ), d AS (
+            -- erase: the account is deleted or deleted at Apple once this event is applied.
+            SELECT e.*, coalesce(e.status IN ('deleted', 'apple_account_deleted')
+                                 OR (e.outcome = 'applied' AND e.event_type = 'account-deleted'
+                                     AND e.status <> 'pending_deletion'), false) AS erase
+              FROM e
+        ), n AS (
+            UPDATE siwa.notifications n
+               SET processed_at = now(), outcome = d.outcome,
+                   email = CASE WHEN d.erase THEN NULL ELSE n.email END,
+                   jws = CASE WHEN d.erase THEN NULL ELSE n.jws END,
+                   claims = CASE WHEN d.erase THEN n.claims - 'events' ELSE n.claims END
+              FROM d
+             WHERE n.jti = d.jti AND n.processed_at IS NULL  -- rechecked under the row lock
+            RETURNING d.*
+        ), a AS (
+            UPDATE siwa.accounts a
+               SET status = CASE WHEN a.status = 'pending_deletion' THEN a.status  -- the revoke job finishes it
+                                 WHEN n.event_type = 'consent-revoked' THEN 'consent_revoked'
+                                 WHEN n.event_type = 'account-deleted' THEN 'apple_account_deleted'
+                                 ELSE a.status END,
+                   refresh_token_enc = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
+                                            THEN NULL ELSE a.refresh_token_enc END,
+                   sessions_revoked_at = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
+                                              THEN now() ELSE a.sessions_revoked_at END,
+                   email_forwarding = CASE n.event_type WHEN 'email-enabled' THEN 'enabled'
+                                                        WHEN 'email-disabled' THEN 'disabled'
+                                                        ELSE a.email_forwarding END,
+                   email = CASE WHEN n.erase THEN NULL
+                                WHEN n.event_type IN ('email-enabled', 'email-disabled') THEN coalesce(n.email, a.email)
+                                ELSE a.email END,
+                   is_private_email = CASE WHEN n.erase AND a.email IS NOT NULL THEN NULL
+                                           WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                                           THEN coalesce(n.is_private_email, a.is_private_email)
+                                           ELSE a.is_private_email END,
+                   last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                                              THEN n.event_time ELSE a.last_email_event_at END,
+                   updated_at = now()
+              FROM n
+             WHERE n.outcome = 'applied' AND a.client_id = n.client_id AND a.sub = n.sub
+            RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
+                      CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
+                                        WHEN 'account-deleted' THEN 'apple_account_deleted'
+                                        WHEN 'email-enabled' THEN 'email_enabled'
+                                        ELSE 'email_disabled' END AS change
+        ), c AS (
+            INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
+            SELECT a.client_id, a.sub, a.app_user_id, a.change, a.status, a.jti, a.job_id FROM a ORDER BY a.ord
+            RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
+                      account_changes.app_user_id, account_changes.change, account_changes.status
+        ), told AS (
+            SELECT count(pg_notify('siwa_account_changes', json_build_object(
+                       'id', c.id, 'client_id', c.client_id, 'sub', c.sub, 'app_user_id', c.app_user_id,
+                       'change', c.change, 'status', c.status)::text)) AS sent
+              FROM c
+        )
+        SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
+               array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+               array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
+          INTO round_clients, round_subs, round_email_clients, round_email_subs
+          FROM n, told;
+        erase_clients := erase_clients || coalesce(round_clients, '{}');
+        erase_subs := erase_subs || coalesce(round_subs, '{}');
+        email_clients := email_clients || coalesce(round_email_clients, '{}');
+        email_subs := email_subs || coalesce(round_email_subs, '{}');
+    END LOOP;
+
+    -- Personal data does not outlive its purpose: the rest of a deleted account's notifications,
+    -- and the account's email (what the rounds did not already erase in their own writes).
+    IF cardinality(erase_clients) > 0 THEN
+        UPDATE siwa.notifications n
+           SET email = NULL, jws = NULL, claims = n.claims - 'events'
+          FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(erase_clients, erase_subs) AS u(client_id, sub)) d
+         WHERE n.client_id = d.client_id AND n.sub = d.sub
+           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events');
+    END IF;
+    IF cardinality(email_clients) > 0 THEN
+        UPDATE siwa.accounts a SET email = NULL, is_private_email = NULL
+          FROM (SELECT DISTINCT u.client_id, u.sub FROM unnest(email_clients, email_subs) AS u(client_id, sub)) d
+         WHERE a.client_id = d.client_id AND a.sub = d.sub AND a.email IS NOT NULL;
+    END IF;
+END
+$$;
+
+-- Applies one stored notification (siwa.apply_notifications with a batch of one) and returns the
+-- outcome recorded on it: `applied`, `no_change`, `stale`, `ignored_account_deleted`,
+-- `ignored_unknown_type`, or `missing` (pruned by retention before it ran).
+CREATE OR REPLACE FUNCTION siwa.apply_notification(p_jti text, p_job_id bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    result text;
+BEGIN
+    PERFORM siwa.apply_notifications(ARRAY[p_jti], ARRAY[p_job_id]);
+    SELECT n.outcome INTO result FROM siwa.notifications n WHERE n.jti = p_jti;
+    RETURN coalesce(result, 'missing');
+END
+$$;
+
+-- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
+-- its notifications keep only what recognises a redelivery (jti) and what happened (type, time).
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE siwa.notifications
+       SET email = NULL, jws = NULL, claims = claims - 'events'
+     WHERE client_id = p_client_id AND sub = p_sub
+       AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
+    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL
+     WHERE client_id = p_client_id AND sub = p_sub AND email IS NOT NULL;
+$$;
+
+-- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT EXECUTE ON FUNCTION
+            siwa.notification_outcome(text, timestamptz, text, timestamptz, timestamptz, text),
+            siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
+            siwa.erase_personal_data(text, text)
+           TO siwa_worker;
+    END IF;
+END
+$$;

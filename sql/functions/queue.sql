@@ -1,0 +1,154 @@
+-- The job queue's functions: queueing triggers, backoff, and the notification hot path.
+-- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+
+-- A notification's job is written by the same statement that stores the notification, so the
+-- receiver's one INSERT commits both or neither. A statement trigger with a transition table
+-- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
+CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
+    SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
+    RETURN NULL;
+END
+$$;
+
+-- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
+-- number of new jobs so a worker can size its claim.
+CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    queued bigint;
+BEGIN
+    SELECT count(*) INTO queued FROM new_jobs;
+    IF queued > 0 THEN
+        PERFORM pg_notify('siwa_jobs', queued::text);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Full-jitter exponential backoff, the same rule as JobQueue's RetryPolicy:
+-- uniform in [0, min(cap, base * 2^(failures - 1))] seconds.
+CREATE OR REPLACE FUNCTION siwa.job_backoff(p_failures integer, p_base double precision, p_cap double precision)
+RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
+$$;
+
+-- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
+-- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
+-- the lease (kept in the signature for callers).
+-- p_isolate = false: the whole batch with siwa.apply_notifications, set-based, no subtransactions
+-- (fast path; any error aborts the whole batch, the caller retries with p_isolate = true).
+-- p_isolate = true: each job with siwa.apply_notification in its own subtransaction, in
+-- event_time order; a job that raises is failed with backoff (or discarded at max_attempts) and
+-- the rest commit. Returns one row per claimed job.
+CREATE OR REPLACE FUNCTION siwa.run_notification_batch(
+    p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
+    p_backoff_base double precision, p_backoff_cap double precision
+) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
+LANGUAGE plpgsql
+-- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
+-- stale statistics would suggest.
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+DECLARE
+    ids bigint[];
+    jtis text[];
+    attempts integer[];
+    done_ids bigint[] := '{}';
+    done_attempts integer[] := '{}';
+    done_jtis text[] := '{}';
+    job record;
+    message text;
+    final_state text;
+BEGIN
+    -- The row locks taken here are the lease: held until this transaction ends, so no other
+    -- worker can take these jobs, and a crash rolls everything back (nothing half-applied, nothing
+    -- stuck). Each job row is written once, by its completion, which also grows `attempt`.
+    SELECT array_agg(d.id ORDER BY d.priority, d.run_at, d.id), array_agg(d.notification_jti ORDER BY d.priority, d.run_at, d.id),
+           array_agg(d.attempt ORDER BY d.priority, d.run_at, d.id)
+      INTO ids, jtis, attempts
+      FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
+             WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) d;
+
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    IF p_isolate THEN
+        FOR job IN
+            SELECT u.id, u.jti, u.attempt
+              FROM unnest(ids, jtis, attempts) WITH ORDINALITY AS u(id, jti, attempt, ord)
+              LEFT JOIN siwa.notifications n ON n.jti = u.jti
+             ORDER BY n.event_time, u.ord
+        LOOP
+            BEGIN
+                PERFORM siwa.apply_notification(job.jti, job.id);
+            EXCEPTION WHEN OTHERS THEN
+                message := SQLERRM;
+                UPDATE siwa.jobs j
+                   SET errors = j.errors || jsonb_build_array(jsonb_build_object(
+                           'attempt', j.attempt, 'at', now(), 'error', message)),
+                       state = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
+                                    THEN 'discarded' ELSE 'available' END,
+                       run_at = now() + siwa.job_backoff(jsonb_array_length(j.errors) + 1, p_backoff_base, p_backoff_cap),
+                       finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
+                                           THEN now() END,
+                       attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
+                 WHERE j.id = job.id AND j.state = 'available' AND j.attempt = job.attempt
+                RETURNING j.state INTO final_state;
+                job_id := job.id; jti := job.jti; outcome := NULL; error := message;
+                state := coalesce(final_state, 'lost'); delay_seconds := NULL;
+                RETURN NEXT;
+                CONTINUE;
+            END;
+            done_ids := done_ids || job.id;
+            done_attempts := done_attempts || job.attempt;
+            done_jtis := done_jtis || job.jti;
+        END LOOP;
+    ELSE
+        PERFORM siwa.apply_notifications(jtis, ids);
+        done_ids := ids;
+        done_attempts := attempts;
+        done_jtis := jtis;
+    END IF;
+
+    -- Completion, fenced by the row lock and by state and attempt as read at the claim. The
+    -- outcome is the one recorded on the notification (`missing`: pruned before it ran).
+    RETURN QUERY
+    WITH d AS (
+        SELECT u.id, u.attempt, coalesce(n.outcome, 'missing') AS outcome, n.received_at
+          FROM unnest(done_ids, done_attempts, done_jtis) AS u(id, attempt, jti)
+          LEFT JOIN siwa.notifications n ON n.jti = u.jti
+    ), completed AS (
+        UPDATE siwa.jobs j
+           SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
+               locked_by = NULL, locked_until = NULL
+          FROM d
+         WHERE j.id = d.id AND j.state = 'available' AND j.attempt = d.attempt
+        RETURNING j.id, j.notification_jti, d.outcome, d.received_at
+    )
+    SELECT c.id, c.notification_jti, c.outcome, NULL::text, 'completed'::text,
+           extract(epoch FROM clock_timestamp() - c.received_at)::double precision
+      FROM completed c;
+END
+$$;
+
+-- Privileges. Functions are executable by PUBLIC when created, and 003's schema-scoped
+-- ALTER DEFAULT PRIVILEGES cannot take away that global default: revoke it explicitly.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
+                                  siwa.run_notification_batch(text, integer, double precision, boolean,
+                                                              double precision, double precision)
+           TO siwa_worker;
+    END IF;
+END
+$$;
