@@ -46,7 +46,7 @@ struct ReplicationStatus {
     var summary: String {
         if inRecovery { return "this server is a standby (read-only): DATABASE_URL should reach the primary" }
         if synchronousStandbyNames.isEmpty {
-            return "asynchronous (\(standbys) standby streaming): a failover can lose the last commits answered 200; set synchronous_standby_names"
+            return "asynchronous (\(standbys) streaming standbys): a failover can lose the last commits answered 200; set synchronous_standby_names"
         }
         if ["off", "local"].contains(synchronousCommit) {
             return "synchronous_commit = \(synchronousCommit): commits do not wait for the standby; a failover can lose them"
@@ -57,7 +57,7 @@ struct ReplicationStatus {
         if synchronousStandbys == 0 {
             return "no synchronous standby attached (synchronous_standby_names = \(synchronousStandbyNames)): commits wait until one is"
         }
-        return "synchronous (\(synchronousStandbys) of \(standbys) standby in sync; synchronous_standby_names = \(synchronousStandbyNames))"
+        return "synchronous (\(synchronousStandbys) of \(standbys) streaming standbys in sync; synchronous_standby_names = \(synchronousStandbyNames))"
     }
 
     var jsonObject: [String: Any] {
