@@ -53,7 +53,7 @@ package final class AppleHTTP: Sendable {
         configuration.httpMaximumConnectionsPerHost = 16
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.urlCache = nil
-        session = URLSession(configuration: configuration)
+        session = URLSession(configuration: configuration, delegate: NoRedirects(), delegateQueue: nil)
     }
 
     package func get(_ path: String) async throws -> AppleHTTPResponse {
@@ -88,6 +88,17 @@ package final class AppleHTTP: Sendable {
             // URLError's description can include the URL, never the body: safe to keep.
             throw AppleTransportError(kind: kind, endpoint: endpoint, detail: "URLError \(error.code.rawValue)")
         }
+    }
+}
+
+/// Refuses every redirect: a 307 would re-send the form (client_secret, refresh token, code) to
+/// wherever `Location` points. The 3xx itself comes back as the answer, which no caller takes for success.
+private final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
+    func urlSession(
+        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
+    ) {
+        completionHandler(nil)
     }
 }
 

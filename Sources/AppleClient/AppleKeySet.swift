@@ -23,7 +23,6 @@ package final class AppleKeySet: Sendable {
         var keys: [String: RSA.PublicKey] = [:]
         var fetchedAt: Date?
         var lastAttemptAt: Date?
-        var lastAttemptFailed = false
         var inFlight: Task<Bool, Never>?
     }
 
@@ -74,22 +73,32 @@ package final class AppleKeySet: Sendable {
         state.withLock { $0.keys[keyID] }
     }
 
-    /// The key for `keyID`, refetching once if it is not cached.
+    /// The key for `keyID`, refetching once if it is not cached. `unknownKey` only when a fetch
+    /// of Apple's set really happened for it (this call's, or one in flight it joined) and the
+    /// kid is not there; a fetch that failed, or that the rate limit skipped, is `unavailable`.
     package func key(_ keyID: String) async -> Lookup {
         if let key = cachedKey(keyID) { return .found(key) }
-        let fetched = await refresh(force: false)
+        let attempt = await refresh(force: false)
         return state.withLock { state in
             if let key = state.keys[keyID] { return .found(key) }
-            // A failed or skipped fetch with the last attempt failing means we don't know.
-            if !fetched && (state.lastAttemptFailed || state.keys.isEmpty) { return .unavailable }
-            return .unknownKey
+            return attempt == .fetched ? .unknownKey : .unavailable
         }
     }
 
+    /// What `refresh` did.
+    package enum Attempt: Sendable, Equatable {
+        /// Apple's set was fetched (by this call or by one in flight it joined).
+        case fetched
+        /// A fetch was tried and failed; the last good set keeps serving.
+        case failed
+        /// One was fetched or tried within the minimum interval: nothing was asked.
+        case skipped
+    }
+
     /// Fetches the set unless one was fetched (or tried) within the minimum interval; concurrent
-    /// callers share one fetch. Returns whether this call saw a successful fetch.
+    /// callers share one fetch.
     @discardableResult
-    package func refresh(force: Bool) async -> Bool {
+    package func refresh(force: Bool) async -> Attempt {
         let task: Task<Bool, Never>? = state.withLock { state in
             if let inFlight = state.inFlight { return inFlight }
             if !force, let last = state.lastAttemptAt,
@@ -102,20 +111,16 @@ package final class AppleKeySet: Sendable {
             state.inFlight = fetch
             return fetch
         }
-        guard let task else { return false }
-        return await task.value
+        guard let task else { return .skipped }
+        return await task.value ? .fetched : .failed
     }
 
     private func fetch() async -> Bool {
         refreshes?.increment()
         var succeeded = false
         defer {
-            let ok = succeeded
-            state.withLock { state in
-                state.inFlight = nil
-                state.lastAttemptFailed = !ok
-            }
-            if !ok { refreshFailures?.increment() }
+            state.withLock { $0.inFlight = nil }
+            if !succeeded { refreshFailures?.increment() }
         }
         do {
             let response = try await http.get("auth/keys")
@@ -145,8 +150,7 @@ package final class AppleKeySet: Sendable {
     package func run() async {
         var delay = Duration.seconds(1)
         while !Task.isCancelled {
-            let ok = await refresh(force: true)
-            if ok {
+            if await refresh(force: true) == .fetched {
                 delay = .seconds(1)
                 try? await Task.sleep(for: .seconds(3600))
             } else {

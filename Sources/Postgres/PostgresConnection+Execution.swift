@@ -138,7 +138,7 @@ extension PostgresConnection {
     func prepareSession(_ connection: OpaquePointer) throws(PostgresError) {
         handle.preparedStatements.removeAll()
         PQsetNoticeProcessor(connection, NoticeContext.processor, Unmanaged.passUnretained(handle.notices).toOpaque())
-        _ = try Self.simple(Self.sessionSetup, on: connection)
+        _ = try Self.simple(setupSQL, on: connection)
         let cancel = CancelObject(PQgetCancel(connection))
         let pid = PQbackendPID(connection)
         // With a multi-host URL this is the host that accepted the session (the primary, with
@@ -170,6 +170,12 @@ extension PostgresConnection {
             if PQstatus(connection) != CONNECTION_OK { return false }
         }
         return PQstatus(connection) == CONNECTION_OK
+    }
+
+    static func keepaliveEnabled(_ socket: Int32) -> Bool {
+        var enabled: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        return getsockopt(socket, SOL_SOCKET, SO_KEEPALIVE, &enabled, &length) == 0 && enabled != 0
     }
 
     func resetIfBrokenOnQueue(_ connection: OpaquePointer) throws(PostgresError) -> Bool {

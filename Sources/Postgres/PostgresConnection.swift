@@ -24,6 +24,8 @@ package final class PostgresConnection: Sendable {
 
     package let logger: Logger
     let queue: DispatchQueue
+    /// Run at the start of every session (connect and reset): `sessionSetup` and the limits.
+    let setupSQL: String
     let handle: ConnectionHandle
     let state: Locked<State>
 
@@ -46,9 +48,10 @@ package final class PostgresConnection: Sendable {
     /// Sets up the object on the caller's side; `open` then connects on `queue`. Doing both on the
     /// queue made ThreadSanitizer report the caller's first read of these fields: on Linux it does
     /// not see libdispatch's hand-off (swift-corelibs-libdispatch#655).
-    private init(queue: DispatchQueue, logger: Logger) {
+    private init(queue: DispatchQueue, limits: SessionLimits, logger: Logger) {
         self.queue = queue
         self.logger = logger
+        self.setupSQL = Self.sessionSetup + limits.setupSQL
         self.handle = ConnectionHandle(logger: logger)
         self.state = Locked(State())
     }
@@ -56,9 +59,14 @@ package final class PostgresConnection: Sendable {
     /// Runs on `queue`: opens the connection (blocking) and prepares the session.
     private func open(conninfo: String, applicationName: String) throws(PostgresError) {
         dispatchPrecondition(condition: .onQueue(queue))
-        // Defaults first; keywords inside `conninfo` (expanded from dbname) override them.
-        let keywords = ["connect_timeout", "application_name", "dbname"]
-        let values = ["5", applicationName, conninfo]
+        // Defaults first; keywords inside `conninfo` (expanded from dbname) override them. TCP
+        // keepalives and a user timeout find a peer that vanished (a suspended VM, a dropped NAT
+        // entry) in about 30 s instead of the kernel's two hours; unix sockets ignore them.
+        let keywords = [
+            "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+            "tcp_user_timeout", "application_name", "dbname",
+        ]
+        let values = ["5", "1", "10", "5", "3", "30000", applicationName, conninfo]
         let pointer = withCStringArrays(keywords, values) { keywords, values in
             PQconnectdbParams(keywords, values, 1)
         }
@@ -81,11 +89,12 @@ package final class PostgresConnection: Sendable {
     }
 
     /// Connects with a URI (`postgresql://user@host:port/db?options=…`) or `key=value` conninfo.
-    /// `connect_timeout` defaults to 5 s unless the conninfo sets it.
+    /// `connect_timeout` defaults to 5 s and TCP keepalives are on unless the conninfo says otherwise.
     package static func connect(
-        to conninfo: String, applicationName: String = "siwa", logger: Logger
+        to conninfo: String, applicationName: String = "siwa", limits: SessionLimits = .none, logger: Logger
     ) async throws -> PostgresConnection {
-        let connection = PostgresConnection(queue: DispatchQueue(label: "siwa.postgres.connection"), logger: logger)
+        let connection = PostgresConnection(
+            queue: DispatchQueue(label: "siwa.postgres.connection"), limits: limits, logger: logger)
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             connection.queue.async {
                 do {
@@ -101,9 +110,10 @@ package final class PostgresConnection: Sendable {
 
     /// Blocking `connect`, for a dedicated thread. Never call it from the concurrency pool.
     package static func connectBlocking(
-        to conninfo: String, applicationName: String = "siwa", logger: Logger
+        to conninfo: String, applicationName: String = "siwa", limits: SessionLimits = .none, logger: Logger
     ) throws -> PostgresConnection {
-        let connection = PostgresConnection(queue: DispatchQueue(label: "siwa.postgres.connection"), logger: logger)
+        let connection = PostgresConnection(
+            queue: DispatchQueue(label: "siwa.postgres.connection"), limits: limits, logger: logger)
         try connection.queue.sync { try connection.open(conninfo: conninfo, applicationName: applicationName) }
         return connection
     }
@@ -218,6 +228,13 @@ package final class PostgresConnection: Sendable {
     /// `resetIfBroken()` on the caller's thread. Must not be called from the Swift concurrency pool.
     package func resetIfBrokenBlocking() throws -> Bool {
         try blocking { connection throws(PostgresError) in try self.resetIfBrokenOnQueue(connection) }
+    }
+
+    /// Whether the session's socket sends TCP keepalives (false for a unix socket).
+    package var sendsTCPKeepalives: Bool {
+        get async {
+            (try? await onQueue { connection throws(PostgresError) in Self.keepaliveEnabled(PQsocket(connection)) }) ?? false
+        }
     }
 
     /// Non-blocking liveness probe (poll with zero timeout, consume pending input). Updates `status`.

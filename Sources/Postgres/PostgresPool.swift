@@ -13,6 +13,7 @@ package final class PostgresPool: Sendable {
     package let acquireTimeout: Duration
     private let conninfo: String
     private let applicationName: String
+    private let limits: SessionLimits
     private let logger: Logger
     private let state = Locked(State())
 
@@ -60,13 +61,14 @@ package final class PostgresPool: Sendable {
     /// `conninfo` is a URI or `key=value` string; it is never logged.
     package init(
         conninfo: String, size: Int, acquireTimeout: Duration = .seconds(5), applicationName: String = "siwa",
-        logger: Logger
+        limits: SessionLimits = .none, logger: Logger
     ) {
         precondition(size > 0, "pool size must be positive")
         self.conninfo = conninfo
         self.size = size
         self.acquireTimeout = acquireTimeout
         self.applicationName = applicationName
+        self.limits = limits
         self.logger = logger
     }
 
@@ -142,7 +144,8 @@ package final class PostgresPool: Sendable {
             connection.close()  // its slot is reused for the new connection below
         }
         do {
-            return try await PostgresConnection.connect(to: conninfo, applicationName: applicationName, logger: logger)
+            return try await PostgresConnection.connect(
+                to: conninfo, applicationName: applicationName, limits: limits, logger: logger)
         } catch {
             releaseSlot()
             throw error

@@ -15,6 +15,12 @@ import Locking
 /// The INSERT writes the notification rows; a statement trigger writes their jobs in the same
 /// statement, so both commit or neither does. `ON CONFLICT (jti) DO NOTHING` makes a redelivery a
 /// no-op that is still answered 200.
+///
+/// Failures (CONTRACT.md, "Receiver failures"): only a row the database refuses as data (SQLSTATE
+/// classes 22 and 23) is the notification's own fault (400); anything else is ours and answered 503
+/// so Apple retries. No request waits longer than `commitTimeout`: a watchdog answers 503 for
+/// whatever has waited that long, queued or in flight, and the session's `statement_timeout` ends
+/// the statement itself.
 package final class NotificationStore: Sendable {
     package enum Outcome: Sendable, Equatable {
         /// Committed now, or already stored (a duplicate `jti`).
@@ -29,6 +35,8 @@ package final class NotificationStore: Sendable {
         package var maxPending: Int = 4096
         /// After a failed connect, fail fast for this long instead of stalling every request on it.
         package var reconnectBackoff: Duration = .milliseconds(500)
+        /// Longest a request waits for its commit, queue included (`SIWA_RECEIVER_COMMIT_TIMEOUT`).
+        package var commitTimeout: Duration = .seconds(5)
         package init() {}
     }
 
@@ -39,12 +47,33 @@ package final class NotificationStore: Sendable {
         package var batchSize: Histogram
         package var duplicates: Counter
         package var stored: Counter
+        /// Commits that failed for a reason other than the rows themselves (answered 503).
+        package var failures: Counter
+    }
+
+    /// A request's answer, given at most once: by its committer, or by the watchdog when it waited too long.
+    private final class Answer: Sendable {
+        private let respond: @Sendable (Outcome) -> Void
+        private let given = Atomic<Bool>(false)
+
+        init(_ respond: @escaping @Sendable (Outcome) -> Void) { self.respond = respond }
+
+        func callAsFunction(_ outcome: Outcome) {
+            guard !given.exchange(true, ordering: .acquiringAndReleasing) else { return }
+            respond(outcome)
+        }
     }
 
     private struct Pending: Sendable {
         var notification: VerifiedNotification
-        var respond: @Sendable (Outcome) -> Void
+        var answer: Answer
         var queuedAt: ContinuousClock.Instant
+    }
+
+    /// A batch a committer took, until every item is answered (the watchdog's view of it).
+    private struct InFlight {
+        var items: [Pending]
+        var oldest: ContinuousClock.Instant
     }
 
     private struct State {
@@ -54,7 +83,14 @@ package final class NotificationStore: Sendable {
         var databaseDownUntil: ContinuousClock.Instant?
         /// Since the first failed commit or connect of an outage that is not over yet.
         var outageStarted: ContinuousClock.Instant?
-        var lastSuccess: ContinuousClock.Instant?
+        /// The last commit or connect succeeded (false from the first failure until the next success).
+        var healthy = false
+        /// `siwa.notifications` exists (checked at connect and by the idle probe).
+        var schemaReady = false
+        /// When a commit last started (the idle probe leaves readiness to commits while they run).
+        var lastCommitAt = ContinuousClock.now - .seconds(3600)
+        var inFlight: [UInt64: InFlight] = [:]
+        var nextBatchID: UInt64 = 0
         var rejectionCounts: [String: Int] = [:]
     }
 
@@ -69,6 +105,7 @@ package final class NotificationStore: Sendable {
     private let idleCommitters = Atomic<Int>(0)
     private let stopped = Atomic<Int>(0)
     private let threadsDone = DispatchSemaphore(value: 0)
+    private let watchdogDone = DispatchSemaphore(value: 0)
 
     package init(conninfo: String, options: Options = Options(), logger: Logger, metrics: Metrics? = nil) {
         self.conninfo = conninfo
@@ -88,6 +125,13 @@ package final class NotificationStore: Sendable {
             thread.stackSize = 512 * 1024
             thread.start()
         }
+        let watchdog = Thread { [self] in
+            watchdogLoop()
+            watchdogDone.signal()
+        }
+        watchdog.name = "siwa-commit-watchdog"
+        watchdog.stackSize = 256 * 1024
+        watchdog.start()
     }
 
     /// Finishes what is queued, then stops the committers (bounded by `grace`).
@@ -98,35 +142,40 @@ package final class NotificationStore: Sendable {
         wakeUp.unlock()
         let deadline = DispatchTime.now() + .milliseconds(Int(grace.seconds * 1000))
         for _ in 0..<options.committers { _ = threadsDone.wait(timeout: deadline) }
-        // Anything still queued was never committed: say so rather than leave it hanging.
+        // Anything still queued or in flight was never answered as committed: say so rather than
+        // leave it hanging (an item already answered ignores this).
         let leftovers = state.withLock { state in
-            defer { state.queue.removeAll() }
-            return state.queue
+            defer {
+                state.queue.removeAll()
+                state.inFlight.removeAll()
+            }
+            return state.queue + state.inFlight.values.flatMap(\.items)
         }
-        for item in leftovers { item.respond(.rejected(.shuttingDown)) }
+        for item in leftovers { item.answer(.rejected(.shuttingDown)) }
+        stopped.store(1, ordering: .releasing)
+        _ = watchdogDone.wait(timeout: .now() + .seconds(1))
     }
 
-    /// Whether a commit succeeded recently (for `/readyz`).
-    package var isDatabaseReachable: Bool {
-        state.withLock { state in
-            guard let last = state.lastSuccess else { return false }
-            return ContinuousClock.now - last < .seconds(15)
-        }
+    /// For `/readyz`: the last commit or connect succeeded and the schema is migrated.
+    package var isReady: Bool {
+        state.withLock { $0.healthy && $0.schemaReady }
     }
 
     package var pendingCount: Int { state.withLock { $0.queue.count } }
 
-    /// Queues one notification; `respond` is called exactly once, from a committer thread.
+    /// Queues one notification; `respond` is called exactly once, from a committer thread (or the
+    /// watchdog's, when the commit took longer than `commitTimeout`).
     package func submit(_ notification: VerifiedNotification, respond: @escaping @Sendable (Outcome) -> Void) {
+        let answer = Answer(respond)
         let refusal: Rejection? = state.withLock { state in
             guard state.running else { return .shuttingDown }
             if let downUntil = state.databaseDownUntil, ContinuousClock.now < downUntil { return .databaseUnavailable }
             guard state.queue.count < options.maxPending else { return .overloaded }
-            state.queue.append(Pending(notification: notification, respond: respond, queuedAt: .now))
+            state.queue.append(Pending(notification: notification, answer: answer, queuedAt: .now))
             return nil
         }
         if let refusal {
-            respond(.rejected(refusal))
+            answer(.rejected(refusal))
             return
         }
         // A committer counts itself idle before it looks at the queue, so either it sees this item
@@ -143,6 +192,42 @@ package final class NotificationStore: Sendable {
         state.withLock { $0.rejectionCounts[rejection.code, default: 0] += 1 }
     }
 
+    // MARK: - Watchdog
+
+    /// Answers 503 for every request that has waited `commitTimeout`, queued or in a commit that
+    /// has not come back (a lock, a stalled disk, a network that drops packets silently).
+    private func watchdogLoop() {
+        let tick = max(Duration.milliseconds(10), min(options.commitTimeout / 20, .milliseconds(100)))
+        while stopped.load(ordering: .acquiring) == 0 {
+            Thread.sleep(forTimeInterval: tick.seconds)
+            let cutoff = ContinuousClock.now - options.commitTimeout
+            let (expired, stuckBatches) = state.withLock { state -> ([Pending], Int) in
+                var expired: [Pending] = []
+                // The queue is in arrival order: the expired ones are at its front.
+                let count = state.queue.prefix { $0.queuedAt <= cutoff }.count
+                if count > 0 {
+                    expired = Array(state.queue.prefix(count))
+                    state.queue.removeFirst(count)
+                }
+                var stuck = 0
+                for (id, batch) in state.inFlight where batch.oldest <= cutoff {
+                    expired += batch.items
+                    state.inFlight[id] = nil
+                    stuck += 1
+                }
+                if stuck > 0 { state.healthy = false }
+                return (expired, stuck)
+            }
+            guard !expired.isEmpty else { continue }
+            if stuckBatches > 0 {
+                logger.warning(
+                    "commit did not finish within SIWA_RECEIVER_COMMIT_TIMEOUT; answering 503",
+                    metadata: ["batch.count": .int(stuckBatches), "requests": .int(expired.count)])
+            }
+            for item in expired { item.answer(.rejected(.databaseTimeout)) }
+        }
+    }
+
     // MARK: - Committer threads
 
     private func commitLoop(index: Int) {
@@ -152,14 +237,16 @@ package final class NotificationStore: Sendable {
         // The last committed batch, not yet answered. Its answers are written while the next
         // batch's INSERT runs, so the database never waits for the committer to write HTTP
         // responses. With nothing queued behind it, it is answered at once.
-        var owed: [Pending] = []
+        var owed: (id: UInt64, items: [Pending])?
         func answerOwed() {
-            for item in owed { item.respond(.stored) }
-            owed = []
+            guard let (id, items) = owed else { return }
+            for item in items { item.answer(.stored) }
+            finish(id)
+            owed = nil
         }
         while true {
             let batch: [Pending]?
-            if owed.isEmpty {
+            if owed == nil {
                 batch = nextBatch()
             } else {
                 batch = queuedBatch()
@@ -175,18 +262,20 @@ package final class NotificationStore: Sendable {
             }
             guard let connection else {
                 answerOwed()
-                for item in batch { item.respond(.rejected(.databaseUnavailable)) }
+                for item in batch { item.answer(.rejected(.databaseUnavailable)) }
                 continue
             }
             if !batch.isEmpty {
                 let now = ContinuousClock.now
                 metrics?.waitSeconds.observe(contentsOf: batch.lazy.map { (now - $0.queuedAt).seconds })
-                owed = commit(batch, on: connection, meanwhile: answerOwed)
+                let id = register(batch)
+                let stored = commit(batch, on: connection, meanwhile: answerOwed)
+                if stored.isEmpty { finish(id) } else { owed = (id, stored) }
             }
             // Committer 0 flushes rejection counters and, when idle, proves the database is there.
             if index == 0, ContinuousClock.now - lastFlush > .seconds(5) {
                 answerOwed()
-                flushRejections(on: connection)
+                probe(on: connection)
                 lastFlush = ContinuousClock.now
             }
         }
@@ -194,6 +283,20 @@ package final class NotificationStore: Sendable {
             flushRejections(on: connection)
             connection.close()
         }
+    }
+
+    /// Shows `batch` to the watchdog until `finish` (every item answered).
+    private func register(_ batch: [Pending]) -> UInt64 {
+        state.withLock { state in
+            state.nextBatchID &+= 1
+            state.lastCommitAt = .now
+            state.inFlight[state.nextBatchID] = InFlight(items: batch, oldest: batch.lazy.map(\.queuedAt).min()!)
+            return state.nextBatchID
+        }
+    }
+
+    private func finish(_ id: UInt64) {
+        state.withLock { _ = $0.inFlight.removeValue(forKey: id) }
     }
 
     /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.
@@ -227,17 +330,24 @@ package final class NotificationStore: Sendable {
         }
     }
 
-    /// Opens a session on the writable host (with a multi-host URL and
+    /// Opens a session on the writable host: with a multi-host URL and
     /// `target_session_attrs=read-write`, libpq tries each host in turn, so after a failover this finds
-    /// the promoted standby). Logs the start and the end of an outage once each, not every retry.
+    /// the promoted standby. Logs the start and the end of an outage once each, not every retry.
     private func connect() -> PostgresConnection? {
         do {
+            // The server bounds every statement too, so a commit the watchdog gave up on ends
+            // rather than holding the connection (and its locks) without limit.
             let connection = try PostgresConnection.connectBlocking(
-                to: conninfo, applicationName: "siwa-receiver", logger: logger)
-            let outageStarted = state.withLock { state in
-                defer { state.outageStarted = nil }
+                to: conninfo, applicationName: "siwa-receiver",
+                limits: SessionLimits(statementTimeout: options.commitTimeout, lockTimeout: options.commitTimeout),
+                logger: logger)
+            let writability = checkWritable(on: connection)
+            let outageStarted = state.withLock { state -> ContinuousClock.Instant? in
                 state.databaseDownUntil = nil
-                state.lastSuccess = .now  // a fresh session is proof enough for /readyz
+                state.healthy = writability == .writable
+                state.schemaReady = writability != .unmigrated
+                guard writability == .writable else { return nil }
+                defer { state.outageStarted = nil }
                 return state.outageStarted
             }
             if let outageStarted {
@@ -252,16 +362,54 @@ package final class NotificationStore: Sendable {
         } catch {
             let firstFailure = state.withLock { state in
                 state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
+                state.healthy = false
                 guard state.outageStarted == nil else { return false }
                 state.outageStarted = .now
                 return true
             }
             if firstFailure {
-                logger.error("database unreachable; answering 503 until it is back", metadata: ["error": "\(error)"])
+                logger.error("database unreachable; answering 503 until it is back", metadata: Self.metadata(error))
             } else {
-                logger.debug("database still unreachable", metadata: ["error": "\(error)"])
+                logger.debug("database still unreachable", metadata: Self.metadata(error))
             }
             return nil
+        }
+    }
+
+    private enum Writability {
+        case writable
+        /// `siwa.notifications` does not exist: `siwa migrate` has not run.
+        case unmigrated
+        /// Read-only (a standby, `default_transaction_read_only`) or no INSERT privilege.
+        case refused
+    }
+
+    /// Whether a commit could succeed now, asked without writing anything: the table exists, this
+    /// role may insert into it, and the session may write. /readyz says so before any notification
+    /// arrives, and recovers after a failure without needing one.
+    private func checkWritable(on connection: PostgresConnection) -> Writability {
+        do {
+            let rows = try connection.queryBlocking(
+                """
+                SELECT CASE
+                    WHEN to_regclass('siwa.notifications') IS NULL THEN 'unmigrated'
+                    WHEN NOT has_table_privilege('siwa.notifications', 'INSERT') THEN 'no_privilege'
+                    WHEN pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' THEN 'read_only'
+                    ELSE 'ok' END AS state
+                """)
+            let answer = try rows.first?.decode(String.self, column: "state") ?? "unknown"
+            switch answer {
+            case "ok": return .writable
+            case "unmigrated":
+                logger.error("siwa.notifications does not exist: run `siwa migrate`; /readyz answers 503 until then")
+                return .unmigrated
+            default:
+                logger.error("the database refuses our writes; /readyz answers 503", metadata: ["reason": .string(answer)])
+                return .refused
+            }
+        } catch {
+            logger.warning("database readiness check failed", metadata: Self.metadata(error))
+            return .refused
         }
     }
 
@@ -308,33 +456,84 @@ package final class NotificationStore: Sendable {
             let inserted = try connection.executePreparedBlocking(insertQuery(batch), meanwhile: meanwhile)
             recordSuccess(batchSize: batch.count, inserted: inserted, since: started)
             return batch
-        } catch let error as PostgresError where error.isConnectionProblem || !connection.isUsable {
-            // The COMMIT's fate is unknown; 503 makes the sender retry, and the jti makes that safe.
-            logger.error("database connection lost during commit", metadata: ["error": "\(error)"])
-            state.withLock { state in
-                state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
-                if state.outageStarted == nil { state.outageStarted = .now }
-            }
-            for item in batch { item.respond(.rejected(.databaseUnavailable)) }
-            return []
-        } catch {
+        } catch where Self.isRowFault(error) {
             // A data error in one row fails the whole statement: retry one by one so only that row is refused.
-            logger.warning("batch insert failed; isolating rows", metadata: ["error": "\(error)", "batch.size": .int(batch.count)])
+            logger.warning(
+                "batch insert refused a row; isolating rows",
+                metadata: Self.metadata(error).merging(["batch.size": .int(batch.count)]) { $1 })
             guard batch.count > 1 else {
-                batch[0].respond(.rejected(Rejection(status: 400, code: "claims_not_storable")))
+                batch[0].answer(.rejected(.claimsNotStorable))
                 return []
             }
             return batch.flatMap { commit([$0], on: connection) }
+        } catch {
+            // Not the notification's fault (unreachable, read-only, schema missing, permission,
+            // timeout, deadlock, disk full): 503, and Apple retries. When the connection broke the
+            // COMMIT's fate is unknown; the retry's jti makes that safe.
+            let broken = error.isPostgresConnectionProblem || !connection.isUsable
+            logger.error(
+                broken ? "database connection lost during commit" : "commit failed; answering 503",
+                metadata: Self.metadata(error).merging(["batch.size": .int(batch.count)]) { $1 })
+            metrics?.failures.increment()
+            state.withLock { state in
+                state.healthy = false
+                if broken {
+                    state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
+                    if state.outageStarted == nil { state.outageStarted = .now }
+                }
+                if Self.meansSchemaMissing(error) { state.schemaReady = false }
+            }
+            for item in batch { item.answer(.rejected(.databaseUnavailable)) }
+            return []
         }
+    }
+
+    /// The row itself cannot be stored: SQLSTATE class 22 (data exception) or 23 (integrity
+    /// constraint), or a value libpq cannot send. A duplicate `jti` never gets here (ON CONFLICT).
+    static func isRowFault(_ error: any Error) -> Bool {
+        guard let error = error as? PostgresError else { return false }
+        if error.code == .invalidParameter { return true }
+        guard error.code == .queryFailed, let sqlState = error.sqlState else { return false }
+        return sqlState.hasPrefix("22") || sqlState.hasPrefix("23")
+    }
+
+    /// Undefined table, schema, column or function: the database is not (fully) migrated.
+    private static func meansSchemaMissing(_ error: any Error) -> Bool {
+        guard let sqlState = (error as? PostgresError)?.sqlState else { return false }
+        return ["42P01", "3F000", "42703", "42883"].contains(sqlState)
+    }
+
+    /// The error's safe description and its SQLSTATE, for logs.
+    private static func metadata(_ error: any Error) -> Logger.Metadata {
+        var metadata: Logger.Metadata = ["error": "\(error)"]
+        if let sqlState = (error as? PostgresError)?.sqlState { metadata["db.sqlstate"] = .string(sqlState) }
+        return metadata
     }
 
     private func recordSuccess(batchSize: Int, inserted: Int, since started: ContinuousClock.Instant) {
         let elapsed = ContinuousClock.now - started
-        state.withLock { $0.lastSuccess = .now }
+        state.withLock { $0.healthy = true }
         metrics?.commitSeconds.observe(elapsed.seconds)
         metrics?.batchSize.observe(Double(batchSize))
         metrics?.stored.increment(by: inserted)
         metrics?.duplicates.increment(by: batchSize - inserted)
+    }
+
+    /// Every few seconds: checks the database is there, migrated and writable, then flushes the
+    /// rejection counters. While commits run, their outcome decides readiness; once none has run
+    /// for a while (a load balancer stopped sending after /readyz said 503), this check may
+    /// restore it, so readiness never waits for traffic that waits for readiness.
+    private func probe(on connection: PostgresConnection) {
+        let writability = checkWritable(on: connection)
+        state.withLock { state in
+            state.schemaReady = writability != .unmigrated
+            if writability != .writable {
+                state.healthy = false
+            } else if ContinuousClock.now - state.lastCommitAt > .seconds(5) {
+                state.healthy = true
+            }
+        }
+        flushRejections(on: connection)
     }
 
     private func flushRejections(on connection: PostgresConnection) {
@@ -342,10 +541,8 @@ package final class NotificationStore: Sendable {
             defer { state.rejectionCounts.removeAll() }
             return state.rejectionCounts
         }
+        guard !counts.isEmpty else { return }
         do {
-            _ = try connection.executeBlocking("SELECT 1")
-            state.withLock { $0.lastSuccess = .now }
-            guard !counts.isEmpty else { return }
             let reasons = Array(counts.keys)
             let numbers = reasons.map { Int64(counts[$0]!) }
             _ = try connection.executeBlocking(

@@ -34,6 +34,10 @@ package struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
     package static let databaseUnavailable = Rejection(status: 503, code: "database_unavailable")
     package static let overloaded = Rejection(status: 503, code: "overloaded")
     package static let shuttingDown = Rejection(status: 503, code: "shutting_down")
+    /// The commit did not finish within `SIWA_RECEIVER_COMMIT_TIMEOUT`.
+    package static let databaseTimeout = Rejection(status: 503, code: "database_timeout")
+    /// The database refused the row itself (SQLSTATE class 22 or 23): retrying cannot help.
+    package static let claimsNotStorable = Rejection(status: 400, code: "claims_not_storable")
 
     package static func decoding(_ error: NotificationDecodingError) -> Rejection {
         Rejection(status: 400, code: error.code)
@@ -42,9 +46,9 @@ package struct Rejection: Error, Sendable, Equatable, CustomStringConvertible {
     /// Every code, for pre-registering metric series (so hostile input cannot add series).
     package static let allCodes: [Rejection] = [
         .bodyNotJSON, .payloadMissing, .jwsMalformed, .algorithmNotAllowed, .unknownKey, .badSignature,
-        .wrongIssuer, .wrongAudience, .expired, .keysUnavailable, .databaseUnavailable, .overloaded, .shuttingDown,
-        .decoding(.claimsNotJSON()), .decoding(.missingClaim("")), .decoding(.eventsMissing()),
-        .decoding(.eventsMalformed("")), Rejection(status: 400, code: "claims_not_storable"),
+        .wrongIssuer, .wrongAudience, .expired, .keysUnavailable, .databaseUnavailable, .databaseTimeout, .overloaded,
+        .shuttingDown, .decoding(.claimsNotJSON()), .decoding(.missingClaim("")), .decoding(.claimMalformed("")),
+        .decoding(.eventsMissing()), .decoding(.eventsMalformed("")), .claimsNotStorable,
     ]
 }
 
@@ -108,12 +112,11 @@ package struct NotificationVerifier: Sendable {
         case .failure(let rejection): return .rejected(rejection)
         case .success(let parsed): (token, jwsText) = parsed
         }
-        // Pinned before any key is touched: `none`, `HS256` (keyed with the RSA public key, the
-        // classic confusion), `RS512`, anything but RS256 is refused.
-        guard token.algorithm == "RS256" else { return .rejected(.algorithmNotAllowed) }
-        guard let keyID = token.keyID, !keyID.isEmpty else { return .rejected(.unknownKey) }
-        guard let key = lookup(keyID) else { return .needsKey(keyID) }
-        return .verifiedOrRejected(check(token, jws: jwsText, key: key))
+        // An empty kid names no key Apple could publish: refused without a refetch.
+        guard token.keyID?.isEmpty == false else {
+            return .rejected(token.algorithm == RS256.algorithm ? .unknownKey : .algorithmNotAllowed)
+        }
+        return check(token, jws: jwsText, keys: lookup)
     }
 
     /// Full verification, fetching Apple's keys once if the token names a kid we have not seen.
@@ -127,7 +130,11 @@ package struct NotificationVerifier: Sendable {
             case .unavailable: return .failure(.keysUnavailable)
             case .found(let key):
                 guard case .success(let (token, jwsText)) = Self.parse(body: body) else { return .failure(.jwsMalformed) }
-                return check(token, jws: jwsText, key: key)
+                switch check(token, jws: jwsText, keys: { $0 == keyID ? key : nil }) {
+                case .verified(let verified): return .success(verified)
+                case .rejected(let rejection): return .failure(rejection)
+                case .needsKey: return .failure(.unknownKey)
+                }
             }
         }
     }
@@ -169,34 +176,38 @@ package struct NotificationVerifier: Sendable {
         return String(decoding: inner, as: UTF8.self)
     }
 
-    private func check(_ token: CompactJWS, jws: String, key: RSA.PublicKey) -> Result<VerifiedNotification, Rejection> {
-        guard key.isValidRS256Signature(token.signatureBytes, for: token.signingInput) else {
-            return .failure(.badSignature)
+    /// The signature through JOSE's one RS256 path (alg pinned before any key is touched: `none`,
+    /// `HS256` keyed with the RSA public key, `RS512` are refused; a `crit` header is refused),
+    /// then the claims.
+    private func check(_ token: CompactJWS, jws: String, keys: (String) -> RSA.PublicKey?) -> Step {
+        do {
+            try RS256.verify(token, keys: keys)
+        } catch let error as JOSEError {
+            switch error.code {
+            case .unsupportedAlgorithm: return .rejected(.algorithmNotAllowed)
+            case .unknownKey(let keyID?) where !keyID.isEmpty: return .needsKey(keyID)
+            case .unknownKey: return .rejected(.unknownKey)
+            case .badSignature: return .rejected(.badSignature)
+            case .malformed: return .rejected(.jwsMalformed)
+            }
+        } catch {
+            return .rejected(.badSignature)
         }
         let notification: AppleNotification
         do {
             notification = try AppleNotification(claims: token.payloadBytes)
         } catch {
-            return .failure(.decoding(error))
+            return .rejected(.decoding(error))
         }
         // The issuer stays Apple's whatever SIWA_APPLE_BASE_URL points at.
-        guard notification.issuer == AppleNotification.appleIssuer else { return .failure(.wrongIssuer) }
+        guard notification.issuer == AppleNotification.appleIssuer else { return .rejected(.wrongIssuer) }
         guard let clientID = notification.audiences.first(where: clientIDs.contains) else {
-            return .failure(.wrongAudience)
+            return .rejected(.wrongAudience)
         }
         if let expiresAt = notification.expiresAt, expiresAt.addingTimeInterval(leeway) < now() {
-            return .failure(.expired)
+            return .rejected(.expired)
         }
         let claims = String(decoding: token.payloadBytes, as: UTF8.self)
-        return .success(VerifiedNotification(notification: notification, clientID: clientID, jws: jws, claimsJSON: claims))
-    }
-}
-
-extension NotificationVerifier.Step {
-    fileprivate static func verifiedOrRejected(_ result: Result<VerifiedNotification, Rejection>) -> Self {
-        switch result {
-        case .success(let verified): .verified(verified)
-        case .failure(let rejection): .rejected(rejection)
-        }
+        return .verified(VerifiedNotification(notification: notification, clientID: clientID, jws: jws, claimsJSON: claims))
     }
 }

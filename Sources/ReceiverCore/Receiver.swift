@@ -26,6 +26,7 @@ package final class Receiver: Sendable {
         var storeOptions = NotificationStore.Options()
         storeOptions.committers = configuration.databaseConnections
         storeOptions.maxPending = configuration.maxPending
+        storeOptions.commitTimeout = configuration.commitTimeout
         store = NotificationStore(
             conninfo: configuration.databaseURL, options: storeOptions, logger: logger,
             metrics: .init(
@@ -40,7 +41,10 @@ package final class Receiver: Sendable {
                     buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256]),
                 duplicates: metrics.counter(
                     "siwa_receiver_duplicates_total", help: "Verified notifications whose jti was already stored."),
-                stored: metrics.counter("siwa_receiver_stored_total", help: "Notifications newly stored.")))
+                stored: metrics.counter("siwa_receiver_stored_total", help: "Notifications newly stored."),
+                failures: metrics.counter(
+                    "siwa_receiver_commit_failures_total",
+                    help: "Commits that failed for a reason other than the rows (answered 503).")))
         let handler = ReceiverHandler(
             notificationPath: configuration.notificationPath,
             verifier: NotificationVerifier(clientIDs: configuration.clientIDs, keys: keys),

@@ -8,6 +8,7 @@ package struct ReceiverConfiguration: Sendable {
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
         "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_RECEIVER_CONNECTION_TIMEOUT", "SIWA_JWKS_REFETCH_INTERVAL",
+        "SIWA_RECEIVER_COMMIT_TIMEOUT",
     ]
 
     package var databaseURL: String
@@ -23,6 +24,9 @@ package struct ReceiverConfiguration: Sendable {
     package var connectionLimit: Int
     /// Seconds a connection may stay idle (no bytes either way) before it is closed.
     package var connectionTimeout: Int
+    /// Longest a notification waits on the database before it is answered 503 (CONTRACT.md,
+    /// "Receiver failures"); also the receiver sessions' `statement_timeout` and `lock_timeout`.
+    package var commitTimeout: Duration
     /// Least time between two fetches of Apple's keys caused by unknown kids (seconds).
     package var keyRefetchInterval: Int
 
@@ -48,6 +52,8 @@ package struct ReceiverConfiguration: Sendable {
         maxPending = try source.integer("SIWA_RECEIVER_MAX_PENDING", default: 4096, range: 1...1_000_000)
         connectionLimit = try source.integer("SIWA_RECEIVER_CONNECTION_LIMIT", default: 2048, range: 1...100_000)
         connectionTimeout = try source.integer("SIWA_RECEIVER_CONNECTION_TIMEOUT", default: 10, range: 1...3600)
+        commitTimeout = try source.duration(
+            "SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
         keyRefetchInterval = try source.integer("SIWA_JWKS_REFETCH_INTERVAL", default: 10, range: 1...3600)
     }
 }

@@ -66,7 +66,7 @@ package struct ReceiverHandler: HTTPHandler {
         case ("GET", "/healthz"):
             respond(.json(#"{"status":"ok"}"#))
         case ("GET", "/readyz"):
-            let database = store.isDatabaseReachable
+            let database = store.isReady
             let keysKnown = keys.hasKeys
             let body = #"{"database":\#(database),"keys":\#(keysKnown)}"#
             respond(.json(status: database && keysKnown ? 200 : 503, body))

@@ -58,6 +58,11 @@ package struct AppleNotification: Sendable, Equatable {
     /// 10^11 seconds is the year 5138; 10^11 milliseconds is March 1973.
     package static let millisecondsThreshold: Double = 100_000_000_000
 
+    /// Latest time a claim may name: 9999-12-31T23:59:59Z, in seconds. Far past any real event,
+    /// and a signed value beyond it must not reach an integer conversion (it would trap) or a
+    /// `timestamptz` column (it would be refused as data).
+    package static let latestTime: Double = 253_402_300_799
+
     package static let appleIssuer = "https://appleid.apple.com"
 }
 
@@ -69,6 +74,9 @@ package struct NotificationDecodingError: Error, Equatable, CustomStringConverti
     package static func claimsNotJSON() -> Self { .init(code: "claims_not_json", detail: "claims are not a JSON object") }
     package static func missingClaim(_ name: String) -> Self {
         .init(code: "missing_claim", detail: "claim \(name) is missing or not a string")
+    }
+    package static func claimMalformed(_ name: String) -> Self {
+        .init(code: "claim_malformed", detail: "claim \(name) is not a number of seconds in range")
     }
     package static func eventsMissing() -> Self { .init(code: "events_missing", detail: "claim events is missing") }
     package static func eventsMalformed(_ why: String) -> Self { .init(code: "events_malformed", detail: why) }
@@ -87,8 +95,10 @@ extension AppleNotification {
         guard let issuer = object["iss"]?.stringValue else { throw .missingClaim("iss") }
         guard let jti = object["jti"]?.stringValue, !jti.isEmpty else { throw .missingClaim("jti") }
         guard let audiences = Self.audiences(object["aud"]) else { throw .missingClaim("aud") }
-        let issuedAt = Self.number(object["iat"]).map { Date(timeIntervalSince1970: $0) }
-        let expiresAt = Self.number(object["exp"]).map { Date(timeIntervalSince1970: $0) }
+        // Present but not a time is malformed, never "absent": an unreadable `exp` must not skip
+        // the expiry check.
+        let issuedAt = try Self.time(object, "iat")
+        let expiresAt = try Self.time(object, "exp")
 
         let events: [String: JSONValue]
         switch object["events"] {
@@ -117,7 +127,9 @@ extension AppleNotification {
             guard let value = Self.number(raw), value >= 0 else {
                 throw .eventsMalformed("events.event_time is not a number")
             }
-            time = Date(timeIntervalSince1970: value >= Self.millisecondsThreshold ? value / 1000 : value)
+            let seconds = value >= Self.millisecondsThreshold ? value / 1000 : value
+            guard seconds <= Self.latestTime else { throw .eventsMalformed("events.event_time is out of range") }
+            time = Date(timeIntervalSince1970: seconds)
         } else if let issuedAt {
             time = issuedAt  // seen in no variant, but a verified event is worth keeping
         } else {
@@ -154,6 +166,13 @@ extension AppleNotification {
         default:
             return nil
         }
+    }
+
+    /// A NumericDate claim (`iat`, `exp`): nil when absent or null, else seconds within range.
+    private static func time(_ object: [String: JSONValue], _ name: String) throws(NotificationDecodingError) -> Date? {
+        guard let raw = object[name], raw != .null else { return nil }
+        guard let seconds = number(raw), abs(seconds) <= latestTime else { throw .claimMalformed(name) }
+        return Date(timeIntervalSince1970: seconds)
     }
 
     /// A JSON number (never a boolean) or a numeric string.

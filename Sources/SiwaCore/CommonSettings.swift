@@ -23,11 +23,25 @@ package struct CommonSettings: Sendable {
     package static func appleBaseURL(_ source: ConfigurationSource) throws(ConfigurationError) -> URL {
         let text = try source.string("SIWA_APPLE_BASE_URL") ?? "https://appleid.apple.com"
         guard let url = URL(string: text.hasSuffix("/") ? String(text.dropLast()) : text),
-            let scheme = url.scheme, ["http", "https"].contains(scheme), url.host != nil
+            let scheme = url.scheme, ["http", "https"].contains(scheme), let host = url.host
         else {
             throw ConfigurationError(variable: "SIWA_APPLE_BASE_URL", problem: "expected an http(s) URL, got \"\(text)\"")
         }
+        // The worker sends client_secrets and refresh tokens there: in clear text only to a
+        // stand-in on this machine (siwa dev, tests, benchmarks).
+        guard scheme == "https" || isLoopback(host) else {
+            throw ConfigurationError(
+                variable: "SIWA_APPLE_BASE_URL", problem: "http:// is allowed only for a loopback host (127.0.0.1, ::1, localhost), got \"\(text)\"")
+        }
         return url
+    }
+
+    /// 127.0.0.0/8, ::1 or localhost.
+    package static func isLoopback(_ host: String) -> Bool {
+        let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+        if bare.lowercased() == "localhost" || bare == "::1" { return true }
+        let octets = bare.split(separator: ".", omittingEmptySubsequences: false)
+        return octets.count == 4 && octets[0] == "127" && octets.allSatisfy { UInt8($0) != nil }
     }
 
     /// `DATABASE_URL` as libpq takes it: a `postgres://` / `postgresql://` URI or `key=value` conninfo.

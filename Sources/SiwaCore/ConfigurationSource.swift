@@ -150,6 +150,36 @@ package struct ConfigurationSource: Sendable {
         return address
     }
 
+    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds, within `range`.
+    package func duration(_ variable: String, default fallback: Duration, range: ClosedRange<Duration>)
+        throws(ConfigurationError) -> Duration
+    {
+        guard let text = try string(variable) else { return fallback }
+        guard let value = Self.parseDuration(text), range.contains(value) else {
+            throw ConfigurationError(
+                variable: variable, problem: "expected a duration like 500ms, 30s, 5m, 7d (within \(range)), got \"\(text)\"")
+        }
+        return value
+    }
+
+    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds; nil for anything else,
+    /// including values too large to count in milliseconds.
+    package static func parseDuration(_ text: String) -> Duration? {
+        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)]
+        var number = Substring(text)
+        var scale = 1.0
+        for (suffix, unitScale) in units where text.hasSuffix(suffix) {
+            if suffix == "s", text.dropLast().hasSuffix("m") { continue }
+            number = text.dropLast(suffix.count)
+            scale = unitScale
+            break
+        }
+        guard let value = Double(number), value >= 0, value.isFinite else { return nil }
+        let milliseconds = (value * scale * 1000).rounded()
+        guard milliseconds < 1e15 else { return nil }  // ~31,000 years: far past any range, still exact
+        return .milliseconds(Int64(milliseconds))
+    }
+
     /// Comma-separated, trimmed, non-empty items.
     package func list(_ variable: String) throws(ConfigurationError) -> [String]? {
         guard let text = try string(variable) else { return nil }

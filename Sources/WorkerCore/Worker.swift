@@ -54,7 +54,8 @@ package final class Worker: Sendable {
         metrics = WorkerMetrics(registry: registry)
         pool = PostgresPool(
             conninfo: configuration.databaseURL, size: 3 + min(configuration.concurrency, 8),
-            acquireTimeout: .seconds(10), applicationName: "siwa-worker", logger: logger)
+            acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
+            logger: logger)
         queue = JobQueue(pool: pool)
         let registry = registry
         let pool = pool
@@ -130,7 +131,8 @@ package final class Worker: Sendable {
             do {
                 if connection == nil {
                     let fresh = try await PostgresConnection.connect(
-                        to: configuration.databaseURL, applicationName: "siwa-worker-listen", logger: logger)
+                        to: configuration.databaseURL, applicationName: "siwa-worker-listen",
+                        limits: configuration.sessionLimits, logger: logger)
                     try await fresh.listen("siwa_jobs")
                     connection = fresh
                     if failures > 0 {

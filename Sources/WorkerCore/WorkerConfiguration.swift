@@ -1,5 +1,6 @@
 package import Foundation
 package import Logging
+package import Postgres
 package import SiwaCore
 
 /// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
@@ -11,6 +12,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
+        "SIWA_WORKER_STATEMENT_TIMEOUT",
     ]
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
@@ -53,6 +55,16 @@ package struct WorkerConfiguration: Sendable {
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
     package var retryBase: Duration
+
+    /// `SIWA_WORKER_STATEMENT_TIMEOUT`: the worker sessions' `statement_timeout` and `lock_timeout`,
+    /// so a held lock or a stalled server fails a claim (retried) instead of hanging the worker.
+    package var statementTimeout: Duration
+
+    /// The bounds every worker session gets. A lock wait gives up at half the statement's bound,
+    /// so the log names the lock (55P03) rather than a timeout (57014) when one is the cause.
+    package var sessionLimits: SessionLimits {
+        SessionLimits(statementTimeout: statementTimeout, lockTimeout: statementTimeout / 2)
+    }
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
         try source.rejectUnknownFlags(Self.variables)
@@ -109,6 +121,8 @@ package struct WorkerConfiguration: Sendable {
         completedJobRetention = try Self.duration(
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
         notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 250, range: 1...1000)
+        statementTimeout = try source.duration(
+            "SIWA_WORKER_STATEMENT_TIMEOUT", default: .seconds(60), range: .milliseconds(100) ... .seconds(3600))
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
@@ -138,27 +152,9 @@ package struct WorkerConfiguration: Sendable {
         return keys
     }
 
-    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds.
-    package static func parseDuration(_ text: String) -> Duration? {
-        let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)]
-        for (suffix, scale) in units where text.hasSuffix(suffix) {
-            let number = text.dropLast(suffix.count)
-            if suffix == "s", number.hasSuffix("m") { continue }
-            guard let value = Double(number), value >= 0, value.isFinite else { return nil }
-            return .milliseconds(Int64((value * scale * 1000).rounded()))
-        }
-        guard let value = Double(text), value >= 0, value.isFinite else { return nil }
-        return .milliseconds(Int64((value * 1000).rounded()))
-    }
-
     static func duration(
         _ source: ConfigurationSource, _ variable: String, default fallback: Duration, range: ClosedRange<Duration>
     ) throws(ConfigurationError) -> Duration {
-        guard let text = try source.string(variable) else { return fallback }
-        guard let value = parseDuration(text), range.contains(value) else {
-            throw ConfigurationError(
-                variable: variable, problem: "expected a duration like 500ms, 30s, 5m, 7d (within \(range)), got \"\(text)\"")
-        }
-        return value
+        try source.duration(variable, default: fallback, range: range)
     }
 }

@@ -17,11 +17,12 @@ do {
 
 let logger = Logger(label: "siwa-worker", level: configuration.logLevel)
 let registry = MetricsRegistry()
+apple?.warnIfKeyFileIsShared(logger: logger)
 // Notification effects run inside the worker itself (siwa.run_notification_batch); the Apple-calling
 // kinds (exchange, revoke, reconcile) have handlers of their own, over a pool of their own.
 let applePool = PostgresPool(
     conninfo: configuration.databaseURL, size: min(configuration.concurrency, 8) + 1,
-    applicationName: "siwa-worker-apple", logger: logger)
+    applicationName: "siwa-worker-apple", limits: configuration.sessionLimits, logger: logger)
 do {
     let handlers = try apple.map { try makeAppleHandlers(settings: $0, pool: applePool, logger: logger, metrics: registry) } ?? []
     if apple == nil {

@@ -33,13 +33,20 @@ struct FailoverTests {
 
         // A session on a standby (a single-host URL, or a proxy that has not followed a failover yet)
         // cannot write. That is 503 and a new session, never 400: Apple does not resend a 400.
-        let (onStandby, standbyBase) = try await ReceiverProcessTests.startReceiver(
-            databaseURL: pair.standby.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
+        // (It never turns ready: /readyz knows a standby cannot take writes.)
+        let onStandby = try ServiceProcess(
+            "siwa-receiver",
+            environment: [
+                "DATABASE_URL": pair.standby.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_LISTEN": "127.0.0.1:0",
+                "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "info",
+            ])
+        let standbyBase = "http://127.0.0.1:\(try await onStandby.boundHTTPPort())"
         let standbyBody = try TestAppleKeys.body(keys.sign(TestAppleKeys.claims(sub: "s", jti: "failover-standby")))
         for _ in 0..<2 {
             let (status, body) = try await HTTP.request("POST", standbyBase + "/apple/notifications", body: standbyBody)
             #expect(status == 503, "\(body)")
         }
+        #expect(try await HTTP.request("GET", standbyBase + "/readyz").status == 503)
         await onStandby.stop()
 
         let (receiver, base) = try await ReceiverProcessTests.startReceiver(
@@ -198,7 +205,7 @@ struct FailoverTests {
             try await Task.sleep(for: .milliseconds(10))
         }
         try await cluster.stop(mode: .immediate)
-        let failedToRecord = [#""db.operation":"complete job""#, "database error completing job"]
+        let failedToRecord = [#""db.operation":"record revoke""#, "revoked at Apple but not recorded"]
         while !failedToRecord.contains(where: worker.log.contains) {
             guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "worker never got the answer:\n\(worker.log)") }
             try await Task.sleep(for: .milliseconds(20))

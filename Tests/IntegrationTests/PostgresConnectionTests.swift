@@ -153,6 +153,43 @@ struct PostgresConnectionTests {
         }
     }
 
+    /// No wait on the server is unbounded: every connection sends TCP keepalives (a peer that
+    /// vanished is noticed), and `SessionLimits` bound statements and lock waits, also after a reset.
+    @Test func keepalivesAndSessionLimitsBoundEveryWait() async throws {
+        try await withTestSchema { schema in
+            let plain = try await schema.connect()
+            defer { plain.close() }
+            #expect(await plain.sendsTCPKeepalives)
+
+            let limited = try await PostgresConnection.connect(
+                to: schema.conninfo, limits: SessionLimits(statementTimeout: .milliseconds(300), lockTimeout: .milliseconds(200)),
+                logger: TestDatabase.logger)
+            defer { limited.close() }
+            #expect(await limited.sendsTCPKeepalives)
+            #expect(try await limited.query("SHOW lock_timeout")[0].decode(String.self, at: 0) == "200ms")
+            let slow = await #expect(throws: PostgresError.self) { try await limited.query("SELECT pg_sleep(30)") }
+            #expect(slow?.sqlState == "57014")
+
+            // A lock another session holds: 55P03 after lock_timeout, not a wait without end.
+            try await plain.simpleQuery("CREATE TABLE held (id int)")
+            try await plain.simpleQuery("BEGIN; LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
+            let locked = await #expect(throws: PostgresError.self) { try await limited.query("SELECT id FROM held") }
+            #expect(locked?.sqlState == "55P03")
+            try await plain.simpleQuery("ROLLBACK")
+
+            // The limits survive a reset (a new backend session).
+            _ = try await plain.query("SELECT pg_terminate_backend(\(limited.backendPID))")
+            let deadline = ContinuousClock.now + .seconds(10)
+            var reset = false
+            while !reset, ContinuousClock.now < deadline {
+                reset = (try? await limited.resetIfBroken()) ?? false
+                if !reset { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(reset)
+            #expect(try await limited.query("SHOW statement_timeout")[0].decode(String.self, at: 0) == "300ms")
+        }
+    }
+
     @Test func transactionsCommitOrRollBack() async throws {
         struct Boom: Error {}
         try await withTestSchema { schema in

@@ -96,6 +96,10 @@ import Testing
             let hsSignature = HMACSHA256.authenticationCode(
                 for: Array("\(hsHeader).\(payload)".utf8), key: Array(keys.signingKey.publicKey.pemRepresentation.utf8))
 
+            var farFuture = TestAppleKeys.claims()
+            farFuture["events"] = #"{"type":"consent-revoked","sub":"s1","event_time":1e19}"#
+            var textExp = TestAppleKeys.claims()
+            textExp["exp"] = "tomorrow"
             let cases: [(String, Data, Int, String)] = [
                 ("not JSON", Data("hello".utf8), 400, "body_not_json"),
                 ("no payload", Data(#"{"token":"x"}"#.utf8), 400, "payload_missing"),
@@ -108,6 +112,9 @@ import Testing
                 ("wrong aud", try signed(TestAppleKeys.claims(audience: "com.other.app")), 401, "wrong_audience"),
                 ("expired", try signed(TestAppleKeys.claims(expires: Date().addingTimeInterval(-3600))), 401, "expired"),
                 ("events missing", try signed(["iss": "https://appleid.apple.com", "aud": "com.example.app", "jti": "x"]), 400, "events_missing"),
+                // Its milliseconds overflow Int64: this trapped the committer thread and took the process down.
+                ("event_time 1e19", try signed(farFuture), 400, "events_malformed"),
+                ("exp not a number", try signed(textExp), 400, "claim_malformed"),
             ]
             for (name, body, status, code) in cases {
                 let (gotStatus, gotBody) = try await post(body)
@@ -156,16 +163,31 @@ import Testing
             let newKid = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "rotated-2", with: rotated))
             #expect(try await HTTP.request("POST", path, body: newKid).status == 200)
 
-            // Kids Apple does not have: 401, and a burst of them refetches at most once per interval.
-            let before = keys.fetchCount
+            // A kid Apple does not have, once the interval has passed: refetched, then 401.
+            try await Task.sleep(for: .milliseconds(1100))
+            var before = keys.fetchCount
+            let absent = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "absent-1", with: rotated))
+            let (absentStatus, absentBody) = try await HTTP.request("POST", path, body: absent)
+            #expect(absentStatus == 401 && absentBody.contains("unknown_kid"), "\(absentStatus) \(absentBody)")
+            #expect(keys.fetchCount == before + 1)
+
+            // A burst of them refetches at most once per interval; one the rate limit kept from
+            // asking Apple is 503 (we do not know), never 401.
+            before = keys.fetchCount
             let started = ContinuousClock.now
+            var refused = 0
             for _ in 0..<20 {
                 let forged = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "nope-\(UUID())", with: rotated))
                 let (status, body) = try await HTTP.request("POST", path, body: forged)
-                #expect(status == 401 && body.contains("unknown_kid"), "\(status) \(body)")
+                #expect(
+                    (status == 401 && body.contains("unknown_kid")) || (status == 503 && body.contains("keys_unavailable")),
+                    "\(status) \(body)")
+                if status == 401 { refused += 1 }
             }
+            let fetches = keys.fetchCount - before
             let allowed = 1 + Int((ContinuousClock.now - started).seconds)
-            #expect(keys.fetchCount - before <= allowed, "\(keys.fetchCount - before) fetches for 20 forged kids")
+            #expect(fetches <= allowed, "\(fetches) fetches for 20 forged kids")
+            #expect(refused <= fetches, "\(refused) answered 401 after \(fetches) refetches")
 
             // Apple's key endpoint down: cached keys keep verifying; an unseen kid is 503, not 401.
             keys.setUp(false)
@@ -174,6 +196,25 @@ import Testing
             let unseen = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "unseen-3", with: rotated))
             let (status, body) = try await HTTP.request("POST", path, body: unseen)
             #expect(status == 503 && body.contains("keys_unavailable"), "\(status) \(body)")
+        }
+    }
+
+    @Test func unknownKeyWithTheRefetchRateLimitedIs503() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            // The fetch at start-up is the last one for an hour.
+            let (receiver, base) = try await Self.startReceiver(
+                databaseURL: database.url, keys: keys, extra: ["SIWA_JWKS_REFETCH_INTERVAL": "3600"])
+            defer { Task { await receiver.stop() } }
+            let rotated = try RSA.PrivateKey.generate()
+            keys.publish([(keys.keyID, keys.signingKey.publicKey), ("rotated-2", rotated.publicKey)])
+            let before = keys.fetchCount
+            // Apple may well have this key now; without asking, 401 would refuse a real notification.
+            let newKid = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), keyID: "rotated-2", with: rotated))
+            let (status, body) = try await HTTP.request("POST", base + "/apple/notifications", body: newKid)
+            #expect(status == 503 && body == #"{"error":"keys_unavailable"}"#, "\(status) \(body)")
+            #expect(keys.fetchCount == before)
         }
     }
 

@@ -62,6 +62,27 @@ struct NotificationVerifierTests {
         for (body, expected) in cases { #expect(Self.verify(body) == expected) }
     }
 
+    /// Signed values the decoder must refuse rather than trap on or skip: an `event_time` of 1e19
+    /// (whose milliseconds overflow Int64), an `exp` that is not a number (read as "absent", it
+    /// skipped the expiry check), a `crit` header (RFC 7515: refuse what we do not understand).
+    @Test func signedButUnusableValuesAre400() throws {
+        var farFuture = Self.claims
+        farFuture["events"] = #"{"type":"consent-revoked","sub":"s1","event_time":1e19}"#
+        var textExp = Self.claims
+        textExp["exp"] = "tomorrow"
+        var hugeExp = Self.claims
+        hugeExp["exp"] = 1e300
+        #expect(Self.verify(try Self.body(farFuture)) == "400 events_malformed")
+        #expect(Self.verify(try Self.body(textExp)) == "400 claim_malformed")
+        #expect(Self.verify(try Self.body(hugeExp)) == "400 claim_malformed")
+
+        let payload = try JSONSerialization.data(withJSONObject: Self.claims, options: [.sortedKeys])
+        let critical = try JWTSigner.compact(
+            header: Array(#"{"alg":"RS256","crit":["exp"],"exp":1,"kid":"k1"}"#.utf8), payload: Array(payload)
+        ) { try Self.key.rs256Signature(for: $0) }
+        #expect(Self.verify(Array(#"{"payload":"\#(critical)"}"#.utf8)) == "400 jws_malformed")
+    }
+
     /// The fuzz seeds (signed with the fuzz target's own key, so here mostly 401): none traps.
     @Test func fuzzCorpusReplaysWithoutTrapping() throws {
         let folder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

@@ -62,6 +62,33 @@ import Testing
         }
     }
 
+    /// Client secrets and refresh tokens go to SIWA_APPLE_BASE_URL: clear text only on this machine.
+    @Test func appleBaseURLTakesHTTPOnlyForLoopback() throws {
+        func accepts(_ url: String) -> Bool {
+            let source = try? ConfigurationSource(arguments: [], environment: ["SIWA_APPLE_BASE_URL": url])
+            return source.flatMap { try? CommonSettings.appleBaseURL($0) } != nil
+        }
+        for url in ["https://appleid.apple.com", "http://127.0.0.1:9000", "http://127.8.9.10", "http://localhost:1", "http://[::1]:8"] {
+            #expect(accepts(url), "\(url)")
+        }
+        for url in ["http://appleid.apple.com", "http://10.0.0.1:80", "http://127.0.0.1.evil.example", "http://0.0.0.0:1", "ftp://x"] {
+            #expect(!accepts(url), "\(url)")
+        }
+    }
+
+    @Test func durationsParseAndHugeOnesAreRefusedNotTrapped() throws {
+        #expect(ConfigurationSource.parseDuration("500ms") == .milliseconds(500))
+        #expect(ConfigurationSource.parseDuration("5s") == .seconds(5))
+        #expect(ConfigurationSource.parseDuration("2m") == .seconds(120))
+        #expect(ConfigurationSource.parseDuration("1.5") == .milliseconds(1500))
+        // Counted in Int64 milliseconds, 1e300 seconds trapped the process at start.
+        #expect(ConfigurationSource.parseDuration("1e300s") == nil)
+        let source = try ConfigurationSource(arguments: [], environment: ["SIWA_RECEIVER_COMMIT_TIMEOUT": "1e300"])
+        #expect(throws: ConfigurationError.self) {
+            try source.duration("SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
+        }
+    }
+
     @Test(arguments: ["8080", "host:", ":80", "h:99999", "h:-1"])
     func badListenAddressesAreRejected(text: String) {
         #expect(ListenAddress(text) == nil)

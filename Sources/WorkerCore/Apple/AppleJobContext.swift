@@ -17,9 +17,9 @@ package struct AppleJobContext: Sendable {
     package var pauseInterval: Duration = .seconds(300)
     /// Authorization codes live five minutes at Apple.
     package var codeLifetime: TimeInterval = 300
-    /// How long a job's completion is retried through a database outage (the job lease: past it,
-    /// another run may own the job anyway).
-    package var completionRetryWindow: Duration = .seconds(60)
+    /// How long recording what Apple answered is retried through a database outage (a failover):
+    /// the default job lease, past which another run may own the job anyway.
+    package var recordRetryWindow: Duration = .seconds(60)
 
     package init(
         pool: PostgresPool, client: AppleAuthClient, tokenBox: TokenBox, identityVerifier: IdentityTokenVerifier,
@@ -30,47 +30,6 @@ package struct AppleJobContext: Sendable {
         self.tokenBox = tokenBox
         self.identityVerifier = identityVerifier
         self.metrics = metrics
-    }
-
-    /// Thrown inside a transaction when the fenced completion matched no row: roll back.
-    struct LeaseLost: Error {}
-
-    /// Completes `job` in the caller's transaction if it still holds the lease; throws `LeaseLost` if not.
-    func completeFenced(_ job: Job, outcome: String, on connection: PostgresConnection) async throws {
-        let updated = try await connection.execute(
-            """
-            UPDATE siwa.jobs SET state = 'completed', outcome = \(outcome), finalized_at = now(),
-                   locked_by = NULL, locked_until = NULL
-             WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-            """)
-        guard updated == 1 else { throw LeaseLost() }
-    }
-
-    /// Runs `body` in one transaction that ends with the fenced completion; a lost lease rolls it
-    /// back. Returns `.completedByHandler` either way, or `.failed` on a database error.
-    func commitWithCompletion(
-        _ job: Job, outcome: String, logger: Logger, _ body: @Sendable (PostgresConnection) async throws -> Void
-    ) async -> JobResult {
-        do {
-            // Apple has answered by now: a failover must not turn that answer into a second call. The
-            // transaction ends with the fenced completion, so running it again after a COMMIT whose
-            // answer was lost matches nothing and rolls back (LeaseLost).
-            try await retryingConnectionProblems(for: completionRetryWindow, operation: "complete job", logger: logger) {
-                try await pool.withConnection { connection in
-                    try await connection.withTransaction { connection in
-                        try await body(connection)
-                        try await completeFenced(job, outcome: outcome, on: connection)
-                    }
-                }
-            }
-            return .completedByHandler
-        } catch is LeaseLost {
-            logger.warning("job lease lost before completion; effect rolled back", metadata: ["job_id": .string(String(job.id))])
-            return .completedByHandler
-        } catch {
-            logger.warning("database error completing job", metadata: ["job_id": .string(String(job.id)), "error": "\(error)"])
-            return .failed(error: "database_error")
-        }
     }
 
     // MARK: Paused client IDs

@@ -1,5 +1,6 @@
 import AppleClient
 package import Foundation
+package import Logging
 package import SiwaCore
 
 /// What the Apple handlers need from configuration. Built from the same variables as the worker's
@@ -66,5 +67,16 @@ package struct AppleSettings: Sendable {
         do { _ = try TokenBox(configuration: tokenKeys) } catch {
             throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "\(error)".replacingOccurrences(of: "SIWA_TOKEN_KEYS: ", with: ""))
         }
+    }
+
+    /// Warns when the `.p8` can be read by anyone but its owner: the key signs for the whole team.
+    /// A warning, not a refusal: some secret stores hand keys over with group read on purpose.
+    package func warnIfKeyFileIsShared(logger: Logger) {
+        guard let mode = (try? FileManager.default.attributesOfItem(atPath: privateKeyPEMPath))?[.posixPermissions] as? Int,
+            mode & 0o044 != 0
+        else { return }
+        logger.warning(
+            "SIWA_PRIVATE_KEY_FILE is readable by group or others; make it 0600 (or 0400) and owned by the worker's user",
+            metadata: ["file": .string(privateKeyPEMPath), "mode": .string(String(mode & 0o777, radix: 8))])
     }
 }

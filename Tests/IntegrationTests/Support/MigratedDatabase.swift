@@ -10,12 +10,17 @@ struct MigratedDatabase: Sendable {
     let url: String
     private let adminURL: String
 
-    static func make() async throws -> MigratedDatabase {
+    /// `migrated: false` leaves it empty (a receiver started before `siwa migrate`).
+    static func make(migrated: Bool = true) async throws -> MigratedDatabase {
         let base = try await TestDatabase.shared.baseURL()
         let template = try await TestDatabase.shared.migratedTemplate()
         let name = "test_" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         let admin = try await PostgresConnection.connect(to: base, logger: TestDatabase.logger)
         defer { admin.close() }
+        if !migrated {
+            try await admin.simpleQuery("CREATE DATABASE \(name)")
+            return MigratedDatabase(name: name, url: Self.url(base, database: name), adminURL: base)
+        }
         try await admin.simpleQuery("CREATE DATABASE \(name) TEMPLATE \(template)")
         return MigratedDatabase(name: name, url: Self.url(base, database: name), adminURL: base)
     }
@@ -48,9 +53,9 @@ struct MigratedDatabase: Sendable {
     }
 }
 
-/// Runs `body` against a fresh migrated database and drops it afterwards.
-func withMigratedDatabase<T>(_ body: (MigratedDatabase) async throws -> T) async throws -> T {
-    let database = try await MigratedDatabase.make()
+/// Runs `body` against a fresh migrated (or, with `migrated: false`, empty) database and drops it afterwards.
+func withMigratedDatabase<T>(migrated: Bool = true, _ body: (MigratedDatabase) async throws -> T) async throws -> T {
+    let database = try await MigratedDatabase.make(migrated: migrated)
     do {
         let value = try await body(database)
         await database.drop()
