@@ -66,6 +66,7 @@ extension FakeApple {
             if state.refreshTokens[token]?.clientID == clientID {
                 state.refreshTokens[token]?.revoked = true
                 state.refreshTokens[token]?.revokedByClient = true
+                state.refreshTokens[token]?.revokeCalls += 1
             }
         }
         return (HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: []), true)

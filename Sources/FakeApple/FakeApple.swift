@@ -23,7 +23,7 @@ import Locking
 /// - `POST /fake/identity-tokens` `{client_id, sub, nonce, email?, is_private_email?}` →
 ///   `{"identity_token": ..., "authorization_code": ...}` (sign-in, as the device receives it).
 /// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys"|"usermigrationinfo", responses: [503, "timeout",
-///   "invalid_client", "bad_signature", ...], retry_after: 2}`: consumed one per call.
+///   "invalid_client", "bad_signature", "slow", ...], retry_after: 2}`: consumed one per call.
 /// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
 /// - `GET /fake/signing-key`: `{"kid": ..., "pem": ...}`, the private key (fake only).
 package final class FakeApple: Sendable {
@@ -36,7 +36,8 @@ package final class FakeApple: Sendable {
         package var teamID: String?
         /// How long an authorization code stays valid.
         package var codeLifetime: TimeInterval
-        /// How long an injected `timeout` holds the request before answering 504.
+        /// How long an injected `timeout` holds the request before answering 504 (and `slow` before
+        /// its real answer).
         package var hangDuration: Duration
         /// Key id of the signing key.
         package var keyID: String
@@ -219,6 +220,11 @@ package final class FakeApple: Sendable {
     /// Whether a refresh token was revoked (nil: never issued or registered).
     package func isRevoked(refreshToken: String) -> Bool? { state.withLock { $0.refreshTokens[refreshToken]?.revoked } }
 
+    /// How many authenticated revoke calls named this token (nil: never issued or registered).
+    package func revokeCalls(refreshToken: String) -> Int? {
+        state.withLock { $0.refreshTokens[refreshToken]?.revokeCalls }
+    }
+
     /// The refresh tokens issued for `(clientID, sub)`. Tests use it to compare with what was stored.
     package func refreshTokens(clientID: String, sub: String) -> [String] {
         state.withLock { $0.refreshTokens.filter { $0.value.clientID == clientID && $0.value.sub == sub }.map(\.key) }
@@ -307,6 +313,14 @@ package final class FakeApple: Sendable {
         case (.badSignature, _)?:
             (response, validSecret) = body()
             if response.status == 200 { response = resign(response) }
+        case (.slow, _)?:
+            (response, validSecret) = body()
+            record(
+                endpoint: endpoint, clientID: clientID, grantType: grantType, status: response.status,
+                error: Self.errorCode(of: response), validSecret: validSecret)
+            let delayed = response
+            DispatchQueue.global().asyncAfter(deadline: .now() + configuration.hangDuration.seconds) { respond(delayed) }
+            return
         case (.timeout, _)?:
             record(endpoint: endpoint, clientID: clientID, grantType: grantType, status: 0, error: "timeout", validSecret: false)
             let hang = configuration.hangDuration

@@ -46,8 +46,11 @@ package enum FakeAppleFailure: Sendable, Equatable {
     case oauthError(String)
     /// 200 with an `id_token` signed by a key Apple never published (token endpoint only).
     case badSignature
+    /// The real answer (the call takes effect at once), sent only after the hang duration: a reply
+    /// that arrives while the caller's database is away.
+    case slow
 
-    /// Parses `503`, `"timeout"`, `"invalid_client"`, `"bad_signature"`.
+    /// Parses `503`, `"timeout"`, `"invalid_client"`, `"bad_signature"`, `"slow"`.
     package init?(json value: Any) {
         if let number = value as? Int {
             self = .status(number)
@@ -55,6 +58,7 @@ package enum FakeAppleFailure: Sendable, Equatable {
             switch text {
             case "timeout": self = .timeout
             case "bad_signature": self = .badSignature
+            case "slow": self = .slow
             default:
                 if let number = Int(text) { self = .status(number) } else { self = .oauthError(text) }
             }
@@ -84,6 +88,8 @@ struct FakeAppleState {
         var issuedAt = Date()
         /// The authorization code it was issued for (nil: registered by a test).
         var code: String?
+        /// Revoke calls that named this token (Apple answers each with 200; tests count repeats).
+        var revokeCalls = 0
     }
 
     struct Injected {

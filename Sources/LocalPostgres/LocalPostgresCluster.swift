@@ -45,8 +45,8 @@ package final class LocalPostgresCluster: Sendable {
     package let port: Int
     package let database: String
     package let options: Options
-    private let user: String?
-    private let logger: Logger
+    let user: String?
+    let logger: Logger
     private let state = Locked(State())
 
     private struct State {
@@ -60,7 +60,7 @@ package final class LocalPostgresCluster: Sendable {
     package var conninfo: String { "host=127.0.0.1 port=\(port) user=postgres dbname=\(database)" }
     package var isRunning: Bool { state.withLock { $0.running } }
 
-    private init(
+    init(
         binDirectory: String, directory: String, port: Int, user: String?, options: Options, logger: Logger
     ) {
         self.binDirectory = binDirectory
@@ -143,13 +143,21 @@ package final class LocalPostgresCluster: Sendable {
         logger.debug("local postgres running", metadata: ["db.port": .int(port)])
     }
 
-    /// `pg_ctl stop -m fast`: disconnects clients and shuts down (for restart tests).
-    package func stop() async throws {
+    /// How `stop(mode:)` ends the server (`pg_ctl stop -m`).
+    package enum StopMode: String, Sendable {
+        /// Disconnects clients, checkpoints and shuts down (restart tests).
+        case fast
+        /// Kills every server process at once, as a crash or a lost machine would (failover tests).
+        case immediate
+    }
+
+    /// `pg_ctl stop`, `fast` unless told otherwise.
+    package func stop(mode: StopMode = .fast) async throws {
         try await server(
-            "pg_ctl", ["-D", dataDirectory, "-m", "fast", "-w", "-t", String(timeoutSeconds), "stop"],
+            "pg_ctl", ["-D", dataDirectory, "-m", mode.rawValue, "-w", "-t", String(timeoutSeconds), "stop"],
             failure: "the PostgreSQL server did not stop")
         state.withLock { $0.running = false }
-        logger.debug("local postgres stopped", metadata: ["db.port": .int(port)])
+        logger.debug("local postgres stopped", metadata: ["db.port": .int(port), "db.stop_mode": .string(mode.rawValue)])
     }
 
     package func restart() async throws {
@@ -185,7 +193,7 @@ package final class LocalPostgresCluster: Sendable {
 
     // MARK: Steps
 
-    private var timeoutSeconds: Int { max(1, Int(options.timeout / .seconds(1))) }
+    var timeoutSeconds: Int { max(1, Int(options.timeout / .seconds(1))) }
 
     private func initialize() async throws {
         try await server(
@@ -200,6 +208,11 @@ package final class LocalPostgresCluster: Sendable {
             ("full_page_writes", options.fsync ? "on" : "off"), ("logging_collector", "off"),
         ]
         settings += options.settings.sorted { $0.key < $1.key }
+        try appendSettings(settings)
+    }
+
+    /// Appends to `postgresql.conf`; a later line for the same name wins.
+    func appendSettings(_ settings: [(String, String)]) throws {
         var text = "\n# siwa LocalPostgresCluster\n"
         for (name, value) in settings {
             text += "\(name) = '\(value.replacing("'", with: "''"))'\n"
@@ -213,7 +226,7 @@ package final class LocalPostgresCluster: Sendable {
     }
 
     /// Runs a server program (as the server user when we are root).
-    private func server(_ program: String, _ arguments: [String], failure: String) async throws {
+    func server(_ program: String, _ arguments: [String], failure: String) async throws {
         let process = ChildProcess(
             executable: binDirectory + "/" + program, arguments: arguments, user: user, directory: directory)
         let outcome = try await process.run(timeout: options.timeout + .seconds(10))
@@ -224,13 +237,15 @@ package final class LocalPostgresCluster: Sendable {
         }
     }
 
-    /// Runs a client program as the current user.
-    private func client(_ program: String, _ arguments: [String]) async throws {
+    /// Runs a client program as the current user; returns its output.
+    @discardableResult
+    func client(_ program: String, _ arguments: [String]) async throws -> String {
         let outcome = try await ChildProcess(executable: binDirectory + "/" + program, arguments: arguments)
             .run(timeout: .seconds(30))
         guard outcome.exitCode == 0 else {
             throw LocalPostgresError("\(program) failed (exit code \(outcome.exitCode))", output: outcome.output)
         }
+        return outcome.output
     }
 
     private func markDestroyed() -> Bool {

@@ -108,6 +108,12 @@ extension PostgresConnection {
                 logger.debug(
                     "postgres connection lost",
                     metadata: ["db.sqlstate": .string(error.sqlState ?? ""), "db.error": .string(error.message)])
+            } else if error.isConnectionProblem {
+                // Still connected, but to a server that is shutting down or cannot write (a standby):
+                // only a new session can reach the primary.
+                state.withLock { if $0.status == .ok { $0.status = .bad } }
+                logger.debug(
+                    "postgres session needs a new connection", metadata: ["db.sqlstate": .string(error.sqlState ?? "")])
             }
             throw error
         }
@@ -135,10 +141,15 @@ extension PostgresConnection {
         _ = try Self.simple(setupSQL, on: connection)
         let cancel = CancelObject(PQgetCancel(connection))
         let pid = PQbackendPID(connection)
+        // With a multi-host URL this is the host that accepted the session (the primary, with
+        // target_session_attrs=read-write).
+        let server = (PQhost(connection).map { String(cString: $0) } ?? "") + ":"
+            + (PQport(connection).map { String(cString: $0) } ?? "")
         state.withLock { state in
             if let old = state.cancel { PQfreeCancel(old) }
             state.cancel = cancel.pointer
             state.backendPID = pid
+            state.server = server
             if state.status != .closed { state.status = .ok }
         }
     }
@@ -168,7 +179,7 @@ extension PostgresConnection {
     }
 
     func resetIfBrokenOnQueue(_ connection: OpaquePointer) throws(PostgresError) -> Bool {
-        if Self.probe(connection) { return false }
+        if state.withLock({ $0.status == .ok }), Self.probe(connection) { return false }
         state.withLock { if $0.status == .ok { $0.status = .bad } }
         logger.debug("postgres connection reset")
         PQreset(connection)

@@ -32,6 +32,8 @@ package final class PostgresConnection: Sendable {
     struct State {
         var status: Status = .ok
         var backendPID: Int32 = 0
+        /// `host:port` of the server this session is on.
+        var server = ""
         /// libpq cancel object for the current backend (thread-safe to use; freed here).
         var cancel: OpaquePointer?
         var running: UInt64?
@@ -120,6 +122,9 @@ package final class PostgresConnection: Sendable {
     package var isUsable: Bool { status == .ok }
     /// The server process id of this session (changes after a reset).
     package var backendPID: Int32 { state.withLock { $0.backendPID } }
+    /// `host:port` of the server this session is on: which host of a multi-host URL accepted it.
+    /// An address, never a credential, so it may be logged.
+    package var server: String { state.withLock { $0.server } }
 
     /// Closes the connection after any call already queued. Later calls throw `connectionClosed`.
     package func close() {

@@ -67,12 +67,15 @@ package struct PostgresError: Error, Sendable, CustomStringConvertible, CustomDe
     /// 23505 `unique_violation`.
     package var isUniqueViolation: Bool { sqlState == "23505" }
 
-    /// The connection is (or may be) gone: SQLSTATE class 08, 57P01 `admin_shutdown`,
-    /// 57P02 `crash_shutdown`, 57P03 `cannot_connect_now`, or a connection-level code.
+    /// The connection is (or may be) gone, or is to a server that cannot take writes: SQLSTATE class
+    /// 08, 57P01 `admin_shutdown`, 57P02 `crash_shutdown`, 57P03 `cannot_connect_now`, 25006
+    /// `read_only_sql_transaction` (a standby, e.g. behind a proxy that has not followed a failover
+    /// yet), or a connection-level code. A new session may succeed where this one failed.
     package var isConnectionProblem: Bool {
         if code == .connectionFailed || code == .connectionLost || code == .connectionClosed { return true }
         guard let sqlState else { return false }
         return sqlState.hasPrefix("08") || sqlState == "57P01" || sqlState == "57P02" || sqlState == "57P03"
+            || sqlState == "25006"
     }
 
     /// Codes whose `message` comes from libpq or from us and never quotes data.

@@ -81,6 +81,8 @@ package final class NotificationStore: Sendable {
         /// Until `start()` nothing would ever commit: refuse rather than queue forever.
         var running = false
         var databaseDownUntil: ContinuousClock.Instant?
+        /// Since the first failed commit or connect of an outage that is not over yet.
+        var outageStarted: ContinuousClock.Instant?
         /// The last commit or connect succeeded (false from the first failure until the next success).
         var healthy = false
         /// `siwa.notifications` exists (checked at connect and by the idle probe).
@@ -328,6 +330,9 @@ package final class NotificationStore: Sendable {
         }
     }
 
+    /// Opens a session on the writable host: with a multi-host URL and
+    /// `target_session_attrs=read-write`, libpq tries each host in turn, so after a failover this finds
+    /// the promoted standby. Logs the start and the end of an outage once each, not every retry.
     private func connect() -> PostgresConnection? {
         do {
             // The server bounds every statement too, so a commit the watchdog gave up on ends
@@ -337,17 +342,35 @@ package final class NotificationStore: Sendable {
                 limits: SessionLimits(statementTimeout: options.commitTimeout, lockTimeout: options.commitTimeout),
                 logger: logger)
             let writability = checkWritable(on: connection)
-            state.withLock { state in
+            let outageStarted = state.withLock { state -> ContinuousClock.Instant? in
                 state.databaseDownUntil = nil
                 state.healthy = writability == .writable
                 state.schemaReady = writability != .unmigrated
+                guard writability == .writable else { return nil }
+                defer { state.outageStarted = nil }
+                return state.outageStarted
+            }
+            if let outageStarted {
+                logger.info(
+                    "database reachable again; committing",
+                    metadata: [
+                        "db.server": .string(connection.server),
+                        "outage_ms": .int(Int((ContinuousClock.now - outageStarted) / .milliseconds(1))),
+                    ])
             }
             return connection
         } catch {
-            logger.error("database unreachable; answering 503 until it is back", metadata: Self.metadata(error))
-            state.withLock { state in
+            let firstFailure = state.withLock { state in
                 state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
                 state.healthy = false
+                guard state.outageStarted == nil else { return false }
+                state.outageStarted = .now
+                return true
+            }
+            if firstFailure {
+                logger.error("database unreachable; answering 503 until it is back", metadata: Self.metadata(error))
+            } else {
+                logger.debug("database still unreachable", metadata: Self.metadata(error))
             }
             return nil
         }
@@ -454,7 +477,10 @@ package final class NotificationStore: Sendable {
             metrics?.failures.increment()
             state.withLock { state in
                 state.healthy = false
-                if broken { state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff }
+                if broken {
+                    state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
+                    if state.outageStarted == nil { state.outageStarted = .now }
+                }
                 if Self.meansSchemaMissing(error) { state.schemaReady = false }
             }
             for item in batch { item.answer(.rejected(.databaseUnavailable)) }

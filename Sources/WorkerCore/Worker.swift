@@ -33,6 +33,9 @@ package final class Worker: Sendable {
     /// Retention runs in one worker at a time (transaction-scoped advisory lock).
     static let retentionLockKey: Int64 = 0x5_1_1A_0002
 
+    /// Between tries while no database is writable: short, since a failover takes seconds.
+    static let databaseBackoff = RetryPolicy(base: .milliseconds(100), cap: .seconds(2))
+
     private struct State {
         var stopping = false
         var inFlight: [Int64: Job] = [:]
@@ -137,6 +140,7 @@ package final class Worker: Sendable {
     /// it announces full batches (at least one), and the Apple-calling loop.
     private func listenLoop() async {
         var connection: PostgresConnection?
+        var failures = 0
         while !stopping {
             do {
                 if connection == nil {
@@ -145,6 +149,10 @@ package final class Worker: Sendable {
                         limits: configuration.sessionLimits, logger: logger)
                     try await fresh.listen("siwa_jobs")
                     connection = fresh
+                    if failures > 0 {
+                        logger.info("siwa-worker listening again", metadata: ["db.server": .string(fresh.server)])
+                    }
+                    failures = 0
                     notificationBell.ring()  // anything queued while we were not listening
                     callBell.ring()
                     webhooks?.wake()
@@ -159,7 +167,11 @@ package final class Worker: Sendable {
                     webhooks?.wake()
                 }
             } catch {
-                logger.warning("siwa-worker listen connection failed; polling meanwhile", metadata: ["error": "\(error)"])
+                // A NOTIFY sent while we reconnect is missed; the poll picks its job up.
+                failures += 1
+                if failures == 1 {
+                    logger.warning("siwa-worker listen connection failed; polling meanwhile", metadata: ["error": "\(error)"])
+                }
                 connection?.close()
                 connection = nil
                 await maintenanceBellFreeSleep(.seconds(1))
@@ -200,14 +212,28 @@ package final class Worker: Sendable {
                     claimed = results.count
                     if claimed == batch { notificationBell.ring() }
                     record(results)
+                    if failures > 0 {
+                        logger.info("siwa-worker: database available again", metadata: ["failed_batches": .int(failures)])
+                    }
                     failures = 0
                 } while claimed == batch && !stopping
             } catch {
                 failures += 1
                 metrics.batchFailures.increment()
-                logger.error(
-                    "siwa-worker notification batch failed", metadata: ["kind": "notification", "error": "\(error)"])
-                await maintenanceBellFreeSleep(policy.delay(afterFailures: min(failures, 5)) + .milliseconds(100))
+                if error.isPostgresConnectionProblem {
+                    // No writable database (a restart, a failover): say so once, then try again
+                    // soon, so the new primary's backlog starts draining within seconds.
+                    if failures == 1 {
+                        logger.error(
+                            "siwa-worker: database unavailable; retrying with backoff (at most 2 s apart)",
+                            metadata: ["kind": "notification", "error": "\(error)"])
+                    }
+                    await maintenanceBellFreeSleep(Self.databaseBackoff.delay(afterFailures: failures) + .milliseconds(50))
+                } else {
+                    logger.error(
+                        "siwa-worker notification batch failed", metadata: ["kind": "notification", "error": "\(error)"])
+                    await maintenanceBellFreeSleep(policy.delay(afterFailures: min(failures, 5)) + .milliseconds(100))
+                }
                 continue
             }
             if stopping { break }
@@ -303,7 +329,13 @@ package final class Worker: Sendable {
             action = JobLifecycle.unhandled(job)
         }
         do {
-            if try await queue.apply(action, to: job) {
+            // The handler's work is done (an Apple call may have been made): keep the result through a
+            // failover rather than let the lease expire and the call run again. Within the lease the
+            // job stays ours; the write is fenced, so repeating it is harmless.
+            let recorded = try await retryingConnectionProblems(
+                for: configuration.jobLease, operation: "record job result", logger: jobLogger
+            ) { try await queue.apply(action, to: job) }
+            if recorded {
                 metrics.count(action, kind: job.kind)
                 switch action {
                 case .retry(let error, let delay):

@@ -69,7 +69,7 @@ import Testing
     @Test func classification() {
         #expect(PostgresError(.queryFailed, message: "", sqlState: "23505").isUniqueViolation)
         #expect(!PostgresError(.queryFailed, message: "", sqlState: "23503").isUniqueViolation)
-        for state in ["08006", "08001", "57P01", "57P02", "57P03"] {
+        for state in ["08006", "08001", "57P01", "57P02", "57P03", "25006"] {
             #expect(PostgresError(.queryFailed, message: "", sqlState: state).isConnectionProblem, "\(state)")
         }
         #expect(!PostgresError(.queryFailed, message: "", sqlState: "57014").isConnectionProblem)

@@ -121,6 +121,14 @@ import Testing
         #expect(throws: ConfigurationError.self) { try CommonSettings.databaseURL(bad) }
         let good = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "host=/tmp dbname=x"])
         #expect(try CommonSettings.databaseURL(good) == "host=/tmp dbname=x")
+        // libpq's multi-host forms pass through unchanged (the failover contract).
+        for url in [
+            "postgresql://u@db1:5432,db2:5432/siwa?target_session_attrs=read-write",
+            "host=db1,db2 port=5432,5432 dbname=siwa target_session_attrs=read-write",
+        ] {
+            let multiHost = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": url])
+            #expect(try CommonSettings.databaseURL(multiHost) == url)
+        }
     }
 }
 

@@ -17,6 +17,9 @@ package struct AppleJobContext: Sendable {
     package var pauseInterval: Duration = .seconds(300)
     /// Authorization codes live five minutes at Apple.
     package var codeLifetime: TimeInterval = 300
+    /// How long recording what Apple answered is retried through a database outage (a failover):
+    /// the default job lease, past which another run may own the job anyway.
+    package var recordRetryWindow: Duration = .seconds(60)
 
     package init(
         pool: PostgresPool, client: AppleAuthClient, tokenBox: TokenBox, identityVerifier: IdentityTokenVerifier,

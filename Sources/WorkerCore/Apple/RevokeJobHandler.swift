@@ -87,8 +87,15 @@ package struct RevokeJobHandler: JobHandler {
             // invalid_grant: the token is already dead at Apple, which is what a revoke wants.
             await context.resume(clientID: job.clientID, logger: logger)
             do {
-                _ = try await context.pool.withConnection { connection in
-                    try await connection.query("SELECT siwa.revoke_succeeded(\(job.id), \(stored))")
+                // A failover must not turn Apple's answer into a second call: recording is
+                // idempotent (the token is removed once), so it is retried on a new connection,
+                // which finds the promoted standby.
+                _ = try await retryingConnectionProblems(
+                    for: context.recordRetryWindow, operation: "record revoke", logger: logger
+                ) {
+                    try await context.pool.withConnection { connection in
+                        try await connection.query("SELECT siwa.revoke_succeeded(\(job.id), \(stored))")
+                    }
                 }
             } catch {
                 // Revoked at Apple but not recorded: the next run revokes it again (Apple answers 200).

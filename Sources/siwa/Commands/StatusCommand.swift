@@ -50,6 +50,7 @@ struct StatusReport {
     /// The registered webhook endpoint (nil: webhooks off) and the delivery backlog.
     var webhookRegistration: WebhookQueue.Registration?
     var webhookBacklog: WebhookQueue.Backlog
+    var replication: ReplicationStatus
 
     var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
 
@@ -133,7 +134,8 @@ struct StatusReport {
                     nextProbeAt: try row.decode(Date.self, column: "next_probe_at"))
             },
             notificationsLastHour: try received.decode(Int.self, column: "n"),
-            rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog)
+            rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog,
+            replication: try await ReplicationStatus.load(connection))
     }
 
     // MARK: Rendering
@@ -176,6 +178,7 @@ struct StatusReport {
         }
         facts.append(["rejected, last hour", rejectedText])
         facts += webhookFacts
+        facts.append(["replication", replication.summary])
         out += CLI.table(facts)
         for client in pausedClients {
             out +=
@@ -254,6 +257,7 @@ struct StatusReport {
                 "rejected": rejected,
                 "rejected_by_reason": rejectionsLastHour,
             ] as [String: Any],
+            "replication": replication.jsonObject,
         ]
     }
 }

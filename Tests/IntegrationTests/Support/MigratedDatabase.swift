@@ -38,11 +38,15 @@ struct MigratedDatabase: Sendable {
         try? await admin.simpleQuery("DROP DATABASE IF EXISTS \(name) WITH (FORCE)")
     }
 
-    /// Replaces the database name in a `postgresql://` URI, or `dbname` in key=value conninfo.
+    /// Replaces the database name in a `postgresql://` URI, or `dbname` in key=value conninfo. The
+    /// URI's hosts may be libpq's comma-separated list (`h1:5432,h2:5432`), which URLComponents
+    /// cannot parse, so the path is found by hand: from the first `/` after the hosts to the `?`.
     static func url(_ base: String, database: String) -> String {
-        if base.contains("://"), var components = URLComponents(string: base) {
-            components.path = "/" + database
-            return components.string ?? base
+        if let scheme = base.range(of: "://") {
+            let rest = base[scheme.upperBound...]
+            let hostsEnd = rest.firstIndex { $0 == "/" || $0 == "?" } ?? rest.endIndex
+            let query = rest[hostsEnd...].firstIndex(of: "?").map { rest[$0...] } ?? ""
+            return base[..<hostsEnd] + "/" + database + query
         }
         let parts = base.split(separator: " ").filter { !$0.hasPrefix("dbname=") }
         return (parts + ["dbname=\(database)"]).joined(separator: " ")
