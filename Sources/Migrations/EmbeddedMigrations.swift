@@ -1917,14 +1917,13 @@ extension FunctionDefinitions {
                 body text, change_created_at timestamptz, claimed_at timestamptz
             )
             -- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
-            -- is planned again on every call).
-            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            -- is planned again on every call). Key-driven (the claim index in order, the account index for
+            -- the ordering check) whatever stale statistics say: a queue analyzed empty, then filled, must
+            -- not turn every claim into a scan of the backlog.
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
             #variable_conflict use_column
             BEGIN
-                -- The claim's commit need not wait for the disk: lost in a database crash, it only leaves the
-                -- job available, to be claimed and sent again (a crash mid-request, which receivers already
-                -- deduplicate). The result's commit (finish) stays synchronous. Saves one fsync per claim.
-                PERFORM set_config('synchronous_commit', 'off', true);
                 RETURN QUERY
                 WITH due AS (
                     SELECT j.id FROM siwa.jobs j
@@ -1961,7 +1960,8 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
                 p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
             ) RETURNS TABLE (job_id bigint, state text)
-            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
             #variable_conflict use_column
             BEGIN
                 RETURN QUERY
