@@ -2060,7 +2060,8 @@ extension FunctionDefinitions {
             $$;
 
             -- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
-            -- keys in the contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place
+            -- keys in the contract's order, created_at in RFC 3339 UTC with milliseconds (as /v1/changes
+            -- writes it). Built in one place
             -- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
             CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
             LANGUAGE sql STABLE AS $$
@@ -2071,7 +2072,7 @@ extension FunctionDefinitions {
                     || ',"change":' || coalesce(to_json(c.change)::text, 'null')
                     || ',"status":' || coalesce(to_json(c.status)::text, 'null')
                     || ',"reason":' || coalesce(to_json(c.reason)::text, 'null')
-                    || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"}'
+                    || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"}'
             $$;
 
             -- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
