@@ -2099,7 +2099,8 @@ extension FunctionDefinitions {
             $$;
 
             -- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
-            -- keys in the contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place
+            -- keys in the contract's order, created_at in RFC 3339 UTC with milliseconds (as /v1/changes
+            -- writes it). Built in one place
             -- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
             CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
             LANGUAGE sql STABLE AS $$
@@ -2110,7 +2111,7 @@ extension FunctionDefinitions {
                     || ',"change":' || coalesce(to_json(c.change)::text, 'null')
                     || ',"status":' || coalesce(to_json(c.status)::text, 'null')
                     || ',"reason":' || coalesce(to_json(c.reason)::text, 'null')
-                    || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"}'
+                    || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') || '"}'
             $$;
 
             -- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
@@ -2124,8 +2125,11 @@ extension FunctionDefinitions {
                 body text, change_created_at timestamptz, claimed_at timestamptz
             )
             -- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
-            -- is planned again on every call).
-            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            -- is planned again on every call). Key-driven (the claim index in order, the account index for
+            -- the ordering check) whatever stale statistics say: a queue analyzed empty, then filled, must
+            -- not turn every claim into a scan of the backlog.
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
             #variable_conflict use_column
             BEGIN
                 RETURN QUERY
@@ -2164,7 +2168,8 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
                 p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
             ) RETURNS TABLE (job_id bigint, state text)
-            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
             #variable_conflict use_column
             BEGIN
                 RETURN QUERY

@@ -119,8 +119,8 @@ burn_down() {  # burn_down WORKERS -> deliveries/s
 raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
     reset; queue "$changes"
     cat >"$PG_DIR/raw.sql" <<'SQL'
-SELECT coalesce(array_agg(job_id), '{}') AS ids, coalesce(array_agg(attempt::bigint), '{}') AS attempts
-  FROM siwa.claim_webhook_deliveries('pgbench', 32, 60) \gset
+SELECT coalesce(array_agg(c.job_id), '{}') AS ids, coalesce(array_agg(c.attempt::bigint), '{}') AS attempts
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS s, siwa.claim_webhook_deliveries('pgbench', 32, 60) AS c \gset
 SELECT count(*) FROM siwa.finish_webhook_deliveries(':ids'::bigint[], ':attempts'::bigint[],
     array_fill('completed'::text, ARRAY[cardinality(':ids'::bigint[])]),
     array_fill('delivered 204'::text, ARRAY[cardinality(':ids'::bigint[])]),

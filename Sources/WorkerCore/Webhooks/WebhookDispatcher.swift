@@ -141,9 +141,14 @@ package final class WebhookDispatcher: Sendable {
 
     private func claimLoop(group: inout DiscardingTaskGroup) async {
         var failures = 0
+        // With deliveries in flight, claim only once a quarter of the slots is free: one claim
+        // (and one result write) then carries many deliveries, instead of each freed slot costing
+        // a round trip of its own.
+        let refill = max(1, settings.concurrency / 4)
         while !stopping {
-            let free = settings.concurrency - state.withLock { $0.held.count }
-            if free > 0 {
+            let held = state.withLock { $0.held.count }
+            let free = settings.concurrency - held
+            if free > 0, held == 0 || free >= refill {
                 do {
                     let deliveries = try await queue.claim(worker: options.workerID, limit: free, lease: options.lease)
                     failures = 0
@@ -200,15 +205,18 @@ package final class WebhookDispatcher: Sendable {
     private func writeLoop() async {
         var failures = 0
         while true {
-            let (batch, closed) = state.withLock { state -> ([Finished], Bool) in
-                let batch = state.finished
-                state.finished = []
-                return (batch, state.closed)
-            }
+            var (batch, closed, sending) = takeFinished()
             if batch.isEmpty {
                 if closed { return }
                 await writeBell.wait(timeout: .milliseconds(250))
                 continue
+            }
+            if sending > 0 {
+                // Others of the same claim are about to answer: one write for them all (2 ms at most).
+                await writeBell.wait(timeout: .milliseconds(2))
+                let more = takeFinished()
+                batch += more.batch
+                closed = more.closed
             }
             do {
                 let states = try await queue.finish(batch.map { ($0.delivery, $0.finish) })
@@ -229,6 +237,16 @@ package final class WebhookDispatcher: Sendable {
                 if giveUp { return }  // shutdown: the leases expire and the deliveries run again
                 await sleepUnlessClosed(options.retryPolicy.delay(afterFailures: min(failures, 4)) + .milliseconds(100))
             }
+        }
+    }
+
+    /// The results waiting to be written, whether the dispatcher is closed, and how many held
+    /// deliveries are still being sent.
+    private func takeFinished() -> (batch: [Finished], closed: Bool, sending: Int) {
+        state.withLock { state in
+            let batch = state.finished
+            state.finished = []
+            return (batch, state.closed, state.held.count - batch.count)
         }
     }
 

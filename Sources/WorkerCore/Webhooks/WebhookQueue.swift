@@ -84,13 +84,18 @@ package struct WebhookQueue: Sendable {
         }
     }
 
+    /// The claim's commit does not wait for the disk (`synchronous_commit` off for its transaction
+    /// only): lost in a database crash, it just leaves the job available, to be claimed and sent again
+    /// (a crash mid-request, which receivers deduplicate). Results are written synchronously.
     package func claim(worker: String, limit: Int, lease: Duration) async throws -> [Delivery] {
         guard limit > 0 else { return [] }
         let rows = try await pool.withConnection { connection in
             try await connection.query(
                 """
-                SELECT job_id, attempt, change_id, failures, first_failed_at, body, change_created_at, claimed_at
-                  FROM siwa.claim_webhook_deliveries(\(worker)::text, \(limit)::integer, \(lease.seconds))
+                SELECT c.job_id, c.attempt, c.change_id, c.failures, c.first_failed_at, c.body, c.change_created_at,
+                       c.claimed_at
+                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,
+                       siwa.claim_webhook_deliveries(\(worker)::text, \(limit)::integer, \(lease.seconds)) AS c
                 """)
         }
         return try rows.map { row in
