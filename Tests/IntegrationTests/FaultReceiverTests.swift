@@ -55,6 +55,38 @@ struct FaultReceiverTests {
         }
     }
 
+    @Test func oneAddressCannotTakeMoreThanItsShareOfConnections() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                databaseURL: database.url, keys: keys,
+                extra: ["SIWA_RECEIVER_PER_ADDRESS_LIMIT": "4", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
+            defer { Task { await receiver.stop() } }
+            let port = UInt16(URL(string: base)!.port!)
+            // Four idle connections from 127.0.0.1 hold its share (the readiness poll's are closed).
+            try await Task.sleep(for: .milliseconds(200))
+            let held = try (0..<4).map { _ in try RawConnection(port: port) }
+            defer { held.forEach { $0.close() } }
+            for connection in held { connection.send(Array("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".utf8)) }
+            // A fifth is accepted by the kernel and closed by the server at once.
+            let fifth = try RawConnection(port: port)
+            defer { fifth.close() }
+            let deadline = ContinuousClock.now + .seconds(10)
+            while !fifth.isClosedByPeer(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(fifth.isClosedByPeer(), "a fifth connection from one address stayed open")
+            held.forEach { $0.close() }
+            // Freed: the address may connect again.
+            let again = ContinuousClock.now + .seconds(10)
+            var status = 0
+            while status != 200, ContinuousClock.now < again {
+                status = (try? await HTTP.request("GET", base + "/healthz").status) ?? 0
+                if status != 200 { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(status == 200)
+        }
+    }
+
     @Test func burstFarAboveCapacityShedsLoadAndStoresEvery200() async throws {
         try await withMigratedDatabase { database in
             let keys = try TestAppleKeys()

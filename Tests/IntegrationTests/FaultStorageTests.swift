@@ -122,7 +122,9 @@ struct FaultStorageTests {
             #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42501"), "\(receiver.log)")
             try await Self.waitForReadiness(base, 503, receiver: receiver)
 
-            try await admin.simpleQuery("GRANT INSERT ON siwa.notifications TO siwa_receiver")
+            // Back to what sql/006_hardening.sql grants.
+            try await admin.simpleQuery(
+                "GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws) ON siwa.notifications TO siwa_receiver")
             try await Self.waitForReadiness(base, 200, receiver: receiver)
             #expect(try await Self.post(keys, base).status == 200)
         }

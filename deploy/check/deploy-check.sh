@@ -101,6 +101,13 @@ for u in siwa-receiver.service siwa-worker@.service; do
     t=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s\{0,1\}$/\1/p' "$sd/$u")
     [[ -n $t && $t -gt 30 ]] && ok "$u: TimeoutStopSec=${t}s > 30 s grace" || fail "$u: TimeoutStopSec '$t' not above 30 s"
 done
+# Descriptors: the receiver holds one per connection; systemd's default soft limit (1024) is below
+# the default SIWA_RECEIVER_CONNECTION_LIMIT (2048).
+nofile=$(sed -n 's/^LimitNOFILE=\([0-9]*\)$/\1/p' "$sd/siwa-receiver.service")
+climit=$(sed -n 's/^#\{0,1\}SIWA_RECEIVER_CONNECTION_LIMIT=\([0-9]*\)$/\1/p' "$sd/siwa.env.example")
+[[ -n $nofile && -n $climit && $nofile -ge $((climit + 64)) ]] \
+    && ok "receiver: LimitNOFILE=$nofile covers SIWA_RECEIVER_CONNECTION_LIMIT=$climit" \
+    || fail "receiver: LimitNOFILE '$nofile' below SIWA_RECEIVER_CONNECTION_LIMIT '$climit' + 64"
 grep -qx 'ExecStart=/usr/local/bin/siwa migrate' "$sd/siwa-migrate.service" && grep -qx 'Type=oneshot' "$sd/siwa-migrate.service" \
     && ok "siwa-migrate: oneshot running /usr/local/bin/siwa migrate" || fail "siwa-migrate: ExecStart/Type"
 grep -qx 'ExecStart=/usr/local/bin/siwa-receiver' "$sd/siwa-receiver.service" && ok "receiver ExecStart" || fail "receiver ExecStart"

@@ -4,8 +4,10 @@
 -- A notification's job is written by the same statement that stores the notification, so the
 -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
 -- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
+-- It runs as its owner: the receiver's role may not write siwa.jobs itself (006_hardening.sql), so
+-- the only job it can cause is the one for a notification it stores.
 CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
     SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
@@ -16,7 +18,7 @@ $$;
 -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
 -- number of new jobs so a worker can size its claim.
 CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     queued bigint;
 BEGIN
@@ -32,7 +34,7 @@ $$;
 -- uniform in [0, min(cap, base * 2^(failures - 1))] seconds.
 CREATE OR REPLACE FUNCTION siwa.job_backoff(p_failures integer, p_base double precision, p_cap double precision)
 RETURNS interval
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
     SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
 $$;
 
@@ -52,6 +54,7 @@ LANGUAGE plpgsql
 -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
 -- stale statistics would suggest.
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ids bigint[];
