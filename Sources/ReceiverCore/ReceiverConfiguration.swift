@@ -23,9 +23,10 @@ package struct ReceiverConfiguration: Sendable {
     package var maxPending: Int
     package var connectionLimit: Int
     /// Open connections from one address at most, so one host's slow clients cannot take every
-    /// slot. Behind a proxy on this host every connection comes from it: raise this to
-    /// `connectionLimit` there and limit per client in the proxy (deploy/nginx/siwa.conf).
-    package var perAddressLimit: Int
+    /// slot; nil for none. Unset, it is 64 when listening on a routable address and none when
+    /// listening on loopback only: then a proxy on this host is every connection's address, and
+    /// the per-client limit is the proxy's (deploy/nginx/siwa.conf, `limit_conn`).
+    package var perAddressLimit: Int?
     /// Seconds a connection may stay idle (no bytes either way) before it is closed.
     package var connectionTimeout: Int
     /// Longest a notification waits on the database before it is answered 503 (CONTRACT.md,
@@ -55,8 +56,10 @@ package struct ReceiverConfiguration: Sendable {
         databaseConnections = try source.integer("SIWA_RECEIVER_DB_CONNECTIONS", default: 1, range: 1...64)
         maxPending = try source.integer("SIWA_RECEIVER_MAX_PENDING", default: 4096, range: 1...1_000_000)
         connectionLimit = try source.integer("SIWA_RECEIVER_CONNECTION_LIMIT", default: 2048, range: 1...100_000)
-        perAddressLimit = try source.integer(
-            "SIWA_RECEIVER_PER_ADDRESS_LIMIT", default: min(64, connectionLimit), range: 1...100_000)
+        let behindLocalProxy = CommonSettings.isLoopback(listen.host)
+        perAddressLimit =
+            try source.string("SIWA_RECEIVER_PER_ADDRESS_LIMIT") == nil && behindLocalProxy
+            ? nil : try source.integer("SIWA_RECEIVER_PER_ADDRESS_LIMIT", default: min(64, connectionLimit), range: 1...100_000)
         connectionTimeout = try source.integer("SIWA_RECEIVER_CONNECTION_TIMEOUT", default: 10, range: 1...3600)
         commitTimeout = try source.duration(
             "SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
