@@ -64,7 +64,12 @@ import WorkerCore
             #expect(changes == ["linked", "deletion_requested", "deleted"], "\(forFirst)")
             let linked = forFirst.first { $0["change"] as? String == "linked" }
             #expect(linked?["status"] as? String == "active")
-            #expect(linked?["app_user_id"] as? String == "user-\(sub)")
+            // The payload names the change; the app reads the rest (app_user_id, reason) from the row.
+            #expect(linked.map { Set($0.keys) } == ["id", "client_id", "sub", "change", "status"])
+            let linkedID = try #require((linked?["id"] as? NSNumber)?.int64Value)
+            #expect(
+                try await db.query("SELECT app_user_id FROM siwa.account_changes WHERE id = \(linkedID)")[0]
+                    .decode(String?.self, at: 0) == "user-\(sub)")
             #expect(linked?["client_id"] as? String == Self.clientID)
             #expect(forFirst.first { $0["change"] as? String == "deleted" }?["status"] as? String == "deleted")
             #expect(forFirst.allSatisfy { $0["id"] is NSNumber })

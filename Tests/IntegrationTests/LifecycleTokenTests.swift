@@ -98,7 +98,8 @@ import WorkerCore
                 "SELECT id, sub FROM siwa.jobs WHERE kind = 'reconcile' ORDER BY sub"
             ).map { (try $0.decode(Int64.self, column: "id"), try $0.decode(String.self, column: "sub")) }
             #expect(jobs.map(\.1) == ["001.fine", "001.quiet"])
-            #expect(try await h.run(jobs[0].0) == .completed(outcome: "token_valid"))
+            #expect(try await h.run(jobs[0].0) == .completedByHandler)
+            #expect(try await h.jobRow(jobs[0].0).outcome == "token_valid")
             #expect(try await h.run(jobs[1].0) == .completedByHandler)
 
             #expect(try await h.status("001.fine") == "active")

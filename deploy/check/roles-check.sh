@@ -119,10 +119,10 @@ before=$(privileges siwa)
 # A DBA re-running 003's grants re-runs 006 after them (006 narrows what 003 granted the receiver).
 if out=$(apply postgres siwa 003_roles.sql 006_hardening.sql); then ok "003 and 006 apply a second time"; else fail "003 and 006 twice: $out"; fi
 expect "003 and 006 twice leave the same privileges" "$(privileges siwa)" "$before"
-expect "link_account and request_deletion are SECURITY DEFINER with a fixed search_path" \
-    "$(q postgres siwa "SELECT string_agg(proname || ':' || prosecdef || ':' || array_to_string(proconfig, ';'), ',' ORDER BY proname)
-                       FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace AND proname IN ('link_account', 'request_deletion')")" \
-    "link_account:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp"
+expect "the app-facing functions are SECURITY DEFINER with a fixed search_path" \
+    "$(q postgres siwa "SELECT string_agg(proname || ':' || prosecdef || ':' || array_to_string(proconfig, ';'), ',' ORDER BY proname, pronargs)
+                       FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace AND proname IN ('account', 'link_account', 'request_deletion')")" \
+    "account:true:search_path=pg_catalog, pg_temp,link_account:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp"
 expect "every SECURITY DEFINER siwa function pins search_path" \
     "$(q postgres siwa "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
                        WHERE pronamespace = 'siwa'::regnamespace AND prosecdef
@@ -215,6 +215,11 @@ expect "link_account queued an exchange job" \
     "$(q postgres siwa "SELECT kind || '/' || priority FROM siwa.jobs WHERE id = ${link:-0}")" "exchange/0"
 expect "app reads account_changes (deletion_requested)" \
     "$(q app siwa "SELECT change FROM siwa.account_changes WHERE sub = 's2' ORDER BY id DESC LIMIT 1")" deletion_requested
+expect "app calls siwa.request_deletion with a code, same job" \
+    "$(q app siwa "SELECT siwa.request_deletion('com.example.app', 's2', 'c0de')")" "$del1"
+expect "app reads its account with siwa.account (no token)" \
+    "$(q app siwa "SELECT status || '/' || has_refresh_token FROM siwa.account('com.example.app', 's2')")" "pending_deletion/false"
+denied app siwa "call siwa.exchange_succeeded" "SELECT siwa.exchange_succeeded(1, '\\x00', NULL, NULL)"
 denied app siwa "SELECT siwa.accounts" "SELECT * FROM siwa.accounts"
 denied app siwa "UPDATE siwa.accounts" "UPDATE siwa.accounts SET status = 'active'"
 denied app siwa "SELECT siwa.jobs" "SELECT * FROM siwa.jobs"

@@ -1,7 +1,45 @@
--- The app's side of an account: linking, deletion, and the change feed every effect writes to.
+-- The account lifecycle: one state machine (siwa.account_next_status) and the entry points every
+-- path calls (the app's functions, the worker's exchange, revoke and reconcile handlers, the app
+-- API's sign-in). The Swift handlers only talk to Apple and hand the outcome to these functions.
+-- Notifications go through the same state machine in sql/functions/notifications.sql.
 -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+--
+-- Events: `linked` (an exchange or a sign-in), `late_link` (an exchange queued before a deletion
+-- that has finished since), `deletion_requested`, `deletion_finished` (every token revoked),
+-- `reconcile_invalid_grant`, and the notification types (`consent-revoked`, `account-deleted`,
+-- `email-enabled`, `email-disabled`).
+
+-- The next status of an account in `p_status` (NULL: no row yet) after `p_event`. Pure, so the
+-- planner inlines it into the set-based statements of siwa.apply_notifications.
+CREATE OR REPLACE FUNCTION siwa.account_next_status(p_status text, p_event text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_event = 'deletion_requested' THEN 'pending_deletion'
+        WHEN p_event = 'deletion_finished' THEN
+            CASE WHEN p_status = 'pending_deletion' THEN 'deleted' ELSE p_status END
+        -- A pending deletion is finished only by its revoke; a deletion is left only by a new link.
+        WHEN p_status = 'pending_deletion' THEN p_status
+        WHEN p_event = 'linked' THEN 'active'
+        WHEN p_status = 'deleted' THEN p_status  -- Apple answers our revoke with consent-revoked
+        WHEN p_event IN ('consent-revoked', 'reconcile_invalid_grant') THEN
+            CASE WHEN p_status = 'apple_account_deleted' THEN p_status ELSE 'consent_revoked' END
+        WHEN p_event = 'account-deleted' THEN 'apple_account_deleted'
+        ELSE coalesce(p_status, 'active')  -- email events and unknown types change no status
+    END
+$$;
+
+-- Whether `p_event` in `p_status` ends the user's grant at Apple, so the stored tokens are dead
+-- and discarded (consent withdrawn, Apple account deleted). A pending deletion keeps them: its
+-- revoke still revokes every one (Apple answers 200 for a dead token), so none is missed.
+CREATE OR REPLACE FUNCTION siwa.account_event_ends_grant(p_status text, p_event text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_event IN ('consent-revoked', 'account-deleted', 'reconcile_invalid_grant')
+       AND p_status IS DISTINCT FROM 'pending_deletion'
+$$;
 
 -- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
+-- The NOTIFY payload is bounded whatever the app stores (PostgreSQL refuses payloads of 8000
+-- bytes or more): the listener reads the row for the rest.
 CREATE OR REPLACE FUNCTION siwa.record_change(
     p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
 ) RETURNS bigint
@@ -14,24 +52,347 @@ BEGIN
     INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
     VALUES (p_client_id, p_sub, account.app_user_id, p_change, account.status, p_reason, p_jti, p_job_id)
     RETURNING id INTO change_id;
-    PERFORM pg_notify('siwa_account_changes', json_build_object(
-        'id', change_id, 'client_id', p_client_id, 'sub', p_sub, 'app_user_id', account.app_user_id,
-        'change', p_change, 'status', account.status)::text);
+    PERFORM pg_notify('siwa_account_changes', siwa.change_payload(change_id, p_client_id, p_sub, p_change, account.status));
     RETURN change_id;
+END
+$$;
+
+-- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
+-- nothing the app stores. client_id and sub are Apple's (a few dozen bytes).
+CREATE OR REPLACE FUNCTION siwa.change_payload(
+    p_id bigint, p_client_id text, p_sub text, p_change text, p_status text
+) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT json_build_object('id', p_id, 'client_id', left(p_client_id, 255), 'sub', left(p_sub, 255),
+                             'change', p_change, 'status', p_status)::text
+$$;
+
+-- Locks the account row (FOR UPDATE), creating it in `p_status` when missing. Returns whether it
+-- was created; the caller reads the row.
+CREATE OR REPLACE FUNCTION siwa.lock_account(p_client_id text, p_sub text, p_status text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    created boolean;
+BEGIN
+    PERFORM 1 FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
+    IF FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO siwa.accounts AS a (client_id, sub, status) VALUES (p_client_id, p_sub, p_status)
+    ON CONFLICT (client_id, sub) DO NOTHING
+    RETURNING true INTO created;
+    -- Created by a concurrent transaction meanwhile: lock theirs.
+    PERFORM 1 FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
+    RETURN coalesce(created, false);
+END
+$$;
+
+-- A refresh token obtained from Apple (an exchange or a sign-in) for (p_client_id, p_sub), and the
+-- identity it came with. The one place a token enters an account:
+--   - `linked`: the account is active (a new life after deleted, consent_revoked or
+--     apple_account_deleted); a token it replaces is kept for a later deletion to revoke;
+--   - pending deletion: the status stays, the token is kept for the deletion to revoke;
+--   - `late_link` (p_queued_before_deletion and the deletion already finished): the account stays
+--     deleted and a revoke job revokes the token.
+-- p_token_enc NULL (a sign-in without a code) only changes the status. Idempotent: a token already
+-- stored changes nothing. Returns the status after it and whether the account row was created.
+CREATE OR REPLACE FUNCTION siwa.account_linked(
+    p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
+    p_for_deletion boolean, p_queued_before_deletion boolean, p_job_id bigint,
+    OUT result_status text, OUT result_created boolean, OUT result_change text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a siwa.accounts;
+    event text;
+BEGIN
+    result_created := siwa.lock_account(p_client_id, p_sub, 'active');
+    SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+    IF p_token_enc IS NOT NULL AND (a.refresh_token_enc = p_token_enc OR p_token_enc = ANY (a.retired_tokens_enc)) THEN
+        result_status := a.status;
+        RETURN;
+    END IF;
+    event := CASE WHEN p_for_deletion OR (a.status = 'deleted' AND p_queued_before_deletion) THEN 'late_link'
+                  ELSE 'linked' END;
+    result_status := siwa.account_next_status(CASE WHEN result_created THEN NULL ELSE a.status END, event);
+
+    IF event = 'linked' AND result_status = 'active' THEN
+        UPDATE siwa.accounts
+           SET status = 'active',
+               app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
+               email = coalesce(p_email, accounts.email),
+               is_private_email = coalesce(p_is_private_email, accounts.is_private_email),
+               refresh_token_enc = coalesce(p_token_enc, accounts.refresh_token_enc),
+               retired_tokens_enc = CASE WHEN p_token_enc IS NOT NULL AND accounts.refresh_token_enc IS NOT NULL
+                                         THEN accounts.retired_tokens_enc || accounts.refresh_token_enc
+                                         ELSE accounts.retired_tokens_enc END,
+               linked_at = now(),
+               token_checked_at = CASE WHEN p_token_enc IS NOT NULL THEN now() ELSE accounts.token_checked_at END,
+               updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub;
+        result_change := 'linked';
+        PERFORM siwa.record_change(p_client_id, p_sub, result_change, NULL, NULL, p_job_id);
+    ELSIF p_token_enc IS NOT NULL THEN
+        -- Kept for a deletion: the pending one, or a revoke queued now for a finished one.
+        UPDATE siwa.accounts
+           SET app_user_id = coalesce(accounts.app_user_id, p_app_user_id),
+               refresh_token_enc = CASE WHEN accounts.status = 'pending_deletion' AND accounts.refresh_token_enc IS NULL
+                                        THEN p_token_enc ELSE accounts.refresh_token_enc END,
+               retired_tokens_enc = CASE WHEN accounts.status = 'pending_deletion' AND accounts.refresh_token_enc IS NULL
+                                         THEN accounts.retired_tokens_enc
+                                         ELSE accounts.retired_tokens_enc || p_token_enc END,
+               updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub;
+        IF result_status = 'deleted' THEN
+            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+        END IF;
+    END IF;
+END
+$$;
+
+-- ExchangeJobHandler: Apple answered the exchange of job p_job_id with a token (sealed for the
+-- row) and a verified identity. Applied whether or not the job's lease still holds: the code is
+-- spent at Apple, so this token is the only one the link will get. Completes the job (a run
+-- that lost the lease can then no longer fail it). Returns the account's status after it.
+CREATE OR REPLACE FUNCTION siwa.exchange_succeeded(
+    p_job_id bigint, p_token_enc bytea, p_email text, p_is_private_email boolean
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    j siwa.jobs;
+    result record;
+    deletion_after boolean;
+BEGIN
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND kind = 'exchange' FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'siwa.exchange_succeeded: no exchange job %', p_job_id USING ERRCODE = 'P0002';
+    END IF;
+    -- A deletion requested after this link was queued (its revoke job is younger) is not undone by it.
+    SELECT EXISTS (SELECT 1 FROM siwa.jobs r
+                    WHERE r.client_id = j.client_id AND r.sub = j.sub AND r.kind = 'revoke' AND r.id > j.id)
+      INTO deletion_after;
+    SELECT * INTO result
+      FROM siwa.account_linked(j.client_id, j.sub, j.args->>'app_user_id', p_token_enc, p_email, p_is_private_email,
+                               coalesce(j.args->>'purpose', '') = 'deletion', deletion_after, j.id);
+    UPDATE siwa.jobs
+       SET state = 'completed', outcome = CASE WHEN result.result_change = 'linked' THEN 'linked' ELSE 'token_kept_for_deletion' END,
+           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
+     WHERE id = p_job_id;
+    RETURN result.result_status;
+END
+$$;
+
+-- ExchangeJobHandler: the exchange of job p_job_id cannot succeed (invalid_grant, a bad id_token,
+-- an expired code, retries exhausted). Fenced by the lease (state running, p_attempt): false when
+-- it was lost, and nothing is written. The code is removed; the account is untouched; a link
+-- records `link_failed` with the reason.
+CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integer, p_reason text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    j siwa.jobs;
+BEGIN
+    UPDATE siwa.jobs
+       SET state = 'completed', outcome = CASE WHEN args->>'purpose' = 'deletion' THEN 'code_failed' ELSE 'link_failed' END,
+           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
+     WHERE id = p_job_id AND kind = 'exchange' AND state = 'running' AND attempt = p_attempt
+    RETURNING * INTO j;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF j.outcome = 'link_failed' THEN
+        PERFORM siwa.record_change(j.client_id, j.sub, 'link_failed', p_reason, NULL, j.id);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- RevokeJobHandler, one step of a deletion (the handler loops: revoke what this returns, report
+-- it with siwa.revoke_succeeded, ask again). Decided under the account's row lock and fenced by
+-- the job's lease:
+--   `lost`       the lease was lost: stop, write nothing;
+--   `wait`       an exchange for the account is queued or running (a link queued before the
+--                deletion, or the deletion's own code): snooze `wait_seconds`, its token comes first;
+--   `revoke`     revoke `token_enc` at Apple;
+--   `deleted`    nothing left to revoke: the account is deleted, its personal data erased, the
+--                `deleted` change recorded (reason `revoked`, or `no_token` when this deletion revoked
+--                nothing) and the job completed, in this transaction;
+--   `done`       a revoke of tokens found after a finished deletion has no more to do (completed);
+--   `superseded` the account is no longer pending deletion (completed).
+CREATE OR REPLACE FUNCTION siwa.revoke_step(p_job_id bigint, p_attempt integer)
+RETURNS TABLE (action text, token_enc bytea, wait_seconds double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    j siwa.jobs;
+    a siwa.accounts;
+    waiting double precision;
+    reason text;
+BEGIN
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'lost'::text, NULL::bytea, NULL::double precision;
+        RETURN;
+    END IF;
+    SELECT * INTO a FROM siwa.accounts WHERE client_id = j.client_id AND sub = j.sub FOR UPDATE;
+
+    IF a.status = 'pending_deletion' THEN
+        SELECT max(CASE WHEN e.state = 'running' THEN 1
+                        ELSE greatest(1, least(30, extract(epoch FROM e.run_at - now()))) END)
+          INTO waiting
+          FROM siwa.jobs e
+         WHERE e.client_id = j.client_id AND e.sub = j.sub AND e.kind = 'exchange'
+           AND e.state IN ('available', 'running');
+        IF waiting IS NOT NULL THEN
+            RETURN QUERY SELECT 'wait'::text, NULL::bytea, waiting;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF a.status IN ('pending_deletion', 'deleted') THEN
+        IF a.refresh_token_enc IS NOT NULL OR cardinality(a.retired_tokens_enc) > 0 THEN
+            RETURN QUERY SELECT 'revoke'::text, coalesce(a.refresh_token_enc, a.retired_tokens_enc[1]), NULL::double precision;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF a.status = 'pending_deletion' THEN
+        reason := CASE WHEN coalesce((j.args->>'revoked')::integer, 0) > 0 THEN 'revoked' ELSE 'no_token' END;
+        UPDATE siwa.accounts
+           SET status = siwa.account_next_status(status, 'deletion_finished'),
+               sessions_revoked_at = coalesce(sessions_revoked_at, now()), updated_at = now()
+         WHERE client_id = a.client_id AND sub = a.sub;
+        PERFORM siwa.erase_personal_data(a.client_id, a.sub);
+        PERFORM siwa.record_change(a.client_id, a.sub, 'deleted', reason, NULL, j.id);
+        UPDATE siwa.jobs
+           SET state = 'completed', outcome = CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END,
+               finalized_at = now(), locked_by = NULL, locked_until = NULL
+         WHERE id = j.id;
+        RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
+        RETURN;
+    END IF;
+
+    UPDATE siwa.jobs
+       SET state = 'completed', outcome = CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END,
+           finalized_at = now(), locked_by = NULL, locked_until = NULL
+     WHERE id = j.id;
+    RETURN QUERY SELECT CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END, NULL::bytea, NULL::double precision;
+END
+$$;
+
+-- RevokeJobHandler: Apple answered 200 (or invalid_grant: already dead) for `p_token_enc`, as
+-- siwa.revoke_step returned it for job p_job_id. Not fenced: the token is revoked at Apple
+-- whoever holds the lease now, so it leaves the account (current or retired) and counts for the
+-- deletion's reason. Returns whether the token was still stored.
+CREATE OR REPLACE FUNCTION siwa.revoke_succeeded(p_job_id bigint, p_token_enc bytea) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    j siwa.jobs;
+    removed integer;
+BEGIN
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND kind = 'revoke' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE siwa.accounts
+       SET refresh_token_enc = CASE WHEN refresh_token_enc = p_token_enc THEN NULL ELSE refresh_token_enc END,
+           retired_tokens_enc = array_remove(retired_tokens_enc, p_token_enc), updated_at = now()
+     WHERE client_id = j.client_id AND sub = j.sub
+       AND (refresh_token_enc = p_token_enc OR p_token_enc = ANY (retired_tokens_enc));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    UPDATE siwa.jobs SET args = jsonb_set(args, '{revoked}', to_jsonb(coalesce((args->>'revoked')::integer, 0) + 1))
+     WHERE id = p_job_id;
+    RETURN removed > 0;
+END
+$$;
+
+-- ReconcileJobHandler: Apple's answer for the token it tested (`p_token_enc`, as read before the
+-- call): `valid` or `invalid_grant`. Acts only if that token is still the stored one of an active
+-- account (a relink meanwhile stored a fresh token that the answer says nothing about). Fenced by
+-- the lease; completes the job. Returns the job's outcome, or NULL when the lease was lost.
+CREATE OR REPLACE FUNCTION siwa.reconcile_result(
+    p_job_id bigint, p_attempt integer, p_token_enc bytea, p_answer text
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    j siwa.jobs;
+    a siwa.accounts;
+    result_outcome text;
+BEGIN
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO a FROM siwa.accounts WHERE client_id = j.client_id AND sub = j.sub FOR UPDATE;
+    IF a.status IS DISTINCT FROM 'active' OR a.refresh_token_enc IS DISTINCT FROM p_token_enc THEN
+        result_outcome := 'superseded';
+    ELSIF p_answer = 'valid' THEN
+        UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = a.client_id AND sub = a.sub;
+        result_outcome := 'token_valid';
+    ELSIF p_answer = 'invalid_grant' THEN
+        UPDATE siwa.accounts
+           SET status = siwa.account_next_status(status, 'reconcile_invalid_grant'),
+               refresh_token_enc = NULL, retired_tokens_enc = '{}', sessions_revoked_at = now(),
+               token_checked_at = now(), updated_at = now()
+         WHERE client_id = a.client_id AND sub = a.sub;
+        PERFORM siwa.record_change(a.client_id, a.sub, 'consent_revoked', 'reconcile_invalid_grant', NULL, j.id);
+        result_outcome := 'consent_revoked';
+    ELSE
+        RAISE EXCEPTION 'siwa.reconcile_result: unknown answer %', p_answer USING ERRCODE = '22023';
+    END IF;
+    UPDATE siwa.jobs SET state = 'completed', outcome = result_outcome, finalized_at = now(),
+                         locked_by = NULL, locked_until = NULL
+     WHERE id = j.id;
+    RETURN result_outcome;
+END
+$$;
+
+-- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
+-- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller checked the
+-- account was not pending deletion, before its exchange; a deletion requested since then is not
+-- undone (the token is kept for it, the status stays). Returns the status after it and whether the
+-- account row is new.
+CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
+    p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
+    p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    deletion_after boolean;
+    result record;
+BEGIN
+    SELECT EXISTS (SELECT 1 FROM siwa.jobs r
+                    WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
+                      AND r.created_at > p_checked_at)
+      INTO deletion_after;
+    SELECT * INTO result
+      FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
+                               false, deletion_after, NULL);
+    status := result.result_status;
+    created := result.result_created;
 END
 $$;
 
 -- App-facing: queue the exchange of a fresh authorization code (codes live five minutes, single
 -- use). Runs first in the queue. The worker removes the code from the row once it is used.
+-- A pending deletion blocks it (SQLSTATE 55000): the deletion would revoke what it links.
 CREATE OR REPLACE FUNCTION siwa.link_account(client_id text, sub text, app_user_id text, authorization_code text)
 RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     job_id bigint;
+    current_status text;
 BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' OR coalesce(authorization_code, '') = '' THEN
         RAISE EXCEPTION 'siwa.link_account: client_id, sub and authorization_code are required'
             USING ERRCODE = '22023';
+    END IF;
+    -- FOR SHARE: a deletion requested concurrently waits for this link to commit, so its revoke
+    -- sees (and waits for) the exchange queued here.
+    SELECT a.status INTO current_status FROM siwa.accounts a
+     WHERE a.client_id = link_account.client_id AND a.sub = link_account.sub FOR SHARE;
+    IF current_status = 'pending_deletion' THEN
+        RAISE EXCEPTION 'siwa.link_account: deletion pending for this account; link again once it is deleted'
+            USING ERRCODE = '55000';
     END IF;
     INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts, run_at)
     VALUES ('exchange', 0, link_account.client_id, link_account.sub,
@@ -42,10 +403,16 @@ BEGIN
 END
 $$;
 
--- App-facing: mark the account for deletion and queue the revoke at Apple. Calling it again
--- returns the same job while that deletion is pending or done.
-CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text) RETURNS bigint
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- App-facing: mark the account for deletion and queue the revoke at Apple. With a code (an account
+-- with no stored token, e.g. linked before this system), the code is exchanged first and the token
+-- it yields is revoked with any stored one. Calling it again returns the same job while that
+-- deletion is pending or done (a code given again is exchanged while it is pending), unless a link
+-- was queued after it finished: then that link is deleted too, by a new job.
+CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     a siwa.accounts;
     job_id bigint;
@@ -53,22 +420,36 @@ BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
         RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO siwa.accounts (client_id, sub, status)
-    VALUES (request_deletion.client_id, request_deletion.sub, 'pending_deletion')
-    ON CONFLICT DO NOTHING;
+    PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
     SELECT * INTO a FROM siwa.accounts
-     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub FOR UPDATE;
+     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub;
 
     IF a.status IN ('pending_deletion', 'deleted') THEN
-        SELECT id INTO job_id FROM siwa.jobs
-         WHERE jobs.client_id = a.client_id AND jobs.sub = a.sub AND kind = 'revoke' AND state <> 'cancelled'
-         ORDER BY id DESC LIMIT 1;
-        IF job_id IS NOT NULL THEN
-            RETURN job_id;
+        SELECT j.id INTO job_id FROM siwa.jobs j
+         WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'revoke' AND j.state <> 'cancelled'
+           AND NOT j.args ? 'late_token'
+         ORDER BY j.id DESC LIMIT 1;
+        -- A finished deletion with a link queued since is a new life on its way: delete it anew.
+        IF a.status = 'deleted' AND EXISTS (
+            SELECT 1 FROM siwa.jobs e
+             WHERE e.client_id = a.client_id AND e.sub = a.sub AND e.kind = 'exchange'
+               AND e.state IN ('available', 'running') AND e.id > job_id) THEN
+            job_id := NULL;
         END IF;
     END IF;
+    IF job_id IS NULL OR a.status = 'pending_deletion' THEN
+        IF coalesce(authorization_code, '') <> '' THEN
+            INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+            VALUES ('exchange', 0, a.client_id, a.sub,
+                    jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8);
+        END IF;
+    END IF;
+    IF job_id IS NOT NULL THEN
+        RETURN job_id;
+    END IF;
 
-    UPDATE siwa.accounts SET status = 'pending_deletion', updated_at = now()
+    UPDATE siwa.accounts
+       SET status = siwa.account_next_status(accounts.status, 'deletion_requested'), updated_at = now()
      WHERE accounts.client_id = a.client_id AND accounts.sub = a.sub;
     -- A pending deletion is never dropped: revoke jobs retry for as long as it takes.
     INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
@@ -79,18 +460,50 @@ BEGIN
 END
 $$;
 
+-- The contract's `authorization_code text DEFAULT NULL`, as an overload: a default on the
+-- three-argument function would make every two-argument call ambiguous with this one, which stays
+-- because migration 003 (shipped, re-run when roles appear later) names it and existing callers
+-- and grants use it.
+CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text) RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT siwa.request_deletion($1, $2, NULL::text)
+$$;
+
+-- App-facing: the account without its tokens; no row when unknown.
+CREATE OR REPLACE FUNCTION siwa.account(client_id text, sub text) RETURNS SETOF siwa.account_view
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
+           a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL
+      FROM siwa.accounts a
+     WHERE a.client_id = $1 AND a.sub = $2
+$$;
+
 -- Privileges: the app calls the app-facing functions; the worker everything here (see queue.sql
 -- on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
-        GRANT EXECUTE ON FUNCTION siwa.record_change(text, text, text, text, text, bigint),
-                                  siwa.link_account(text, text, text, text), siwa.request_deletion(text, text)
+        GRANT EXECUTE ON FUNCTION
+            siwa.account_next_status(text, text), siwa.account_event_ends_grant(text, text),
+            siwa.record_change(text, text, text, text, text, bigint),
+            siwa.change_payload(bigint, text, text, text, text), siwa.lock_account(text, text, text),
+            siwa.account_linked(text, text, text, bytea, text, boolean, boolean, boolean, bigint),
+            siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
+            siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
+            siwa.reconcile_result(bigint, integer, bytea, text),
+            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
+            siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
+            siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
-        GRANT EXECUTE ON FUNCTION siwa.link_account(text, text, text, text), siwa.request_deletion(text, text)
+        GRANT EXECUTE ON FUNCTION siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
+                                  siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_app;
     END IF;
 END

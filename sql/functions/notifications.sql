@@ -1,6 +1,8 @@
 -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
 -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
 
+-- Status changes go through the account state machine (siwa.account_next_status, accounts.sql).
+
 -- The order-aware rules of the four effects, in one place: the outcome of an event against the
 -- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
 -- planner into the statements of siwa.apply_notifications. The one siwa function without a pinned
@@ -119,12 +121,12 @@ BEGIN
             RETURNING d.*
         ), a AS (
             UPDATE siwa.accounts a
-               SET status = CASE WHEN a.status = 'pending_deletion' THEN a.status  -- the revoke job finishes it
-                                 WHEN n.event_type = 'consent-revoked' THEN 'consent_revoked'
-                                 WHEN n.event_type = 'account-deleted' THEN 'apple_account_deleted'
-                                 ELSE a.status END,
-                   refresh_token_enc = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
+               SET status = siwa.account_next_status(a.status, n.event_type),
+                   -- A pending deletion keeps its tokens: its revoke revokes every one.
+                   refresh_token_enc = CASE WHEN siwa.account_event_ends_grant(a.status, n.event_type)
                                             THEN NULL ELSE a.refresh_token_enc END,
+                   retired_tokens_enc = CASE WHEN siwa.account_event_ends_grant(a.status, n.event_type)
+                                             THEN '{}' ELSE a.retired_tokens_enc END,
                    sessions_revoked_at = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
                                               THEN now() ELSE a.sessions_revoked_at END,
                    email_forwarding = CASE n.event_type WHEN 'email-enabled' THEN 'enabled'
@@ -153,9 +155,8 @@ BEGIN
             RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
                       account_changes.app_user_id, account_changes.change, account_changes.status
         ), told AS (
-            SELECT count(pg_notify('siwa_account_changes', json_build_object(
-                       'id', c.id, 'client_id', c.client_id, 'sub', c.sub, 'app_user_id', c.app_user_id,
-                       'change', c.change, 'status', c.status)::text)) AS sent
+            SELECT count(pg_notify('siwa_account_changes',
+                                   siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
               FROM c
         )
         SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),

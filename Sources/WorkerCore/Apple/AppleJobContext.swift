@@ -29,42 +29,6 @@ package struct AppleJobContext: Sendable {
         self.metrics = metrics
     }
 
-    /// Thrown inside a transaction when the fenced completion matched no row: roll back.
-    struct LeaseLost: Error {}
-
-    /// Completes `job` in the caller's transaction if it still holds the lease; throws `LeaseLost` if not.
-    func completeFenced(_ job: Job, outcome: String, on connection: PostgresConnection) async throws {
-        let updated = try await connection.execute(
-            """
-            UPDATE siwa.jobs SET state = 'completed', outcome = \(outcome), finalized_at = now(),
-                   locked_by = NULL, locked_until = NULL
-             WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-            """)
-        guard updated == 1 else { throw LeaseLost() }
-    }
-
-    /// Runs `body` in one transaction that ends with the fenced completion; a lost lease rolls it
-    /// back. Returns `.completedByHandler` either way, or `.failed` on a database error.
-    func commitWithCompletion(
-        _ job: Job, outcome: String, logger: Logger, _ body: @Sendable (PostgresConnection) async throws -> Void
-    ) async -> JobResult {
-        do {
-            try await pool.withConnection { connection in
-                try await connection.withTransaction { connection in
-                    try await body(connection)
-                    try await completeFenced(job, outcome: outcome, on: connection)
-                }
-            }
-            return .completedByHandler
-        } catch is LeaseLost {
-            logger.warning("job lease lost before completion; effect rolled back", metadata: ["job_id": .string(String(job.id))])
-            return .completedByHandler
-        } catch {
-            logger.warning("database error completing job", metadata: ["job_id": .string(String(job.id)), "error": "\(error)"])
-            return .failed(error: "database_error")
-        }
-    }
-
     // MARK: Paused client IDs
 
     enum PauseCheck { case proceed, paused(Duration) }

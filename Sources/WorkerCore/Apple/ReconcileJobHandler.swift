@@ -37,7 +37,7 @@ package struct ReconcileJobHandler: JobHandler {
         } catch {
             return .failed(error: "database_error")
         }
-        guard let account, account.status == "active", let stored = account.token else {
+        guard let account, account.status == AccountStatus.active.rawValue, let stored = account.token else {
             return .completed(outcome: "skipped")
         }
         if let checked = account.checkedAt, Date().timeIntervalSince(checked) < minimumInterval {
@@ -62,43 +62,38 @@ package struct ReconcileJobHandler: JobHandler {
         switch outcome {
         case .success:
             await context.resume(clientID: job.clientID, logger: logger)
-            do {
-                _ = try await context.pool.withConnection { connection in
-                    try await connection.execute(
-                        "UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = \(job.clientID) AND sub = \(job.sub)")
-                }
-            } catch {
-                return .failed(error: "database_error")
-            }
-            return .completed(outcome: "token_valid")
+            return await report("valid", tested: stored, job: job, logger: logger)
         case .invalidGrant:
             await context.resume(clientID: job.clientID, logger: logger)
-            let result = await context.commitWithCompletion(job, outcome: "consent_revoked", logger: logger) { connection in
-                let updated = try await connection.execute(
-                    """
-                    UPDATE siwa.accounts
-                       SET status = 'consent_revoked', refresh_token_enc = NULL, sessions_revoked_at = now(),
-                           token_checked_at = now(), updated_at = now()
-                     WHERE client_id = \(job.clientID) AND sub = \(job.sub) AND status = 'active'
-                    """)
-                guard updated == 1 else { return }
-                _ = try await connection.query(
-                    """
-                    SELECT siwa.record_change(\(job.clientID), \(job.sub), 'consent_revoked', 'reconcile_invalid_grant',
-                                              NULL, \(job.id))
-                    """)
-            }
-            if result == .completedByHandler {
-                context.metrics?.consentRevoked.increment()
-                logger.info("reconciliation found consent revoked")
-            }
-            return result
+            return await report("invalid_grant", tested: stored, job: job, logger: logger)
         case .configurationFault(let error):
             return await context.pause(clientID: job.clientID, error: error, job: job, logger: logger)
         case .otherClientError(let status, let error):
             return .failed(error: "apple_\(status)_\(error ?? "error")")
         case .retryable, .rateLimited:
             return context.retry(outcome, job: job, logger: logger) ?? .failed(error: "unexpected")
+        }
+    }
+
+    /// Hands Apple's answer for the `tested` token to `siwa.reconcile_result`, which acts only if that
+    /// token is still the stored one (a relink meanwhile is not undone) and completes the job.
+    private func report(_ answer: String, tested: [UInt8], job: Job, logger: Logger) async -> JobResult {
+        do {
+            let outcome = try await context.pool.withConnection { connection in
+                try await connection.query("SELECT siwa.reconcile_result(\(job.id), \(job.attempt)::integer, \(tested), \(answer))")[0]
+                    .decode(String?.self, at: 0)
+            }
+            switch outcome {
+            case nil: logger.warning("job lease lost before completion; nothing written")
+            case "consent_revoked"?:
+                context.metrics?.consentRevoked.increment()
+                logger.info("reconciliation found consent revoked")
+            default: break
+            }
+            return .completedByHandler
+        } catch {
+            logger.warning("database error recording the reconciliation", metadata: ["error": "\(error)"])
+            return .failed(error: "database_error")
         }
     }
 }

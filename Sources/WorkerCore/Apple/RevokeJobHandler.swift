@@ -5,34 +5,67 @@ package import Logging
 import Postgres
 import SiwaCore
 
-/// Finishes a deletion requested with `siwa.request_deletion`: revokes the refresh token at Apple,
-/// then in one transaction marks the account deleted, discards the token, erases personal data,
-/// records `deleted` and completes the job. A pending deletion is never dropped: every failure
+/// Finishes a deletion requested with `siwa.request_deletion`. `siwa.revoke_step` decides each step
+/// under the account's row lock (sql/functions/accounts.sql): wait for an exchange still queued for
+/// the account, revoke the next stored token, or, with none left, mark the account deleted in the
+/// same transaction that completes the job. This handler only revokes at Apple what it is handed and
+/// reports each 200 with `siwa.revoke_succeeded`. A pending deletion is never dropped: every failure
 /// retries (the job has no attempt limit) and a refused client ID snoozes until it is fixed.
 package struct RevokeJobHandler: JobHandler {
     package let kind = JobKind.revoke
     let context: AppleJobContext
+    /// Tokens revoked in one run before the job yields (a deletion rarely has more than two).
+    var stepsPerRun = 16
 
     package init(context: AppleJobContext) {
         self.context = context
     }
 
+    struct Step {
+        var action: String
+        var token: [UInt8]?
+        var wait: Double?
+    }
+
     package func run(_ job: Job, logger parent: Logger) async -> JobResult {
         let logger = parent.with(job.idMetadata)
-        let account: (status: String, token: [UInt8]?)?
-        do {
-            account = try await context.pool.withConnection { connection in
-                let rows = try await connection.query(
-                    "SELECT status, refresh_token_enc FROM siwa.accounts WHERE client_id = \(job.clientID) AND sub = \(job.sub)")
-                guard let row = rows.first else { return nil }
-                return (try row.decode(String.self, column: "status"), try row.decode([UInt8]?.self, column: "refresh_token_enc"))
+        for _ in 0..<stepsPerRun {
+            let step: Step
+            do {
+                step = try await context.pool.withConnection { connection in
+                    let row = try await connection.query(
+                        "SELECT action, token_enc, wait_seconds FROM siwa.revoke_step(\(job.id), \(job.attempt)::integer)")[0]
+                    return Step(
+                        action: try row.decode(String.self, column: "action"),
+                        token: try row.decode([UInt8]?.self, column: "token_enc"),
+                        wait: try row.decode(Double?.self, column: "wait_seconds"))
+                }
+            } catch {
+                logger.warning("database error in a deletion step", metadata: ["error": "\(error)"])
+                return .failed(error: "database_error")
             }
-        } catch {
-            return .failed(error: "database_error")
+            switch (step.action, step.token) {
+            case ("revoke", let token?):
+                if let result = await revoke(token, job: job, logger: logger) { return result }
+            case ("wait", _):
+                return .snoozed(reason: "exchange_pending", for: .seconds(step.wait ?? 1))
+            case ("deleted", _):
+                context.metrics?.deleted.increment()
+                logger.info("account deleted")
+                return .completedByHandler
+            case ("lost", _):
+                logger.warning("job lease lost; the deletion continues in the run that holds it")
+                return .completedByHandler
+            default:  // done, superseded: completed by revoke_step
+                logger.info("revoke job finished", metadata: ["outcome": .string(step.action)])
+                return .completedByHandler
+            }
         }
-        guard let account, account.status == "pending_deletion" else { return .completed(outcome: "superseded") }
-        guard let stored = account.token else { return await finish(job, outcome: "deleted_without_token", logger: logger) }
+        return .failed(error: "revoke_steps_exhausted")
+    }
 
+    /// Revokes one stored token; nil when Apple accepted it (the next step follows), else the job's result.
+    private func revoke(_ stored: [UInt8], job: Job, logger: Logger) async -> JobResult? {
         let refreshToken: String
         do {
             refreshToken = try context.tokenBox.open(stored, clientID: job.clientID, sub: job.sub)
@@ -54,7 +87,15 @@ package struct RevokeJobHandler: JobHandler {
         case .success, .invalidGrant:
             // invalid_grant: the token is already dead at Apple, which is what a revoke wants.
             await context.resume(clientID: job.clientID, logger: logger)
-            return await finish(job, outcome: "deleted", logger: logger)
+            do {
+                _ = try await context.pool.withConnection { connection in
+                    try await connection.query("SELECT siwa.revoke_succeeded(\(job.id), \(stored))")
+                }
+            } catch {
+                // Revoked at Apple but not recorded: the next run revokes it again (Apple answers 200).
+                return .failed(error: "database_error")
+            }
+            return nil
         case .configurationFault(let error):
             return await context.pause(clientID: job.clientID, error: error, job: job, logger: logger)
         case .otherClientError(let status, let error):
@@ -63,27 +104,5 @@ package struct RevokeJobHandler: JobHandler {
         case .retryable, .rateLimited:
             return context.retry(outcome, job: job, logger: logger) ?? .failed(error: "unexpected")
         }
-    }
-
-    /// Marks the account deleted (if it is still pending deletion) and completes the job, together.
-    func finish(_ job: Job, outcome: String, logger: Logger) async -> JobResult {
-        let result = await context.commitWithCompletion(job, outcome: outcome, logger: logger) { connection in
-            let updated = try await connection.execute(
-                """
-                UPDATE siwa.accounts
-                   SET status = 'deleted', refresh_token_enc = NULL,
-                       sessions_revoked_at = coalesce(sessions_revoked_at, now()), updated_at = now()
-                 WHERE client_id = \(job.clientID) AND sub = \(job.sub) AND status = 'pending_deletion'
-                """)
-            guard updated == 1 else { return }  // relinked meanwhile: nothing to delete
-            _ = try await connection.query("SELECT siwa.erase_personal_data(\(job.clientID), \(job.sub))")
-            _ = try await connection.query(
-                "SELECT siwa.record_change(\(job.clientID), \(job.sub), 'deleted', NULL, NULL, \(job.id))")
-        }
-        if result == .completedByHandler {
-            context.metrics?.deleted.increment()
-            logger.info("account deleted", metadata: ["outcome": .string(outcome)])
-        }
-        return result
     }
 }

@@ -1,0 +1,369 @@
+import AppleClient
+import FakeApple
+import Foundation
+import JobQueue
+import Postgres
+import SiwaCore
+import Testing
+import WorkerCore
+
+/// One test per rule of CONTRACT.md → "Account lifecycle rules", against the real SQL, the real
+/// handlers and the fake Apple.
+@Suite(.serialized) struct LifecycleRulesTests {
+    static let client = LifecycleHarness.clientID
+
+    /// The issue's transaction: a link with a fresh code and a deletion in one transaction. Whichever
+    /// job a worker takes first, the account ends deleted with one revoke of the new token.
+    @Test(arguments: [true, false]) func linkAndDeletionInOneTransaction(revokeClaimedFirst: Bool) async throws {
+        try await withLifecycle { h in
+            let code = h.fake.registerCode(clientID: Self.client, sub: "000111.h1.0001")
+            let (exchange, revoke) = try await h.connection.withTransaction { connection in
+                let exchange = try await connection.query(
+                    "SELECT siwa.link_account(\(Self.client), '000111.h1.0001', 'user-1', \(code))")[0].decode(Int64.self, at: 0)
+                let revoke = try await connection.query(
+                    "SELECT siwa.request_deletion(\(Self.client), '000111.h1.0001')")[0].decode(Int64.self, at: 0)
+                return (exchange, revoke)
+            }
+            if revokeClaimedFirst {
+                guard case .snoozed = try await h.run(revoke) else {
+                    Issue.record("the revoke must wait for the exchange queued before it")
+                    return
+                }
+                #expect(try await h.status("000111.h1.0001") == "pending_deletion")
+            }
+            #expect(try await h.run(exchange) == .completedByHandler)
+            #expect(try await h.status("000111.h1.0001") == "pending_deletion")
+            #expect(try await h.run(revoke) == .completedByHandler)
+
+            #expect(try await h.status("000111.h1.0001") == "deleted")
+            #expect(try await h.storedToken("000111.h1.0001") == nil)
+            let issued = h.fake.refreshTokens(clientID: Self.client, sub: "000111.h1.0001")
+            #expect(issued.count == 1 && h.fake.isRevoked(refreshToken: issued[0]) == true)
+            #expect(h.fake.calls.filter { $0.endpoint == "revoke" }.count == 1)
+            let changes = try await h.changes("000111.h1.0001")
+            #expect(changes.map(\.change) == ["deletion_requested", "deleted"])
+            #expect(changes.last?.reason == "revoked")
+        }
+    }
+
+    /// A pending deletion blocks a new link: 55000, "deletion pending", nothing queued. After
+    /// `deleted`, a link starts a new life.
+    @Test func pendingDeletionBlocksLink() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.pend")
+            let revoke = try await h.requestDeletion(sub: "001.pend")
+            let jobs = try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.jobs")
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.pend")
+            do {
+                _ = try await h.link(sub: "001.pend", code: code)
+                Issue.record("link_account succeeded on a pending deletion")
+            } catch let error as PostgresError {
+                #expect(error.sqlState == "55000")
+                #expect(error.message.contains("deletion pending"))
+            }
+            #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.jobs") == jobs)
+
+            #expect(try await h.run(revoke) == .completedByHandler)
+            #expect(try await h.status("001.pend") == "deleted")
+            #expect(try await h.run(try await h.link(sub: "001.pend", code: code)) == .completedByHandler)
+            #expect(try await h.status("001.pend") == "active")
+            #expect(try await h.storedToken("001.pend") != nil)
+        }
+    }
+
+    /// request_deletion with a code (an account with no stored token): the code is exchanged and the
+    /// token it yields revoked, with any stored one; the `deleted` change says `revoked`.
+    @Test func deletionWithCodeRevokesTheExchangedAndTheStoredToken() async throws {
+        try await withLifecycle { h in
+            // Linked before this system: no row at all.
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.old")
+            let revoke = try await h.requestDeletion(sub: "001.old", code: code)
+            try await h.drain()
+            #expect(try await h.status("001.old") == "deleted")
+            #expect(try await h.jobRow(revoke).outcome == "deleted")
+            let old = h.fake.refreshTokens(clientID: Self.client, sub: "001.old")
+            #expect(old.count == 1 && old.allSatisfy { h.fake.isRevoked(refreshToken: $0) == true })
+            #expect(try await h.changes("001.old").last?.reason == "revoked")
+            #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.jobs WHERE args ? 'code'") == 0)
+
+            // A stored token and a code: both revoked.
+            try await h.linkAccount(sub: "001.both")
+            let second = h.fake.registerCode(clientID: Self.client, sub: "001.both")
+            _ = try await h.requestDeletion(sub: "001.both", code: second)
+            try await h.drain()
+            let both = h.fake.refreshTokens(clientID: Self.client, sub: "001.both")
+            #expect(both.count == 2 && both.allSatisfy { h.fake.isRevoked(refreshToken: $0) == true })
+            #expect(try await h.status("001.both") == "deleted")
+            #expect(try await h.changes("001.both").last?.reason == "revoked")
+        }
+    }
+
+    /// Nothing could be revoked: the `deleted` change says `no_token`.
+    @Test func deletionWithoutTokenSaysNoToken() async throws {
+        try await withLifecycle { h in
+            _ = try await h.requestDeletion(sub: "001.none")
+            try await h.drain()
+            let last = try #require(try await h.changes("001.none").last)
+            #expect(last.change == "deleted" && last.reason == "no_token")
+        }
+    }
+
+    /// A token replaced by a relink stays valid at Apple: the deletion revokes it too.
+    @Test func relinkedAccountsDeletionRevokesEveryStoredToken() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.twice")
+            try await h.linkAccount(sub: "001.twice")
+            _ = try await h.requestDeletion(sub: "001.twice")
+            try await h.drain()
+            let tokens = h.fake.refreshTokens(clientID: Self.client, sub: "001.twice")
+            #expect(tokens.count == 2 && tokens.allSatisfy { h.fake.isRevoked(refreshToken: $0) == true })
+            #expect(try await h.status("001.twice") == "deleted")
+        }
+    }
+
+    /// A token stored while a revoke is in flight (the revoke read the old one) is revoked before
+    /// the account is deleted: the deletion is decided under the row lock, not from an earlier read.
+    @Test func tokenStoredDuringTheRevokeIsRevokedToo() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.race")
+            let revoke = try await h.requestDeletion(sub: "001.race")
+            let job = try await h.claim(revoke)
+            let first = try await h.connection.query(
+                "SELECT action, token_enc FROM siwa.revoke_step(\(job.id), \(job.attempt)::integer)")[0]
+            #expect(try first.decode(String.self, column: "action") == "revoke")
+            let firstToken = try first.decode([UInt8].self, column: "token_enc")
+            // Meanwhile a deletion code's exchange stores a second token.
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.race")
+            _ = try await h.requestDeletion(sub: "001.race", code: code)
+            let exchangeID = try #require(
+                try await h.scalar(Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'exchange' AND args ? 'code'"))
+            #expect(try await h.run(exchangeID) == .completedByHandler)
+            _ = try await h.connection.query("SELECT siwa.revoke_succeeded(\(job.id), \(firstToken))")
+            let next = try await h.connection.query(
+                "SELECT action, token_enc FROM siwa.revoke_step(\(job.id), \(job.attempt)::integer)")[0]
+            #expect(try next.decode(String.self, column: "action") == "revoke")
+            #expect(try next.decode([UInt8]?.self, column: "token_enc") != firstToken)
+            #expect(try await h.status("001.race") == "pending_deletion")
+        }
+    }
+
+    /// Apple's keys cannot be fetched when the id_token comes back: the exchange still stores the
+    /// token (the id_token came straight from Apple; its claims are checked), never `link_failed`.
+    @Test func keyFetchFailureDoesNotFailTheLink() async throws {
+        try await withLifecycle { h in
+            h.fake.injectFailures(endpoint: "keys", responses: [.status(503), .status(503), .status(503)])
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.keys")
+            let job = try await h.link(sub: "001.keys", code: code)
+            #expect(try await h.run(job) == .completedByHandler)
+            #expect(try await h.status("001.keys") == "active")
+            #expect(try await h.storedToken("001.keys") != nil)
+            #expect(try await h.changes("001.keys").map(\.change) == ["linked"])
+        }
+    }
+
+    /// The database refuses the exchange's commit once: the commit is retried with the token held,
+    /// and the link completes (before: the token was dropped, and the retry's spent code made it `link_failed`).
+    @Test func databaseErrorAtTheExchangesCommitIsRetried() async throws {
+        try await withLifecycle { h in
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.db")
+            let job = try await h.link(sub: "001.db", code: code)
+            // The first write of an account fails (a sequence counts: it survives the rollback).
+            _ = try await h.connection.execute("CREATE SEQUENCE public.fail_once_seq")
+            _ = try await h.connection.execute(
+                """
+                CREATE FUNCTION public.fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF nextval('public.fail_once_seq') = 1 THEN
+                        RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
+                    END IF;
+                    RETURN NEW;
+                END $$
+                """)
+            _ = try await h.connection.execute(
+                """
+                CREATE TRIGGER fail_once BEFORE INSERT OR UPDATE ON siwa.accounts
+                    FOR EACH ROW EXECUTE FUNCTION public.fail_once()
+                """)
+            #expect(try await h.run(job) == .completedByHandler)
+            #expect(try await h.status("001.db") == "active")
+            #expect(try await h.storedToken("001.db") != nil)
+            #expect(try await h.jobRow(job).outcome == "linked")
+        }
+    }
+
+    /// The exchange's lease was lost while Apple answered (another run took the job): the token is
+    /// stored anyway, and the job is done.
+    @Test func lostLeaseDoesNotLoseTheToken() async throws {
+        try await withLifecycle { h in
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.lease")
+            let id = try await h.link(sub: "001.lease", code: code)
+            let job = try await h.claim(id)
+            _ = try await h.connection.execute("UPDATE siwa.jobs SET attempt = attempt + 1 WHERE id = \(id)")  // rescued and claimed again
+            #expect(await h.exchange.run(job, logger: h.logger) == .completedByHandler)
+            #expect(try await h.status("001.lease") == "active")
+            #expect(try await h.storedToken("001.lease") != nil)
+            #expect(try await h.jobRow(id).state == "completed")
+        }
+    }
+
+    /// Reconcile's invalid_grant for a token that is no longer the stored one changes nothing.
+    @Test func reconcileActsOnlyOnTheTokenItTested() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.re")
+            let old = try #require(try await h.storedToken("001.re"))
+            _ = try await h.connection.execute(
+                "INSERT INTO siwa.jobs (kind, client_id, sub) VALUES ('reconcile', \(Self.client), '001.re')")
+            let id = try #require(try await h.scalar(Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'reconcile'"))
+            let job = try await h.claim(id)
+            try await h.linkAccount(sub: "001.re")  // a relink while the check was at Apple
+            let outcome = try await h.scalar(
+                String.self, "SELECT siwa.reconcile_result(\(job.id), \(job.attempt)::integer, \(old), 'invalid_grant')")
+            #expect(outcome == "superseded")
+            #expect(try await h.status("001.re") == "active")
+            #expect(try await h.storedToken("001.re") != old)
+        }
+    }
+
+    /// siwa.account for the app role: the account without its token; no row when unknown.
+    @Test func accountFunctionForTheAppRole() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.view")
+            let rows = try await h.connection.withTransaction { connection in
+                _ = try await connection.execute("SET LOCAL ROLE siwa_app")
+                let known = try await connection.query("SELECT * FROM siwa.account(\(Self.client), '001.view')")
+                let unknown = try await connection.query("SELECT * FROM siwa.account(\(Self.client), '001.nobody')")
+                return (known, unknown.count)
+            }
+            #expect(rows.1 == 0)
+            let row = try #require(rows.0.first)
+            #expect(try row.decode(String.self, column: "status") == "active")
+            #expect(try row.decode(Bool.self, column: "has_refresh_token") == true)
+            #expect(try row.decode(String?.self, column: "app_user_id") == "user-1")
+            let columns = try await h.connection.query(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'siwa.account_view'::regclass AND attnum > 0 ORDER BY attnum")
+                .map { try $0.decode(String.self, at: 0) }
+            #expect(
+                columns == [
+                    "client_id", "sub", "app_user_id", "status", "email", "is_private_email", "email_forwarding",
+                    "sessions_revoked_at", "linked_at", "updated_at", "has_refresh_token",
+                ])
+        }
+    }
+
+    /// The NOTIFY payload carries id, client_id, sub, change and status only: an 8 kB app_user_id
+    /// no longer makes the account's effects fail.
+    @Test func notifyPayloadIsBounded() async throws {
+        try await withLifecycle { h in
+            let big = String(repeating: "u", count: 8192)
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.big")
+            #expect(try await h.run(try await h.link(sub: "001.big", appUserID: big, code: code)) == .completedByHandler)
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims)
+                VALUES ('n-big', \(Self.client), '001.big', 'consent-revoked', now() + interval '1 minute', '{}')
+                """)
+            #expect(try await h.scalar(String.self, "SELECT siwa.apply_notification('n-big', NULL)") == "applied")
+            #expect(try await h.status("001.big") == "consent_revoked")
+            let payload = try #require(
+                try await h.scalar(String.self, "SELECT siwa.change_payload(1, 'c', 's', 'linked', 'active')"))
+            #expect(payload == #"{"id" : 1, "client_id" : "c", "sub" : "s", "change" : "linked", "status" : "active"}"#)
+        }
+    }
+
+    /// A deleted account stays deleted under Apple's notifications (our revoke's consent-revoked included).
+    @Test func deletedStaysDeletedUnderNotifications() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.gone")
+            _ = try await h.requestDeletion(sub: "001.gone")
+            try await h.drain()
+            for (index, type) in ["consent-revoked", "account-deleted", "email-enabled", "email-disabled"].enumerated() {
+                _ = try await h.connection.execute(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims)
+                    VALUES (\("n-gone-\(index)"), \(Self.client), '001.gone', \(type), now() + interval '1 minute', '{}')
+                    """)
+                #expect(
+                    try await h.scalar(String.self, "SELECT siwa.apply_notification(\("n-gone-\(index)"), NULL)")
+                        == "ignored_account_deleted")
+            }
+            #expect(try await h.status("001.gone") == "deleted")
+        }
+    }
+
+    /// A consent-revoked arriving while a deletion is pending keeps the tokens for the revoke.
+    @Test func notificationDuringPendingDeletionKeepsTheTokenForTheRevoke() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.mid")
+            let token = try #require(h.fake.refreshTokens(clientID: Self.client, sub: "001.mid").first)
+            _ = try await h.requestDeletion(sub: "001.mid")
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims)
+                VALUES ('n-mid', \(Self.client), '001.mid', 'consent-revoked', now() + interval '1 minute', '{}')
+                """)
+            #expect(try await h.scalar(String.self, "SELECT siwa.apply_notification('n-mid', NULL)") == "applied")
+            #expect(try await h.status("001.mid") == "pending_deletion")
+            try await h.drain()
+            #expect(h.fake.isRevoked(refreshToken: token) == true)
+            #expect(try await h.changes("001.mid").last?.reason == "revoked")
+        }
+    }
+
+    /// AccountStatus mirrors the CHECK constraint of siwa.accounts.status.
+    @Test func accountStatusMirrorsTheCheckConstraint() async throws {
+        let database = try await LifecycleHarness.makeDatabase()
+        let connection = try await database.connect()
+        let definition = try await connection.query(
+            """
+            SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid = 'siwa.accounts'::regclass AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%'
+               AND pg_get_constraintdef(oid) NOT LIKE '%email_forwarding%'
+            """)[0].decode(String.self, at: 0)
+        connection.close()
+        await database.drop()
+        let quoted = definition.split(separator: "'").enumerated().filter { $0.offset % 2 == 1 }.map { String($0.element) }
+        #expect(Set(quoted) == Set(AccountStatus.allCases.map(\.rawValue)))
+        #expect(quoted.count == AccountStatus.allCases.count)
+    }
+}
+
+extension LifecycleHarness {
+    func requestDeletion(sub: String, code: String?) async throws -> Int64 {
+        try await connection.query("SELECT siwa.request_deletion(\(Self.clientID), \(sub), \(code))")[0].decode(Int64.self, at: 0)
+    }
+
+    /// Runs due Apple jobs (exchanges first, as the claim orders them) until none is left; a snoozed
+    /// job runs again on the next pass. Bounded: a job that never finishes fails the test.
+    func drain(maxRuns: Int = 50) async throws {
+        for _ in 0..<maxRuns {
+            let next = try await connection.query(
+                """
+                SELECT id FROM siwa.jobs WHERE state = 'available' AND kind <> 'notification'
+                 ORDER BY priority, id LIMIT 1
+                """)
+            guard let row = next.first else { return }
+            try await run(try row.decode(Int64.self, at: 0))
+        }
+        throw HarnessError(message: "jobs still queued after \(maxRuns) runs")
+    }
+}
+
+extension LifecycleRulesTests {
+    /// A link queued after a finished deletion, then a new deletion request: the new request gets a
+    /// new job, which waits for that link's exchange and revokes its token (i10m finding D7).
+    @Test func deletionAfterALinkQueuedOnADeletedAccount() async throws {
+        try await withLifecycle { h in
+            let first = try await h.requestDeletion(sub: "001.again")
+            try await h.drain()
+            let code = h.fake.registerCode(clientID: Self.client, sub: "001.again")
+            _ = try await h.link(sub: "001.again", code: code)
+            let second = try await h.requestDeletion(sub: "001.again")
+            #expect(second != first)
+            try await h.drain()
+            #expect(try await h.status("001.again") == "deleted")
+            let tokens = h.fake.refreshTokens(clientID: Self.client, sub: "001.again")
+            #expect(tokens.count == 1 && h.fake.isRevoked(refreshToken: tokens[0]) == true)
+            #expect(try await h.changes("001.again").last?.reason == "revoked")
+        }
+    }
+}
