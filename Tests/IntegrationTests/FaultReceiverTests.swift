@@ -55,6 +55,31 @@ struct FaultReceiverTests {
         }
     }
 
+    @Test func aRequestTrickledByteByByteIsCutOffAtTheRequestDeadline() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            // The idle timeout (30 s) never fires for a client sending a byte every 200 ms; the
+            // whole-request deadline (1 s) does.
+            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                databaseURL: database.url, keys: keys,
+                extra: ["SIWA_RECEIVER_REQUEST_TIMEOUT": "1s", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
+            defer { Task { await receiver.stop() } }
+            let slow = try RawConnection(port: UInt16(URL(string: base)!.port!))
+            defer { slow.close() }
+            let header = Array("POST /apple/notifications HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: \(String(repeating: "a", count: 200))".utf8)
+            var sent = 0
+            while sent < header.count, !slow.isClosedByPeer() {
+                slow.send([header[sent]])
+                sent += 1
+                try await Task.sleep(for: .milliseconds(200))
+            }
+            #expect(slow.isClosedByPeer(), "a request trickled for \(sent) bytes was never cut off")
+            // A well-behaved request is untouched by it.
+            #expect(try await HTTP.request("POST", base + "/apple/notifications", body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims()))).status == 200)
+        }
+    }
+
     @Test func oneAddressCannotTakeMoreThanItsShareOfConnections() async throws {
         try await withMigratedDatabase { database in
             let keys = try TestAppleKeys()
