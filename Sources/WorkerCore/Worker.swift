@@ -1,3 +1,4 @@
+internal import AppleClient
 internal import Dispatch
 internal import Foundation
 internal import HTTPServer
@@ -21,6 +22,7 @@ package final class Worker: Sendable {
     private let handlers: [JobKind: any JobHandler]
     private let pool: PostgresPool
     private let queue: JobQueue
+    private let gate: StoredNotificationGate
     private let policy: RetryPolicy
     private let server: HTTPServer
     private let state = Locked(State())
@@ -54,6 +56,17 @@ package final class Worker: Sendable {
             acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
             logger: logger)
         queue = JobQueue(pool: pool)
+        // Apple's keys, fetched only when a held notification names a kid not yet seen (a worker
+        // that never sees one never calls Apple for them).
+        gate = StoredNotificationGate(
+            pool: pool,
+            keys: AppleKeySet(
+                http: AppleHTTP(baseURL: configuration.apple.baseURL, timeout: .seconds(5)), logger: logger,
+                minimumRefetchInterval: .seconds(10)),
+            logger: logger,
+            forged: registry.counter(
+                "siwa_worker_notifications_forged_total",
+                help: "Stored notifications whose jws did not verify against Apple's keys or its claims (never applied)."))
         let registry = registry
         let pool = pool
         server = HTTPServer(
@@ -164,6 +177,7 @@ package final class Worker: Sendable {
             do {
                 var claimed = 0
                 repeat {
+                    _ = try await gate.run(limit: batch)
                     let results = try await queue.runNotificationBatch(
                         worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
                     claimed = results.count

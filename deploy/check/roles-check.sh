@@ -154,6 +154,8 @@ insert_n() {  # insert_n JTI TYPE SUB: the receiver's statement
 allowed rcv siwa "INSERT a notification (ON CONFLICT (jti) DO NOTHING)" "$(insert_n n1 consent-revoked s1)"
 expect "the trigger queued exactly one job for it" \
     "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1' AND kind = 'notification'")" 1
+expect "the job of a notification the receiver's role stored is held until a worker verifies it" \
+    "$(q postgres siwa "SELECT run_at = 'infinity' FROM siwa.jobs WHERE notification_jti = 'n1'")" t
 expect "a redelivered jti returns no row" "$(q rcv siwa "$(insert_n n1 consent-revoked s1)")" ""
 expect "a redelivered jti queues no second job" \
     "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1'")" 1

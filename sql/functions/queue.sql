@@ -5,12 +5,25 @@
 -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
 -- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
 -- It runs as its owner: the receiver's role may not write siwa.jobs itself (006_hardening.sql), so
--- the only job it can cause is the one for a notification it stores.
+-- the only job it can cause is the one for a notification it stores. When the session is a
+-- siwa_receiver login (not a superuser), the job is held (run_at infinity) until a worker has
+-- verified the stored jws against Apple's keys and the columns against its claims
+-- (WorkerCore/StoredNotificationGate.swift): a compromised receiver can store rows, never have
+-- them applied.
 CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held boolean;
 BEGIN
-    INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
-    SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
+    -- In this order (CASE, not AND): pg_has_role raises for a role that does not exist.
+    held := CASE
+        WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN false
+        WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) THEN false
+        ELSE pg_has_role(session_user, 'siwa_receiver', 'MEMBER') END;
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti, run_at)
+    SELECT 'notification', 2, client_id, sub, jti,
+           CASE WHEN coalesce(held, false) THEN 'infinity'::timestamptz ELSE now() END
+      FROM new_notifications ORDER BY event_time, jti;
     RETURN NULL;
 END
 $$;
