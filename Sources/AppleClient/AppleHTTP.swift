@@ -63,9 +63,11 @@ package final class AppleHTTP: Sendable {
         return try await send(request, endpoint: path)
     }
 
-    package func postForm(_ path: String, fields: [(String, String)]) async throws -> AppleHTTPResponse {
+    /// `bearer`: an access token for `Authorization` (user migration calls). Secret: never logged.
+    package func postForm(_ path: String, fields: [(String, String)], bearer: String? = nil) async throws -> AppleHTTPResponse {
         var request = URLRequest(url: baseURL.appendingPathComponent(path))
         request.httpMethod = "POST"
+        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
         request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
         request.setValue("application/json", forHTTPHeaderField: "Accept")
         request.httpBody = Data(FormEncoding.encode(fields).utf8)

@@ -1,4 +1,4 @@
-import CryptoCore
+package import CryptoCore
 import Foundation
 import HTTPServer
 import JOSE
@@ -10,10 +10,11 @@ extension FakeApple {
         guard let clientID = form["client_id"], !clientID.isEmpty, let secret = form["client_secret"], !secret.isEmpty,
             let grantType = form["grant_type"], !grantType.isEmpty
         else { return (Self.oauthError("invalid_request"), false) }
-        guard grantType == "authorization_code" || grantType == "refresh_token" else {
+        guard ["authorization_code", "refresh_token", "client_credentials"].contains(grantType) else {
             return (Self.oauthError("unsupported_grant_type"), false)
         }
-        guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
+        guard let team = clientSecretTeam(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
+        if grantType == "client_credentials" { return (migrationToken(form, clientID: clientID, team: team), true) }
         let now = Date()
         if grantType == "authorization_code" {
             guard let code = form["code"], !code.isEmpty else { return (Self.oauthError("invalid_request"), true) }
@@ -69,31 +70,50 @@ extension FakeApple {
 
     /// What Apple checks on a client_secret: ES256 over the team key, `kid`, `iss`, `aud`, `sub`, `exp`, `iat`.
     func checkClientSecret(_ secret: String, clientID: String, now: Date = Date()) -> Bool {
-        guard let jws = try? CompactJWS(secret), jws.algorithm == ES256.algorithm, let keyID = jws.keyID, !keyID.isEmpty
-        else { return false }
-        if let key = configuration.verifyKey {
-            guard (try? ES256.verify(jws, publicKey: key)) != nil else { return false }
-        } else {
-            guard jws.signatureBytes.count == 64 else { return false }
-        }
-        guard let claims = try? JSONSerialization.jsonObject(with: Data(jws.payloadBytes)) as? [String: Any],
+        clientSecretTeam(secret, clientID: clientID, now: now) != nil
+    }
+
+    /// The team (`iss`) a valid client_secret speaks for; nil when any check fails. With teams
+    /// configured, `iss` must be one of them and the signature verify with that team's key.
+    func clientSecretTeam(_ secret: String, clientID: String, now: Date = Date()) -> String? {
+        guard let jws = try? CompactJWS(secret), jws.algorithm == ES256.algorithm, let keyID = jws.keyID, !keyID.isEmpty,
+            let claims = try? JSONSerialization.jsonObject(with: Data(jws.payloadBytes)) as? [String: Any],
             let iss = claims["iss"] as? String, !iss.isEmpty,
             let sub = claims["sub"] as? String, sub == clientID,
             let iat = (claims["iat"] as? NSNumber)?.doubleValue, let exp = (claims["exp"] as? NSNumber)?.doubleValue
-        else { return false }
-        if let teamID = configuration.teamID, iss != teamID { return false }
+        else { return nil }
+        let teams = configuration.teams
+        let verifyKey: P256.Signing.PublicKey?
+        if teams.isEmpty {
+            verifyKey = configuration.verifyKey
+        } else {
+            guard let team = teams.first(where: { $0.id == iss }) else { return nil }
+            verifyKey = team.verifyKey
+        }
+        if let verifyKey {
+            guard (try? ES256.verify(jws, publicKey: verifyKey)) != nil else { return nil }
+        } else {
+            guard jws.signatureBytes.count == 64 else { return nil }
+        }
         let audiences: [String] = if let one = claims["aud"] as? String { [one] } else { (claims["aud"] as? [String]) ?? [] }
-        guard audiences.contains(Self.issuer) else { return false }
-        guard exp > now.timeIntervalSince1970, exp - iat <= 15_777_000, iat <= now.timeIntervalSince1970 + 60 else { return false }
-        return true
+        guard audiences.contains(Self.issuer) else { return nil }
+        guard exp > now.timeIntervalSince1970, exp - iat <= 15_777_000, iat <= now.timeIntervalSince1970 + 60 else { return nil }
+        return iss
     }
 
-    func signIDToken(clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, key: RSA.PrivateKey? = nil) -> String {
+    /// An identity token as Apple issues it; `transferSub` for a user migrated from another team
+    /// (Apple adds the claim for 60 days after the transfer), `nonce` as the client passed it.
+    package func signIDToken(
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, transferSub: String? = nil,
+        nonce: String? = nil, key: RSA.PrivateKey? = nil
+    ) -> String {
         let now = Int(Date().timeIntervalSince1970)
         var claims: [String: Any] = [
             "iss": Self.issuer, "aud": clientID, "sub": sub, "iat": now, "exp": now + 600, "auth_time": now,
             "nonce_supported": true,
         ]
+        if let transferSub { claims["transfer_sub"] = transferSub }
+        if let nonce { claims["nonce"] = nonce }
         if let email {
             claims["email"] = email
             claims["email_verified"] = "true"
@@ -131,7 +151,7 @@ extension FakeApple {
 
     func adminInjectFailures(_ request: HTTPRequest) -> HTTPResponse {
         guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
-            let endpoint = object["endpoint"] as? String, ["token", "revoke", "keys"].contains(endpoint),
+            let endpoint = object["endpoint"] as? String, ["token", "revoke", "keys", "usermigrationinfo"].contains(endpoint),
             let responses = object["responses"] as? [Any]
         else { return Self.oauthError("invalid_request") }
         let failures = responses.compactMap(FakeAppleFailure.init(json:))

@@ -17,8 +17,10 @@ import Locking
 /// - `POST /auth/token`: `authorization_code` (codes from `POST /fake/codes`, single use, 5 min)
 ///   and `refresh_token` grants.
 /// - `POST /auth/revoke`: 200, also for an unknown token; the token stops refreshing.
+/// - `POST /auth/token` `client_credentials` with `scope=user.migration`: a migration access token.
+/// - `POST /auth/usermigrationinfo` (team transfer, see `FakeApple+Migration.swift`).
 /// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?}` → `{"code": ...}`.
-/// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys", responses: [503, "timeout",
+/// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys"|"usermigrationinfo", responses: [503, "timeout",
 ///   "invalid_client", "bad_signature", ...], retry_after: 2}`: consumed one per call.
 /// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
 /// - `GET /fake/signing-key`: `{"kid": ..., "pem": ...}`, the private key (fake only).
@@ -36,11 +38,15 @@ package final class FakeApple: Sendable {
         package var hangDuration: Duration
         /// Key id of the signing key.
         package var keyID: String
+        /// Teams besides `teamID` whose client_secrets are accepted (team transfer: sender and recipient).
+        package var otherTeams: [Team]
+        /// How long a migration access token is accepted.
+        package var migrationTokenLifetime: TimeInterval
 
         package init(
             host: String = "127.0.0.1", port: Int = 0, verifyKey: P256.Signing.PublicKey? = nil,
             teamID: String? = nil, codeLifetime: TimeInterval = 300, hangDuration: Duration = .seconds(30),
-            keyID: String = "fake-1"
+            keyID: String = "fake-1", otherTeams: [Team] = [], migrationTokenLifetime: TimeInterval = 3600
         ) {
             self.host = host
             self.port = port
@@ -49,6 +55,25 @@ package final class FakeApple: Sendable {
             self.codeLifetime = codeLifetime
             self.hangDuration = hangDuration
             self.keyID = keyID
+            self.otherTeams = otherTeams
+            self.migrationTokenLifetime = migrationTokenLifetime
+        }
+
+        /// Every configured team (`teamID` first); empty when none is: then any `iss` is accepted.
+        package var teams: [Team] {
+            (teamID.map { [Team(id: $0, verifyKey: verifyKey)] } ?? []) + otherTeams
+        }
+    }
+
+    /// A developer team: its ID (the client_secret `iss`) and the public key of its `.p8`.
+    package struct Team: Sendable {
+        package var id: String
+        /// Signatures are checked against it when set (else only their shape).
+        package var verifyKey: P256.Signing.PublicKey?
+
+        package init(id: String, verifyKey: P256.Signing.PublicKey?) {
+            self.id = id
+            self.verifyKey = verifyKey
         }
     }
 
@@ -157,6 +182,12 @@ package final class FakeApple: Sendable {
         case ("POST", "/auth/revoke"):
             let form = FormEncoding.decode(request.bodyText)
             answer(endpoint: "revoke", clientID: form["client_id"], grantType: nil, respond: respond) { revoke(form) }
+        case ("POST", "/auth/usermigrationinfo"):
+            let form = FormEncoding.decode(request.bodyText)
+            let bearer = request.header("authorization")
+            answer(endpoint: "usermigrationinfo", clientID: form["client_id"], grantType: nil, respond: respond) {
+                userMigrationInfo(form, authorization: bearer)
+            }
         case ("POST", "/fake/codes"):
             respond(adminRegisterCode(request))
         case ("POST", "/fake/failures"):
@@ -165,7 +196,7 @@ package final class FakeApple: Sendable {
             respond(adminCalls())
         case ("GET", "/fake/signing-key"):
             respond(adminSigningKey())
-        case (_, "/auth/keys"), (_, "/auth/token"), (_, "/auth/revoke"):
+        case (_, "/auth/keys"), (_, "/auth/token"), (_, "/auth/revoke"), (_, "/auth/usermigrationinfo"):
             respond(.json(status: 405, #"{"error":"method_not_allowed"}"#))
         default:
             respond(.json(status: 404, #"{"error":"not_found"}"#))

@@ -2,7 +2,7 @@ package import Foundation
 
 /// One call the fake answered, for `GET /fake/calls` and tests. Never holds a secret, code or token.
 package struct FakeAppleCall: Sendable, Equatable, Codable {
-    /// `token`, `revoke` or `keys`.
+    /// `token`, `revoke`, `keys` or `usermigrationinfo`.
     package var endpoint: String
     package var clientID: String?
     package var grantType: String?
@@ -72,7 +72,26 @@ struct FakeAppleState {
         var retryAfter: String?
     }
 
+    struct MigrationToken {
+        var clientID: String
+        var team: String
+        var expiresAt: Date
+    }
+
+    /// A transfer identifier the sending team obtained: whose it is and for which team.
+    struct Transfer {
+        var clientID: String
+        var fromTeam: String
+        var toTeam: String
+        var sub: String
+    }
+
     var codes: [String: Code] = [:]
+    var migrationTokens: [String: MigrationToken] = [:]
+    var transfers: [String: Transfer] = [:]
+    /// Subs Apple will not migrate (e.g. consent revoked before the transfer).
+    var unmigratableSubs: Set<String> = []
+    var migrationAnswers: [String: Int] = [:]
     var refreshTokens: [String: Token] = [:]
     var failures: [String: Injected] = [:]
     var calls: [FakeAppleCall] = []

@@ -745,6 +745,53 @@ extension Migration {
             END
             $$;
             """####),
+        Migration(
+            version: 9, name: "009_team_transfer",
+            sql: ####"""
+            -- Team transfer (TN3159): when the app moves to another developer team, every user's `sub` changes.
+            -- The sending team obtains a transfer identifier per user and hands `transfer_sub,app_user_id`
+            -- lines to the recipient, which exchanges each for the user's new `sub`. Functions:
+            -- sql/functions/transfer.sql.
+
+            -- Sending side: the identifier obtained for the account, stored on it so an interrupted export
+            -- asks Apple only for the accounts still missing one (per target team: a new target asks again).
+            ALTER TABLE siwa.accounts
+                ADD COLUMN transfer_sub         text,
+                ADD COLUMN transfer_target_team text,
+                ADD COLUMN transfer_sub_at      timestamptz;
+            -- A recipient that is the same database (the back end moves with the app) finds the account to
+            -- re-key by its transfer identifier.
+            CREATE INDEX accounts_transfer_sub ON siwa.accounts (client_id, transfer_sub) WHERE transfer_sub IS NOT NULL;
+
+            -- Recipient side: one row per line of the sending team's export. `pending` until exchanged for the
+            -- new `sub` by `siwa accounts transfer import` or claimed by a sign-in whose identity token carries
+            -- the `transfer_sub` (whichever comes first); `done` then, or `skipped` when the account it would
+            -- become is being deleted.
+            CREATE TABLE siwa.transfer_imports (
+                client_id    text        NOT NULL,
+                transfer_sub text        NOT NULL,
+                app_user_id  text        NOT NULL,
+                state        text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'done', 'skipped')),
+                sub          text,                    -- the user's sub under the new team, once known
+                completed_by text CHECK (completed_by IN ('import', 'sign_in')),
+                attempts     integer     NOT NULL DEFAULT 0,
+                last_error   text,                    -- Apple's classified answer (no identifiers, no secrets)
+                recorded_at  timestamptz NOT NULL DEFAULT now(),
+                completed_at timestamptz,
+                PRIMARY KEY (client_id, transfer_sub)
+            );
+            CREATE INDEX transfer_imports_pending ON siwa.transfer_imports (client_id, transfer_sub) WHERE state = 'pending';
+
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    -- The worker serves sign-in (app API); siwa.claim_transfer runs as its owner, this is for
+                    -- operators who run `siwa accounts transfer` as a worker login.
+                    EXECUTE 'GRANT SELECT, INSERT, UPDATE ON siwa.transfer_imports TO siwa_worker';
+                END IF;
+            END
+            $$;
+            """####),
     ]
 }
 
@@ -1666,6 +1713,113 @@ extension FunctionDefinitions {
                                               siwa.run_notification_batch(text, integer, double precision, boolean,
                                                                           double precision, double precision)
                        TO siwa_worker;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
+            name: "transfer",
+            sql: ####"""
+            -- Team transfer, recipient side: a recorded `transfer_sub,app_user_id` line becomes the account of
+            -- the user's new `sub`. One rule for both ways a line completes: the import's exchange at Apple
+            -- (`siwa accounts transfer import`) and a sign-in whose identity token carries `transfer_sub`.
+            -- Tables: sql/009_team_transfer.sql.
+
+            -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
+            -- email; it is created `active` with no refresh token (the old team's tokens are useless to the new
+            -- one), or, when this database also holds the sending side's account (found by the transfer_sub the
+            -- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
+            -- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
+            -- it after the transfer: newer than the line). A line whose account is being deleted or was deleted
+            -- is `skipped`, never brought back. Appends change `transferred` (reason: how it completed).
+            -- Returns the app_user_id the account now carries; the same for a line already completed with this
+            -- `sub` (idempotent, no new change); NULL when no line matches or the line was skipped.
+            CREATE OR REPLACE FUNCTION siwa.complete_transfer(
+                p_client_id text, p_transfer_sub text, p_sub text, p_email text, p_is_private_email boolean, p_via text
+            ) RETURNS text
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            DECLARE
+                line   siwa.transfer_imports;
+                target siwa.accounts;
+                source siwa.accounts;
+            BEGIN
+                IF coalesce(p_client_id, '') = '' OR coalesce(p_transfer_sub, '') = '' OR coalesce(p_sub, '') = ''
+                   OR p_via IS NULL OR p_via NOT IN ('import', 'sign_in') THEN
+                    RAISE EXCEPTION 'siwa.complete_transfer: client_id, transfer_sub, sub and via (import or sign_in) are required'
+                        USING ERRCODE = '22023';
+                END IF;
+                SELECT * INTO line FROM siwa.transfer_imports t
+                 WHERE t.client_id = p_client_id AND t.transfer_sub = p_transfer_sub FOR UPDATE;
+                IF NOT FOUND THEN
+                    RETURN NULL;
+                END IF;
+                IF line.state <> 'pending' THEN
+                    RETURN CASE WHEN line.state = 'done' AND line.sub = p_sub THEN line.app_user_id END;
+                END IF;
+
+                SELECT * INTO target FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
+                IF NOT FOUND THEN
+                    SELECT * INTO source FROM siwa.accounts a
+                     WHERE a.client_id = p_client_id AND a.transfer_sub = p_transfer_sub
+                     ORDER BY a.sub LIMIT 1 FOR UPDATE;
+                END IF;
+
+                IF coalesce(target.status, source.status) IN ('pending_deletion', 'deleted') THEN
+                    UPDATE siwa.transfer_imports t
+                       SET state = 'skipped', sub = p_sub, completed_by = p_via, completed_at = now(),
+                           last_error = 'account_' || coalesce(target.status, source.status)
+                     WHERE t.client_id = p_client_id AND t.transfer_sub = p_transfer_sub;
+                    RETURN NULL;
+                END IF;
+
+                IF target.sub IS NOT NULL THEN
+                    UPDATE siwa.accounts a
+                       SET app_user_id = line.app_user_id, email = coalesce(p_email, a.email),
+                           is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
+                     WHERE a.client_id = p_client_id AND a.sub = p_sub;
+                ELSIF source.sub IS NOT NULL THEN
+                    UPDATE siwa.accounts a
+                       SET sub = p_sub, app_user_id = line.app_user_id, status = 'active', email = p_email,
+                           is_private_email = p_is_private_email, email_forwarding = NULL, refresh_token_enc = NULL,
+                           last_email_event_at = NULL, token_checked_at = NULL, linked_at = now(), updated_at = now(),
+                           transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
+                     WHERE a.client_id = source.client_id AND a.sub = source.sub;
+                ELSE
+                    INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
+                    VALUES (p_client_id, p_sub, line.app_user_id, 'active', p_email, p_is_private_email, now(), now());
+                END IF;
+
+                UPDATE siwa.transfer_imports t
+                   SET state = 'done', sub = p_sub, completed_by = p_via, completed_at = now(), last_error = NULL
+                 WHERE t.client_id = p_client_id AND t.transfer_sub = p_transfer_sub;
+                PERFORM siwa.record_change(p_client_id, p_sub, 'transferred', p_via, NULL, NULL);
+                RETURN line.app_user_id;
+            END
+            $$;
+
+            -- App-facing (the app API's sign-in): an identity token carrying `transfer_sub` completes its
+            -- imported line at once, even before the import's exchange reached it. Returns the app_user_id
+            -- the account `(client_id, sub)` now carries, or NULL when no imported line matches (an ordinary
+            -- sign-in). Call it in the sign-in's transaction after the token is verified.
+            CREATE OR REPLACE FUNCTION siwa.claim_transfer(
+                client_id text, transfer_sub text, sub text, email text, is_private_email boolean
+            ) RETURNS text
+            LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+                SELECT siwa.complete_transfer(client_id, transfer_sub, sub, email, is_private_email, 'sign_in')
+            $$;
+
+            -- Privileges: the worker (app API, and operators running the transfer commands with its login)
+            -- and the app (sign-in done in the app's own code) may claim; PUBLIC nothing (see queue.sql).
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.complete_transfer(text, text, text, text, boolean, text),
+                                              siwa.claim_transfer(text, text, text, text, boolean)
+                       TO siwa_worker;
+                END IF;
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.claim_transfer(text, text, text, text, boolean) TO siwa_app;
                 END IF;
             END
             $$;

@@ -6,19 +6,21 @@ import SiwaCore
 import WorkerCore
 
 /// `siwa accounts import` (lines `client_id,sub,app_user_id,refresh_token` on stdin) and
-/// `siwa accounts rotate-keys` (re-encrypt tokens not sealed with the first of `SIWA_TOKEN_KEYS`).
+/// `siwa accounts rotate-keys` (re-encrypt tokens not sealed with the first of `SIWA_TOKEN_KEYS`);
+/// `siwa accounts transfer` is `AccountsTransferCommand`.
 enum AccountsCommand: CLICommand {
     static let name = "accounts"
-    static let summary = "import linked accounts from stdin (import) or re-encrypt tokens with the first key (rotate-keys)"
+    static let summary = "import linked accounts (import), re-encrypt tokens (rotate-keys), move users to another team (transfer)"
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
+        if source.positional.first == "transfer" { return await AccountsTransferCommand.run(source) }
         let databaseURL: String
         let tokenBox: TokenBox
         let logLevel: Logger.Level
         let action = source.positional.first ?? ""
         do {
             guard ["import", "rotate-keys"].contains(action) else {
-                throw ConfigurationError(variable: "accounts", problem: "expected import or rotate-keys")
+                throw ConfigurationError(variable: "accounts", problem: "expected import, rotate-keys or transfer")
             }
             databaseURL = try CommonSettings.databaseURL(source)
             logLevel = try CommonSettings(source).logLevel

@@ -1,0 +1,159 @@
+package import AppleClient
+import Foundation
+package import Logging
+package import Postgres
+
+/// `siwa accounts transfer export` (sending team): obtains a transfer identifier for every account
+/// that has an `app_user_id` and is not `deleted`, stores it on the account as it arrives (so an
+/// interrupted run resumes where it stopped: identifiers already stored for this target team are
+/// never asked again), then writes the file: `TransferFile.header` and one line per account.
+package struct TransferExport {
+    package struct Summary: Sendable, Equatable {
+        /// Accounts to export (an `app_user_id`, not deleted).
+        package var accounts = 0
+        /// Of those, how many already had an identifier for the target when the run started.
+        package var alreadyObtained = 0
+        package var obtained = 0
+        /// Accounts that got no identifier in this run, by Apple's classified answer.
+        package var failures: [String: Int] = [:]
+        package var failed: Int { failures.values.reduce(0, +) }
+        package var missing: Int { accounts - alreadyObtained - obtained }
+        package var written = 0
+    }
+
+    let connection: PostgresConnection
+    let client: AppleAuthClient
+    let clientID: String
+    let targetTeam: String
+    let settings: MigrationCallSettings
+    let logger: Logger
+    let batchSize = 200
+
+    package init(
+        connection: PostgresConnection, client: AppleAuthClient, clientID: String, targetTeam: String,
+        settings: MigrationCallSettings, logger: Logger
+    ) {
+        self.connection = connection
+        self.client = client
+        self.clientID = clientID
+        self.targetTeam = targetTeam
+        self.settings = settings
+        self.logger = logger
+    }
+
+    /// The client IDs that have accounts to export (the command needs exactly one).
+    package static func clientIDs(on connection: PostgresConnection) async throws -> [String] {
+        try await connection.query(
+            """
+            SELECT DISTINCT client_id FROM siwa.accounts
+             WHERE app_user_id IS NOT NULL AND status <> 'deleted' ORDER BY client_id
+            """
+        ).map { try $0.decode(String.self, at: 0) }
+    }
+
+    /// Obtains the missing identifiers. `progress` gets the summary every `progressEvery` accounts.
+    /// Throws `MigrationConfigurationFault` when Apple refuses the credentials.
+    package func obtainIdentifiers(progressEvery: Int = 100, progress: @Sendable (Summary) -> Void) async throws -> Summary {
+        var summary = Summary()
+        let counts = try await connection.query(
+            """
+            SELECT count(*) AS accounts,
+                   count(*) FILTER (WHERE transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam)) AS obtained
+              FROM siwa.accounts
+             WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+            """)
+        summary.accounts = try counts[0].decode(Int.self, column: "accounts")
+        summary.alreadyObtained = try counts[0].decode(Int.self, column: "obtained")
+        progress(summary)
+
+        let caller = MigrationCaller(client: client, clientID: clientID, settings: settings, logger: logger)
+        var after = ""
+        var reported = 0
+        while true {
+            let subs = try await connection.query(
+                """
+                SELECT sub FROM siwa.accounts
+                 WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+                   AND (transfer_sub IS NULL OR transfer_target_team IS DISTINCT FROM \(targetTeam))
+                   AND sub > \(after)
+                 ORDER BY sub LIMIT \(batchSize)
+                """
+            ).map { try $0.decode(String.self, at: 0) }
+            guard let last = subs.last else { break }
+            after = last
+            let outcomes = try await obtain(subs, caller: caller)
+            for outcome in outcomes {
+                switch outcome {
+                case .success: summary.obtained += 1
+                case .failed(let reason): summary.failures[reason, default: 0] += 1
+                }
+                if (summary.obtained + summary.failed) - reported >= progressEvery {
+                    reported = summary.obtained + summary.failed
+                    progress(summary)
+                }
+            }
+        }
+        return summary
+    }
+
+    /// Asks for `subs`' identifiers, `settings.concurrency` at a time; each is stored the moment it arrives.
+    private func obtain(_ subs: [String], caller: MigrationCaller) async throws -> [MigrationCaller.Outcome<String>] {
+        let (client, clientID, targetTeam, connection) = (client, clientID, targetTeam, connection)
+        return try await withThrowingTaskGroup(of: MigrationCaller.Outcome<String>.self) { group in
+            var results: [MigrationCaller.Outcome<String>] = []
+            var next = subs.makeIterator()
+            func add(_ sub: String) {
+                group.addTask {
+                    let outcome = try await caller.perform { token in
+                        await client.transferSub(sub: sub, targetTeam: targetTeam, clientID: clientID, accessToken: token)
+                    }
+                    if case .success(let transferSub) = outcome {
+                        try await connection.execute(
+                            """
+                            UPDATE siwa.accounts
+                               SET transfer_sub = \(transferSub), transfer_target_team = \(targetTeam), transfer_sub_at = now()
+                             WHERE client_id = \(clientID) AND sub = \(sub)
+                            """)
+                    }
+                    return outcome
+                }
+            }
+            for _ in 0..<max(1, settings.concurrency) {
+                guard let sub = next.next() else { break }
+                add(sub)
+            }
+            while let outcome = try await group.next() {
+                results.append(outcome)
+                if let sub = next.next() { add(sub) }
+            }
+            return results
+        }
+    }
+
+    /// Writes the header and every stored identifier for the target team, in pages, through `write`.
+    package func writeFile(_ write: (String) -> Void) async throws -> Int {
+        write(TransferFile.header + "\n")
+        var after = ""
+        var written = 0
+        while true {
+            let rows = try await connection.query(
+                """
+                SELECT sub, transfer_sub, app_user_id FROM siwa.accounts
+                 WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+                   AND transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam) AND sub > \(after)
+                 ORDER BY sub LIMIT 1000
+                """)
+            guard !rows.isEmpty else { break }
+            var page = ""
+            for row in rows {
+                after = try row.decode(String.self, column: "sub")
+                page += TransferFile.line(
+                    transferSub: try row.decode(String.self, column: "transfer_sub"),
+                    appUserID: try row.decode(String.self, column: "app_user_id")) + "\n"
+            }
+            write(page)
+            written += rows.count
+        }
+        return written
+    }
+}

@@ -1,0 +1,122 @@
+import CryptoCore
+import FakeApple
+import Foundation
+import Logging
+import Postgres
+
+/// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
+/// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,
+/// stdout and stderr are files, so a test can stop it midway.
+final class TransferHarness: Sendable {
+    static let clientID = "com.example.app"
+    static let teamA = "TEAMAAAA01"
+    static let teamB = "TEAMBBBB02"
+    static let keyID = "TRANSFER01"
+
+    let fake: FakeApple
+    let directory: URL
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-transfer-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let keyA = try P256.Signing.PrivateKey.generate()
+        let keyB = try P256.Signing.PrivateKey.generate()
+        try keyA.pemRepresentation.write(to: directory.appendingPathComponent("\(Self.teamA).p8"), atomically: true, encoding: .utf8)
+        try keyB.pemRepresentation.write(to: directory.appendingPathComponent("\(Self.teamB).p8"), atomically: true, encoding: .utf8)
+        fake = try FakeApple(
+            configuration: .init(
+                verifyKey: keyA.publicKey, teamID: Self.teamA, hangDuration: .milliseconds(200),
+                otherTeams: [.init(id: Self.teamB, verifyKey: keyB.publicKey)]),
+            logger: Logger(label: "fake-apple", level: .warning))
+        try fake.start()
+    }
+
+    func stop() {
+        fake.stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// The variables a team's operator sets for the command.
+    func environment(team: String, database: MigratedDatabase) -> [String: String] {
+        [
+            "DATABASE_URL": database.url, "SIWA_APPLE_BASE_URL": fake.baseURL.absoluteString, "SIWA_TEAM_ID": team,
+            "SIWA_KEY_ID": Self.keyID, "SIWA_PRIVATE_KEY_FILE": directory.appendingPathComponent("\(team).p8").path,
+            "SIWA_CLIENT_IDS": Self.clientID, "SIWA_RETRY_BASE": "10ms", "SIWA_LOG_LEVEL": "warn",
+        ]
+    }
+
+    /// Starts `siwa accounts transfer ...` as `team`.
+    func start(_ arguments: [String], team: String, database: MigratedDatabase, stdin: String? = nil) throws -> CommandRun {
+        try CommandRun(["accounts", "transfer"] + arguments, environment: environment(team: team, database: database), stdin: stdin, in: directory)
+    }
+
+    /// Runs it to the end (bounded).
+    func run(_ arguments: [String], team: String, database: MigratedDatabase, stdin: String? = nil) async throws -> CommandRun {
+        let run = try start(arguments, team: team, database: database, stdin: stdin)
+        guard await run.waitForExit(timeout: .seconds(120)) != nil else {
+            run.kill()
+            throw ServiceProcessError(message: "siwa \(arguments.joined(separator: " ")) did not finish:\n\(run.stderr)")
+        }
+        return run
+    }
+
+    /// `count` active accounts `sub-NNNN` / `user-NNNN` linked under team A, with a stored (sealed) token.
+    static func seedAccounts(_ count: Int, on connection: PostgresConnection, prefix: String = "") async throws {
+        _ = try await connection.execute(
+            """
+            INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, refresh_token_enc, linked_at)
+            SELECT \(clientID)::text, \(prefix)::text || 'sub-' || lpad(n::text, 4, '0'), \(prefix)::text || 'user-' || lpad(n::text, 4, '0'),
+                   'active', 'a' || n || '@privaterelay.appleid.com', true, '\\x0102'::bytea, now()
+              FROM generate_series(1, \(count)) AS n
+            """)
+    }
+}
+
+/// One `siwa` child process with files for its standard streams.
+final class CommandRun: @unchecked Sendable {
+    // @unchecked: `process` is only touched from the test's own task.
+    private let process = Process()
+    private let outPath: URL
+    private let errPath: URL
+
+    init(_ arguments: [String], environment: [String: String], stdin: String?, in directory: URL) throws {
+        let id = UUID().uuidString
+        outPath = directory.appendingPathComponent("out-\(id)")
+        errPath = directory.appendingPathComponent("err-\(id)")
+        _ = FileManager.default.createFile(atPath: outPath.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errPath.path, contents: nil)
+        process.executableURL = try ServiceProcess.executable("siwa")
+        process.arguments = arguments
+        process.environment = ServiceProcess.childEnvironment(environment)
+        process.standardOutput = try FileHandle(forWritingTo: outPath)
+        process.standardError = try FileHandle(forWritingTo: errPath)
+        if let stdin {
+            let inPath = directory.appendingPathComponent("in-\(id)")
+            try stdin.write(to: inPath, atomically: true, encoding: .utf8)
+            process.standardInput = try FileHandle(forReadingFrom: inPath)
+        } else {
+            process.standardInput = FileHandle.nullDevice
+        }
+        try process.run()
+    }
+
+    var stdout: String { (try? String(contentsOf: outPath, encoding: .utf8)) ?? "" }
+    var stderr: String { (try? String(contentsOf: errPath, encoding: .utf8)) ?? "" }
+    var isRunning: Bool { process.isRunning }
+    var status: Int32 { process.terminationStatus }
+
+    /// Waits for exit (bounded); the status, or nil when it is still running at the deadline.
+    func waitForExit(timeout: Duration) async -> Int32? {
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        return process.isRunning ? nil : process.terminationStatus
+    }
+
+    /// SIGKILL: the harshest interruption (no chance to finish anything).
+    func kill() {
+        if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    deinit { if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) } }
+}

@@ -1,0 +1,55 @@
+-- Raw peer of mix (c), hot accounts (deploy/bench/worker.sh): 50 email events of accounts that get
+-- 100 events each, out of order. The same writes as the worker, set-based, one statement: claim 50,
+-- lock their accounts in key order, apply every event newer than the account's last email event
+-- (stale ones are only marked processed), write each account once with its newest event, append one
+-- change row with one pg_notify per applied event, complete the jobs. (The worker writes an account
+-- once per applied event, in event_time order: the rows it leaves are the same.)
+WITH c AS (
+    SELECT id, notification_jti FROM siwa.jobs
+     WHERE state = 'available' AND kind = 'notification' AND run_at <= now()
+     ORDER BY priority, run_at, id
+     LIMIT 50
+       FOR UPDATE SKIP LOCKED
+), b AS (
+    SELECT n.jti, n.client_id, n.sub, n.event_type, n.event_time, n.email, n.is_private_email, c.id AS job_id
+      FROM c JOIN siwa.notifications n ON n.jti = c.notification_jti
+), acc AS (
+    SELECT a.client_id, a.sub, a.app_user_id, a.status, a.last_email_event_at
+      FROM siwa.accounts a
+     WHERE (a.client_id, a.sub) IN (SELECT b.client_id, b.sub FROM b)
+     ORDER BY 1, 2
+       FOR UPDATE
+), e AS (
+    SELECT b.*, acc.app_user_id, acc.status,
+           (acc.last_email_event_at IS NULL OR b.event_time > acc.last_email_event_at) AS applied
+      FROM b JOIN acc ON acc.client_id = b.client_id AND acc.sub = b.sub
+), n AS (
+    UPDATE siwa.notifications n
+       SET processed_at = now(), outcome = CASE WHEN e.applied THEN 'applied' ELSE 'stale' END
+      FROM e
+     WHERE n.jti = e.jti
+), newest AS (
+    SELECT DISTINCT ON (e.client_id, e.sub) e.* FROM e WHERE e.applied ORDER BY e.client_id, e.sub, e.event_time DESC
+), a AS (
+    UPDATE siwa.accounts a
+       SET email_forwarding = CASE newest.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+           email = coalesce(newest.email, a.email), is_private_email = coalesce(newest.is_private_email, a.is_private_email),
+           last_email_event_at = newest.event_time, updated_at = now()
+      FROM newest
+     WHERE a.client_id = newest.client_id AND a.sub = newest.sub
+), ch AS (
+    INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
+    SELECT e.client_id, e.sub, e.app_user_id, replace(e.event_type, '-', '_'), e.status, e.jti, e.job_id
+      FROM e WHERE e.applied
+     ORDER BY e.event_time
+    RETURNING id, client_id, sub, change, status
+), told AS (
+    SELECT count(pg_notify('siwa_account_changes', json_build_object(
+               'id', id, 'client_id', client_id, 'sub', sub, 'change', change, 'status', status)::text)) AS sent
+      FROM ch
+)
+UPDATE siwa.jobs j
+   SET state = 'completed', attempt = j.attempt + 1,
+       outcome = CASE WHEN e.applied THEN 'applied' ELSE 'stale' END, finalized_at = now()
+  FROM e
+ WHERE j.id = e.job_id AND (SELECT sent FROM told) >= 0;
