@@ -152,6 +152,11 @@ package struct WorkerConfiguration: Sendable {
         return keys
     }
 
+    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds (ConfigurationSource's reading).
+    package static func parseDuration(_ text: String) -> Duration? {
+        ConfigurationSource.parseDuration(text)
+    }
+
     static func duration(
         _ source: ConfigurationSource, _ variable: String, default fallback: Duration, range: ClosedRange<Duration>
     ) throws(ConfigurationError) -> Duration {
