@@ -47,7 +47,7 @@ let package = Package(
                 swiftSettings: strict),
         .target(name: "WorkerCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
-                               "Logging", "AppleClient"],
+                               "Logging", "AppleClient", "JSON"],
                 swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),

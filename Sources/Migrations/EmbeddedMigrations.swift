@@ -696,6 +696,10 @@ extension Migration {
             -- Retention prunes the app's change feed by age.
             CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
+            -- Finished exchange jobs keep no authorization code (discarded and cancelled ones did).
+            UPDATE siwa.jobs SET args = args - 'code'
+             WHERE kind = 'exchange' AND state IN ('completed', 'discarded', 'cancelled') AND args ? 'code';
+
             DO $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
@@ -720,6 +724,7 @@ extension Migration {
             );
             """####),
         Migration(
+<<<<<<< HEAD
             version: 6, name: "006_hardening",
             sql: ####"""
             -- 006: the receiver, the only process on the internet, can add notifications and nothing else.
@@ -741,6 +746,26 @@ extension Migration {
                     EXECUTE 'REVOKE INSERT ON siwa.notifications FROM siwa_receiver';
                     EXECUTE 'GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
                              ON siwa.notifications TO siwa_receiver';
+=======
+            version: 8, name: "008_app_api",
+            sql: ####"""
+            -- The app API (siwa-worker on SIWA_APP_API_LISTEN): single-use sign-in nonces.
+            --
+            -- Only the SHA-256 of a nonce is stored. That is the value the identity token's `nonce` claim
+            -- carries (as hex), so a sign-in finds its row by it, and a copy of this table gives nobody a
+            -- nonce they could spend. A nonce is consumed by one DELETE ... RETURNING (siwa.consume_nonce), so
+            -- of any number of concurrent sign-ins with it exactly one wins; expired rows are pruned.
+            CREATE TABLE siwa.sign_in_nonces (
+                nonce_hash bytea       PRIMARY KEY CHECK (length(nonce_hash) = 32),
+                expires_at timestamptz NOT NULL
+            );
+            CREATE INDEX sign_in_nonces_expiry ON siwa.sign_in_nonces (expires_at);
+
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    EXECUTE 'GRANT SELECT, INSERT, DELETE ON siwa.sign_in_nonces TO siwa_worker';
+>>>>>>> main
                 END IF;
             END
             $$;
@@ -860,11 +885,13 @@ extension FunctionDefinitions {
             $$;
 
             -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
-            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes).
+            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes). STABLE, as
+            -- json_build_object is: declared IMMUTABLE it was not inlined, and ran as a function call of its
+            -- own for every change of a batch (4 % of a batch's time, deploy/bench/worker.sh's profile).
             CREATE OR REPLACE FUNCTION siwa.change_payload(
                 p_id bigint, p_client_id text, p_sub text, p_change text, p_status text
             ) RETURNS text
-            LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 SELECT json_build_object('id', p_id, 'client_id', left(p_client_id, 255), 'sub', left(p_sub, 255),
                                          'change', p_change, 'status', p_status)::text
             $$;
@@ -1312,6 +1339,104 @@ extension FunctionDefinitions {
             $$;
             """####),
         FunctionDefinitions(
+            name: "app_api",
+            sql: ####"""
+            -- Functions of the app API (siwa-worker, SIWA_APP_API_LISTEN). The worker's own role calls them;
+            -- none is granted to siwa_app (apps that share the database call siwa.link_account and friends).
+
+            -- Stores a new nonce (by its SHA-256) valid for p_ttl; returns when it expires.
+            CREATE OR REPLACE FUNCTION siwa.issue_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS timestamptz
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
+                RETURNING expires_at;
+            $$;
+
+            -- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
+            -- number of concurrent callers with the same nonce at most one gets true; an expired row found
+            -- here is deleted as well (spent either way).
+            CREATE OR REPLACE FUNCTION siwa.consume_nonce(p_nonce_hash bytea) RETURNS boolean
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH consumed AS (
+                    DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() AS valid)
+                SELECT coalesce((SELECT valid FROM consumed), false);
+            $$;
+
+            -- Deletes up to p_limit expired nonces; returns how many.
+            CREATE OR REPLACE FUNCTION siwa.prune_nonces(p_limit integer) RETURNS integer
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH pruned AS (
+                    DELETE FROM siwa.sign_in_nonces
+                     WHERE nonce_hash IN (SELECT nonce_hash FROM siwa.sign_in_nonces WHERE expires_at <= now()
+                                           ORDER BY expires_at LIMIT p_limit)
+                    RETURNING 1)
+                SELECT count(*)::integer FROM pruned;
+            $$;
+
+            -- The account effect of a verified sign-in: one event of the account state machine
+            -- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
+            -- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
+            -- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
+            -- and found no deletion pending, before its exchange; a deletion requested since then is not undone
+            -- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
+            -- the caller answers 403).
+            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            CREATE OR REPLACE FUNCTION siwa.sign_in(
+                p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+                p_checked_at timestamptz
+            ) RETURNS TABLE (
+                client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+                email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+                has_refresh_token boolean, is_new boolean
+            )
+            LANGUAGE plpgsql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+            DECLARE
+                outcome record;
+            BEGIN
+                IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
+                    RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
+                END IF;
+                SELECT * INTO outcome
+                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
+                RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
+                                    v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
+                               FROM siwa.account(p_client_id, p_sub) v;
+            END
+            $$;
+
+            -- Sets the app's own user id on an account; false when there is no such account.
+            CREATE OR REPLACE FUNCTION siwa.set_app_user_id(p_client_id text, p_sub text, p_app_user_id text) RETURNS boolean
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH updated AS (
+                    UPDATE siwa.accounts SET app_user_id = p_app_user_id, updated_at = now()
+                     WHERE client_id = p_client_id AND sub = p_sub
+                    RETURNING 1)
+                SELECT EXISTS (SELECT 1 FROM updated);
+            $$;
+
+            -- Privileges: the worker (which serves the app API) calls these; nobody else.
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+                                              siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                              siwa.set_app_user_id(text, text, text)
+                       TO siwa_worker;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
             name: "notifications",
             sql: ####"""
             -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
@@ -1372,6 +1497,10 @@ extension FunctionDefinitions {
                 ev_jtis text[];
                 ev_jobs bigint[];
                 ev_ranks bigint[];
+                ev_targets text[];
+                ev_subs text[];
+                ev_primary boolean[];
+                grouped boolean;
                 rounds bigint;
                 round_clients text[];
                 round_subs text[];
@@ -1382,43 +1511,73 @@ extension FunctionDefinitions {
                 email_clients text[] := '{}';
                 email_subs text[] := '{}';
             BEGIN
-                -- The unprocessed notifications, each ranked among its account's known-type events; an
-                -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
-                -- are created ('active': Apple only notifies about users who signed in, so an unknown sub is
-                -- a link we never saw) or locked (DO UPDATE ... WHERE false locks without writing).
+                -- The unprocessed notifications, each ranked among its user's known-type events (the user: the
+                -- sub within the client ID's app group, SIWA_APP_GROUPS, or within the client ID alone); an
+                -- unknown type changes no account (rank 1, never applied). Each event targets every account of
+                -- its user: in a group, the members' accounts with that sub (a web sign-in linked under a
+                -- Services ID gets the App ID's notification); with none, or outside a group, the account of
+                -- the notification's own client ID. The targeted accounts are created ('active': Apple only
+                -- notifies about users who signed in, so an unknown sub is a link we never saw) or locked
+                -- (DO UPDATE ... WHERE false locks without writing). One target per event is its primary: the
+                -- notification records that account's outcome.
+                grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
                 WITH b AS (
-                    SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type,
+                    SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
+                           n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
                            CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                                 THEN row_number() OVER (
-                                    PARTITION BY n.client_id, n.sub,
+                                    PARTITION BY coalesce(g.group_id, n.client_id), n.sub,
                                                  n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                                     ORDER BY n.event_time, u.ord)
                                 ELSE 1 END AS rank
                       FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
                       JOIN siwa.notifications n ON n.jti = u.jti
+                      LEFT JOIN siwa.app_groups g ON g.client_id = n.client_id
                      WHERE n.processed_at IS NULL
+                ), t AS (
+                    -- Without SIWA_APP_GROUPS (the usual case) each event targets its own account only.
+                    SELECT b.*, b.client_id AS target, true AS is_primary FROM b WHERE NOT grouped
+                    UNION ALL
+                    SELECT b.*, x.target, x.is_primary
+                      FROM b CROSS JOIN LATERAL (
+                          -- Key lookups only: the group's members, then each (member, sub) by primary key.
+                          SELECT mem.client_id AS target,
+                                 row_number() OVER (ORDER BY mem.client_id <> b.client_id, mem.client_id) = 1 AS is_primary
+                            FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                           WHERE b.group_id IS NOT NULL AND b.known
+                             AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub)
+                          UNION ALL
+                          SELECT b.client_id, true
+                           WHERE b.group_id IS NULL OR NOT b.known OR NOT EXISTS (
+                                 SELECT 1 FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                                  WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
+                      ) x
+                     WHERE grouped
                 ), locked AS (
                     INSERT INTO siwa.accounts AS a (client_id, sub, status)
-                    SELECT DISTINCT b.client_id, b.sub, 'active' FROM b
-                     WHERE b.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                    SELECT DISTINCT t.target, t.sub, 'active' FROM t
+                     WHERE t.known
                      ORDER BY 1, 2
                     ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
                 )
-                SELECT array_agg(b.jti ORDER BY b.ord), array_agg(b.job_id ORDER BY b.ord), array_agg(b.rank ORDER BY b.ord),
-                       max(b.rank)
-                  INTO ev_jtis, ev_jobs, ev_ranks, rounds
-                  FROM b;
+                SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
+                       array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
+                       array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
+                  INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
+                  FROM t;
 
                 -- Round r applies the r-th event of every account at once (almost always one round).
                 FOR r IN 1 .. coalesce(rounds, 0) LOOP
                     WITH e AS (
-                        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
-                               n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+                        SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
+                               n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                                siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                                          a.last_email_event_at, a.email_forwarding) AS outcome
-                          FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
+                          FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
+                               WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
                           JOIN siwa.notifications n ON n.jti = u.jti
-                          LEFT JOIN siwa.accounts a ON a.client_id = n.client_id AND a.sub = n.sub
+                          -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
+                          LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
                          WHERE u.rank = r
                     ), d AS (
                         -- erase: the account is deleted or deleted at Apple once this event is applied.
@@ -1433,8 +1592,14 @@ extension FunctionDefinitions {
                                jws = CASE WHEN d.erase THEN NULL ELSE n.jws END,
                                claims = CASE WHEN d.erase THEN n.claims - 'events' ELSE n.claims END
                           FROM d
-                         WHERE n.jti = d.jti AND n.processed_at IS NULL  -- rechecked under the row lock
+                         WHERE n.jti = d.jti AND d.is_primary AND n.processed_at IS NULL  -- rechecked under the row lock
                         RETURNING d.*
+                    ), t AS (
+                        -- Every targeted account: the primaries the notification update kept, and the rest of
+                        -- their groups (read unprocessed after the accounts were locked).
+                        SELECT * FROM n
+                        UNION ALL
+                        SELECT * FROM d WHERE NOT d.is_primary
                     ), a AS (
                         UPDATE siwa.accounts a
                            SET status = siwa.account_next_status(a.status, n.event_type),
@@ -1458,8 +1623,8 @@ extension FunctionDefinitions {
                                last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                                           THEN n.event_time ELSE a.last_email_event_at END,
                                updated_at = now()
-                          FROM n
-                         WHERE n.outcome = 'applied' AND a.client_id = n.client_id AND a.sub = n.sub
+                          FROM t n
+                         WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
                         RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
                                   CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
                                                     WHEN 'account-deleted' THEN 'apple_account_deleted'
@@ -1475,11 +1640,14 @@ extension FunctionDefinitions {
                                                siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
                           FROM c
                     )
-                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
-                           array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+                    -- Erased: the notifications stored under the notification's client ID and under the
+                    -- target's (the same outside a group).
+                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase) || array_agg(n.target) FILTER (WHERE n.erase AND n.target <> n.client_id),
+                           array_agg(n.sub) FILTER (WHERE n.erase) || array_agg(n.sub) FILTER (WHERE n.erase AND n.target <> n.client_id),
+                           array_agg(n.target) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
                            array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
                       INTO round_clients, round_subs, round_email_clients, round_email_subs
-                      FROM n, told;
+                      FROM t n, told;
                     erase_clients := erase_clients || coalesce(round_clients, '{}');
                     erase_subs := erase_subs || coalesce(round_subs, '{}');
                     email_clients := email_clients || coalesce(round_email_clients, '{}');
@@ -1613,9 +1781,15 @@ extension FunctionDefinitions {
             ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
             LANGUAGE plpgsql
             -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
-            -- stale statistics would suggest.
+            -- stale statistics would suggest. The plans are the same for every batch, so each statement here and
+            -- in the functions it calls is planned once per session (generic plan): a batch of one job spent
+            -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+<<<<<<< HEAD
             SET search_path = pg_catalog, pg_temp
+=======
+            SET plan_cache_mode = force_generic_plan
+>>>>>>> main
             AS $$
             DECLARE
                 ids bigint[];
@@ -1726,7 +1900,7 @@ extension FunctionDefinitions {
             -- Tables: sql/009_team_transfer.sql.
 
             -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
-            -- email; it is created `active` with no refresh token (the old team's tokens are useless to the new
+            -- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
             -- one), or, when this database also holds the sending side's account (found by the transfer_sub the
             -- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
             -- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
@@ -1778,15 +1952,19 @@ extension FunctionDefinitions {
                            is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
                      WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 ELSIF source.sub IS NOT NULL THEN
+                    -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
+                    -- team: neither the new team nor the new key can use them, so they go (README).
                     UPDATE siwa.accounts a
-                       SET sub = p_sub, app_user_id = line.app_user_id, status = 'active', email = p_email,
-                           is_private_email = p_is_private_email, email_forwarding = NULL, refresh_token_enc = NULL,
-                           last_email_event_at = NULL, token_checked_at = NULL, linked_at = now(), updated_at = now(),
+                       SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+                           email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
+                           refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+                           token_checked_at = NULL, linked_at = now(), updated_at = now(),
                            transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
                      WHERE a.client_id = source.client_id AND a.sub = source.sub;
                 ELSE
                     INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-                    VALUES (p_client_id, p_sub, line.app_user_id, 'active', p_email, p_is_private_email, now(), now());
+                    VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+                            p_is_private_email, now(), now());
                 END IF;
 
                 UPDATE siwa.transfer_imports t

@@ -11,9 +11,10 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
+        "SIWA_NOTIFICATION_CONNECTIONS",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
-        "SIWA_WORKER_STATEMENT_TIMEOUT",
-    ]
+        "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
+    ] + AppAPIConfiguration.variables
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
     package struct Apple: Sendable {
@@ -34,6 +35,9 @@ package struct WorkerConfiguration: Sendable {
 
     package var databaseURL: String
     package var clientIDs: [String]
+    /// `SIWA_APP_GROUPS`: client IDs that share users (a notification for one applies to the
+    /// accounts of all); each group lists at least two IDs, each in `clientIDs` and in one group.
+    package var appGroups: [[String]] = []
     package var apple: Apple
     package var concurrency: Int
     package var retentionDays: Int
@@ -51,10 +55,16 @@ package struct WorkerConfiguration: Sendable {
     /// amortise the commit (deploy/bench/worker.sh: 100 → ~10k jobs/s, 250 → ~13k, 500 → ~18k
     /// on one connection); at a steady trickle batches stay small, so latency does not grow.
     package var notificationBatch: Int
+    /// Notification batches in flight at once, each on its own connection. One batch leaves
+    /// PostgreSQL idle while its commit waits for the disk and while the worker reads the result;
+    /// a second one fills those gaps.
+    package var notificationConnections: Int
     /// `locked_by` on claimed rows; defaults to host:pid.
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
     package var retryBase: Duration
+    /// The app API, when `SIWA_APP_API_LISTEN` is set (it needs the Apple credentials).
+    package var appAPI: AppAPIConfiguration?
 
     /// `SIWA_WORKER_STATEMENT_TIMEOUT`: the worker sessions' `statement_timeout` and `lock_timeout`,
     /// so a held lock or a stalled server fails a claim (retried) instead of hanging the worker.
@@ -72,6 +82,7 @@ package struct WorkerConfiguration: Sendable {
         clientIDs = try CommonSettings.clientIDs(source)
         let common = try CommonSettings(source)
         logLevel = common.logLevel
+        appGroups = try Self.parseAppGroups(try source.string("SIWA_APP_GROUPS") ?? "", clientIDs: clientIDs)
 
         let callsText = try source.string("SIWA_APPLE_CALLS") ?? "enabled"
         guard ["enabled", "disabled"].contains(callsText) else {
@@ -121,11 +132,41 @@ package struct WorkerConfiguration: Sendable {
         completedJobRetention = try Self.duration(
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
         notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 250, range: 1...1000)
+        notificationConnections = try source.integer("SIWA_NOTIFICATION_CONNECTIONS", default: 2, range: 1...16)
         statementTimeout = try source.duration(
             "SIWA_WORKER_STATEMENT_TIMEOUT", default: .seconds(60), range: .milliseconds(100) ... .seconds(3600))
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
+        appAPI = try AppAPIConfiguration(source)
+        if appAPI != nil, !callsEnabled {
+            throw ConfigurationError(
+                variable: "SIWA_APP_API_LISTEN", problem: "the app API exchanges codes at sign-in: it needs SIWA_APPLE_CALLS=enabled")
+        }
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
+    }
+
+    /// `a,b;c,d`: `;`-separated groups of `,`-separated client IDs.
+    package static func parseAppGroups(_ text: String, clientIDs: [String]) throws(ConfigurationError) -> [[String]] {
+        var groups: [[String]] = []
+        var seen: Set<String> = []
+        for item in text.split(separator: ";") {
+            let members = item.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            if members.isEmpty { continue }
+            for member in members {
+                guard clientIDs.contains(member) else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is not in SIWA_CLIENT_IDS")
+                }
+                guard seen.insert(member).inserted else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is in more than one group")
+                }
+            }
+            guard members.count >= 2 else {
+                throw ConfigurationError(
+                    variable: "SIWA_APP_GROUPS", problem: "a group needs at least two client IDs, got \"\(members[0])\" alone")
+            }
+            groups.append(members)
+        }
+        return groups
     }
 
     /// `id:base64(32 bytes)`, comma-separated; ids unique and non-empty.
@@ -150,11 +191,6 @@ package struct WorkerConfiguration: Sendable {
             throw ConfigurationError(variable: "SIWA_TOKEN_KEYS", problem: "expected id:base64(32 bytes), comma-separated")
         }
         return keys
-    }
-
-    /// `500ms`, `1s`, `2m`, `1h`, `7d`, or a bare number of seconds (ConfigurationSource's reading).
-    package static func parseDuration(_ text: String) -> Duration? {
-        ConfigurationSource.parseDuration(text)
     }
 
     static func duration(

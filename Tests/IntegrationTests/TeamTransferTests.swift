@@ -167,6 +167,23 @@ import WorkerCore
         }
     }
 
+    @Test func badUsageExitsTwoWithOneLineNamingWhatIsWrong() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let environment = harness.environment(team: Harness.teamA, databaseURL: "postgresql://127.0.0.1:1/none")
+        for (arguments, named) in [
+            (["accounts", "transfer"], "usage"), (["accounts", "transfer", "export"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", "lowercase1"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", Harness.teamA], "--target-team"),
+            (["accounts", "transfer", "import", "--rate", "0"], "--rate"),
+        ] {
+            let run = try CommandRun(arguments, environment: environment, stdin: nil, in: harness.directory)
+            let status = await run.waitForExit(timeout: .seconds(30))
+            #expect(status == 2, "\(arguments): \(run.stderr)")
+            #expect(run.stderr.split(separator: "\n").count == 1 && run.stderr.contains(named), "\(arguments): \(run.stderr)")
+        }
+    }
+
     @Test func anAccountAppleRefusesIsCountedAndAskedAgainNextRun() async throws {
         let harness = try Harness()
         defer { harness.stop() }
@@ -223,7 +240,8 @@ import WorkerCore
     // MARK: Same database, sign-in rules
 
     /// The back end moves with the app: the recipient's database is the sender's. The accounts are
-    /// re-keyed to the new subs (no second row), keep their app_user_id and lose the old team's token.
+    /// re-keyed to the new subs (no second row), keep their app_user_id and lose the old team's
+    /// tokens (sealed with the old sub); a deletion then ends `no_token`, as the README says.
     @Test func importIntoTheSendersDatabaseReKeysTheAccounts() async throws {
         let harness = try Harness()
         defer { harness.stop() }
@@ -231,6 +249,7 @@ import WorkerCore
             let connection = try await database.connect()
             defer { connection.close() }
             try await Harness.seedAccounts(3, on: connection)
+            try await connection.simpleQuery("UPDATE siwa.accounts SET retired_tokens_enc = ARRAY['\\x0304'::bytea] WHERE sub = 'sub-0001'")
             let export = try await harness.run(["export", "--target-team", Harness.teamB], team: Harness.teamA, database: database)
             #expect(export.status == 0, "\(export.stderr)")
             let run = try await harness.run(["import"], team: Harness.teamB, database: database, stdin: export.stdout)
@@ -250,6 +269,19 @@ import WorkerCore
                 #expect(try row.decode(Bool.self, column: "no_token"))
                 #expect(try row.decode(Bool.self, column: "cleared"))
             }
+            #expect(try await count(connection, "SELECT count(*) FROM siwa.accounts WHERE retired_tokens_enc <> '{}'") == 0)
+
+            // The app deletes a re-keyed user: nothing is left to revoke at Apple.
+            let newSub = FakeApple.migratedIdentity(of: "sub-0001", fromTeam: Harness.teamA, toTeam: Harness.teamB).sub
+            let job = try await connection.query("SELECT siwa.request_deletion(\(Harness.clientID), \(newSub)) AS id")[0]
+                .decode(Int64.self, column: "id")
+            _ = try await connection.execute(
+                "UPDATE siwa.jobs SET state = 'running', attempt = 1, locked_until = now() + interval '1 minute' WHERE id = \(job)")
+            let step = try await connection.query("SELECT action FROM siwa.revoke_step(\(job), 1)")[0].decode(String.self, at: 0)
+            #expect(step == "deleted")
+            let reason = try await connection.query(
+                "SELECT reason FROM siwa.account_changes WHERE sub = \(newSub) AND change = 'deleted'")
+            #expect(try reason.first?.decode(String?.self, at: 0) == "no_token")
         }
     }
 
@@ -282,6 +314,43 @@ import WorkerCore
             #expect(try await count(connection, "SELECT count(*) FROM siwa.accounts WHERE sub = 'new-2' AND status = 'pending_deletion' AND app_user_id IS NULL") == 1)
             #expect(try await count(connection, "SELECT count(*) FROM siwa.transfer_imports WHERE state = 'skipped'") == 1)
         }
+    }
+
+    /// `siwa fake-apple` with a recipient team: the runbook can be rehearsed on one machine.
+    @Test func theFakeAppleCommandServesBothTeams() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let key = { (team: String) in harness.directory.appendingPathComponent("\(team).p8").path }
+        let fake = try ServiceProcess(
+            "siwa",
+            arguments: [
+                "fake-apple", "--listen", "127.0.0.1:0", "--team-id", Harness.teamA, "--verify-key-file", key(Harness.teamA),
+                "--recipient-team-id", Harness.teamB, "--recipient-verify-key-file", key(Harness.teamB),
+            ],
+            environment: [:])
+        let url = try await EndToEndStack.waitForListening(fake)
+        try await withMigratedDatabase { sender in
+            try await withMigratedDatabase { recipient in
+                let a = try await sender.connect()
+                defer { a.close() }
+                try await Harness.seedAccounts(2, on: a)
+                func run(_ arguments: [String], team: String, database: MigratedDatabase, stdin: String? = nil) async throws -> CommandRun {
+                    var environment = harness.environment(team: team, database: database)
+                    environment["SIWA_APPLE_BASE_URL"] = url
+                    let run = try CommandRun(["accounts", "transfer"] + arguments, environment: environment, stdin: stdin, in: harness.directory)
+                    _ = await run.waitForExit(timeout: .seconds(60))
+                    return run
+                }
+                let export = try await run(["export", "--target-team", Harness.teamB], team: Harness.teamA, database: sender)
+                #expect(export.status == 0, "\(export.stderr)")
+                let imported = try await run(["import"], team: Harness.teamB, database: recipient, stdin: export.stdout)
+                #expect(imported.status == 0, "\(imported.stderr)")
+                let b = try await recipient.connect()
+                defer { b.close() }
+                #expect(try await count(b, "SELECT count(*) FROM siwa.accounts WHERE app_user_id IN ('user-0001', 'user-0002')") == 2)
+            }
+        }
+        await fake.stop()
     }
 
     // MARK: The Apple client
