@@ -724,7 +724,6 @@ extension Migration {
             );
             """####),
         Migration(
-<<<<<<< HEAD
             version: 6, name: "006_hardening",
             sql: ####"""
             -- 006: the receiver, the only process on the internet, can add notifications and nothing else.
@@ -746,7 +745,11 @@ extension Migration {
                     EXECUTE 'REVOKE INSERT ON siwa.notifications FROM siwa_receiver';
                     EXECUTE 'GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
                              ON siwa.notifications TO siwa_receiver';
-=======
+                END IF;
+            END
+            $$;
+            """####),
+        Migration(
             version: 8, name: "008_app_api",
             sql: ####"""
             -- The app API (siwa-worker on SIWA_APP_API_LISTEN): single-use sign-in nonces.
@@ -765,7 +768,6 @@ extension Migration {
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
                     EXECUTE 'GRANT SELECT, INSERT, DELETE ON siwa.sign_in_nonces TO siwa_worker';
->>>>>>> main
                 END IF;
             END
             $$;
@@ -1785,11 +1787,8 @@ extension FunctionDefinitions {
             -- in the functions it calls is planned once per session (generic plan): a batch of one job spent
             -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
-<<<<<<< HEAD
-            SET search_path = pg_catalog, pg_temp
-=======
             SET plan_cache_mode = force_generic_plan
->>>>>>> main
+            SET search_path = pg_catalog, pg_temp
             AS $$
             DECLARE
                 ids bigint[];

@@ -190,11 +190,8 @@ package final class Worker: Sendable {
             do {
                 var claimed = 0
                 repeat {
-<<<<<<< HEAD
                     _ = try await gate.run(limit: batch)
-=======
                     let started = ContinuousClock.now
->>>>>>> main
                     let results = try await queue.runNotificationBatch(
                         worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
                     metrics.batchSeconds.observe((ContinuousClock.now - started).seconds)

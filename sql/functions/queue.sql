@@ -69,11 +69,8 @@ LANGUAGE plpgsql
 -- in the functions it calls is planned once per session (generic plan): a batch of one job spent
 -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
-<<<<<<< HEAD
-SET search_path = pg_catalog, pg_temp
-=======
 SET plan_cache_mode = force_generic_plan
->>>>>>> main
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ids bigint[];
