@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -100,7 +101,7 @@ struct FaultReceiverTests {
             let deadline = ContinuousClock.now + .seconds(10)
             while !fifth.isClosedByPeer(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
             #expect(fifth.isClosedByPeer(), "a fifth connection from one address stayed open")
-            held.forEach { $0.close() }
+            held.forEach { $0.close() }  // (the deferred close then does nothing)
             // Freed: the address may connect again.
             let again = ContinuousClock.now + .seconds(10)
             var status = 0
@@ -185,6 +186,7 @@ struct BurstAnswer: Sendable {
 /// A blocking TCP client socket on 127.0.0.1, for clients no HTTP library would imitate.
 final class RawConnection: Sendable {
     let descriptor: Int32
+    private let closed = Atomic<Bool>(false)
 
     init(port: UInt16) throws {
         descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -215,5 +217,10 @@ final class RawConnection: Sendable {
         return false  // it answered something; still open
     }
 
-    func close() { Glibc.close(descriptor) }
+    /// Closes once, however often called: a second close(2) could close whatever socket the
+    /// process opened meanwhile under the same number (a server's connection, another client).
+    func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        Glibc.close(descriptor)
+    }
 }
