@@ -32,7 +32,7 @@ extension FakeApple {
             }
             guard let issued else { return (Self.oauthError("invalid_grant"), true) }
             let refreshToken = "r" + Self.randomHex(24)
-            state.withLock { $0.refreshTokens[refreshToken] = .init(clientID: clientID, sub: issued.sub) }
+            state.withLock { $0.refreshTokens[refreshToken] = .init(clientID: clientID, sub: issued.sub, code: code) }
             let idToken = signIDToken(clientID: clientID, sub: issued.sub, email: issued.email, isPrivateEmail: issued.isPrivateEmail)
             return (
                 Self.json([
@@ -63,7 +63,10 @@ extension FakeApple {
         }
         guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
         state.withLock { state in
-            if state.refreshTokens[token]?.clientID == clientID { state.refreshTokens[token]?.revoked = true }
+            if state.refreshTokens[token]?.clientID == clientID {
+                state.refreshTokens[token]?.revoked = true
+                state.refreshTokens[token]?.revokedByClient = true
+            }
         }
         return (HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: []), true)
     }

@@ -29,6 +29,8 @@ package final class Worker: Sendable {
     private let notificationBell = Doorbell()
     private let callBell = Doorbell()
     private let maintenanceBell = Doorbell()
+    /// Deliveries to `SIWA_WEBHOOK_URL`, when set.
+    private let webhooks: WebhookDispatcher?
 
     /// Retention runs in one worker at a time (transaction-scoped advisory lock).
     static let retentionLockKey: Int64 = 0x5_1_1A_0002
@@ -68,6 +70,15 @@ package final class Worker: Sendable {
             forged: registry.counter(
                 "siwa_worker_notifications_forged_total",
                 help: "Stored notifications whose jws did not verify against Apple's keys or its claims (never applied)."))
+        webhooks = configuration.webhook.map { settings in
+            WebhookDispatcher(
+                settings: settings, databaseURL: configuration.databaseURL,
+                options: .init(
+                    workerID: configuration.workerID, lease: configuration.jobLease, pollInterval: configuration.pollInterval,
+                    shutdownGrace: configuration.shutdownGrace, retryPolicy: RetryPolicy(base: configuration.retryBase, cap: .seconds(3600)),
+                    limits: configuration.sessionLimits),
+                registry: registry, logger: logger)
+        }
         let registry = registry
         let pool = pool
         server = HTTPServer(
@@ -105,7 +116,7 @@ package final class Worker: Sendable {
             metadata: [
                 "worker_id": .string(configuration.workerID), "ops_listen": "\(configuration.opsListen.host):\(server.port)",
                 "concurrency": .int(configuration.concurrency), "listen_notify": .bool(configuration.listenNotify),
-                "apple_calls": .bool(configuration.apple.callsEnabled),
+                "apple_calls": .bool(configuration.apple.callsEnabled), "webhooks": .bool(webhooks != nil),
                 "handlers": .string(handlers.keys.map(\.rawValue).sorted().joined(separator: ",")),
             ])
         await withTaskGroup(of: Void.self) { group in
@@ -113,12 +124,14 @@ package final class Worker: Sendable {
             group.addTask { await self.dispatchLoop() }
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
+            if let webhooks { group.addTask { await webhooks.run() } }
             let signal = await Termination.wait()
             logger.info("siwa-worker stopping", metadata: ["signal": .string(signal)])
             state.withLock { $0.stopping = true }
             notificationBell.ringAll()
             callBell.ring()
             maintenanceBell.ring()
+            webhooks?.stop()
             await group.waitForAll()
         }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
@@ -147,6 +160,7 @@ package final class Worker: Sendable {
                     connection = fresh
                     notificationBell.ring()  // anything queued while we were not listening
                     callBell.ring()
+                    webhooks?.wake()
                 }
                 let notifications = try await connection!.waitForNotifications(timeout: .milliseconds(250))
                 // No jitter before claiming: workers woken by the same NOTIFY are kept apart by
@@ -155,6 +169,7 @@ package final class Worker: Sendable {
                 if !notifications.isEmpty, !stopping {
                     for _ in 0..<batchesFor(notifications) { notificationBell.ring() }
                     callBell.ring()
+                    webhooks?.wake()
                 }
             } catch {
                 logger.warning("siwa-worker listen connection failed; polling meanwhile", metadata: ["error": "\(error)"])

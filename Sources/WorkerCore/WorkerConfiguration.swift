@@ -14,7 +14,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_NOTIFICATION_CONNECTIONS",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
         "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
-    ] + AppAPIConfiguration.variables
+    ] + AppAPIConfiguration.variables + WebhookSettings.variables
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
     package struct Apple: Sendable {
@@ -65,6 +65,8 @@ package struct WorkerConfiguration: Sendable {
     package var retryBase: Duration
     /// The app API, when `SIWA_APP_API_LISTEN` is set (it needs the Apple credentials).
     package var appAPI: AppAPIConfiguration?
+    /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`: nil when webhooks are off.
+    package var webhook: WebhookSettings?
 
     /// `SIWA_WORKER_STATEMENT_TIMEOUT`: the worker sessions' `statement_timeout` and `lock_timeout`,
     /// so a held lock or a stalled server fails a claim (retried) instead of hanging the worker.
@@ -141,6 +143,7 @@ package struct WorkerConfiguration: Sendable {
             throw ConfigurationError(
                 variable: "SIWA_APP_API_LISTEN", problem: "the app API exchanges codes at sign-in: it needs SIWA_APPLE_CALLS=enabled")
         }
+        webhook = try WebhookSettings.parse(source)
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
     }
