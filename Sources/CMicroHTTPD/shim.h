@@ -37,6 +37,7 @@ static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
     unsigned int per_ip_connection_limit, unsigned int connection_timeout_seconds,
     MHD_AccessHandlerCallback _Nonnull access_handler, void * _Nullable access_context,
     MHD_RequestCompletedCallback _Nonnull completed, void * _Nullable completed_context,
+    MHD_NotifyConnectionCallback _Nonnull notify_connection, void * _Nullable notify_context,
     struct CMicroHTTPD_LogTarget * _Nonnull log_target)
 {
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME
@@ -52,6 +53,7 @@ static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip_connection_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
         MHD_OPTION_NOTIFY_COMPLETED, completed, completed_context,
+        MHD_OPTION_NOTIFY_CONNECTION, notify_connection, notify_context,
         MHD_OPTION_END);
 }
 
@@ -69,6 +71,12 @@ static inline int CMicroHTTPD_client_address(struct MHD_Connection * _Nonnull co
         return inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)address)->sin6_addr, buffer, size) != NULL;
     }
     return 0;
+}
+
+/// The connection's socket; -1 when unknown.
+static inline int CMicroHTTPD_connection_fd(struct MHD_Connection * _Nonnull connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return info == NULL ? -1 : (int)info->connect_fd;
 }
 
 /// The port the daemon listens on (useful after binding port 0); 0 when unknown.

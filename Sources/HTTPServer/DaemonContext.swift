@@ -1,3 +1,8 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 internal import CMicroHTTPD
 import Logging
 import Synchronization
@@ -20,11 +25,38 @@ final class DaemonContext: Sendable {
     private let suspended = Locked<[ObjectIdentifier: RequestContext]>([:])
     /// The last message from libmicrohttpd's log, for start-up errors.
     let lastDaemonMessage = Locked<String?>(nil)
+    /// Open connections, by `MHD_Connection` address: their socket, and since when they have been
+    /// waiting for a request to arrive whole (nil while one is being handled). Entries leave at
+    /// libmicrohttpd's CLOSED notification, which comes before it closes the socket, so a socket
+    /// found here under the lock is still this connection's.
+    private let connections = Locked<[UInt: (socket: Int32, waitingSince: ContinuousClock.Instant?)]>([:])
 
     init(handler: any HTTPHandler, logger: Logger, maxBodyBytes: Int) {
         self.handler = handler
         self.logger = logger
         self.maxBodyBytes = maxBodyBytes
+    }
+
+    /// Shuts down the socket of every connection that has waited longer than `deadline` for a
+    /// request to arrive whole (libmicrohttpd then closes it): a client trickling a byte at a
+    /// time resets the idle timeout forever, not this. Returns how many were cut off.
+    func shutDownConnections(waitingLongerThan deadline: Duration) -> Int {
+        let cutoff = ContinuousClock.now - deadline
+        return connections.withLock { connections in
+            var count = 0
+            for (key, entry) in connections {
+                guard let since = entry.waitingSince, since < cutoff else { continue }
+                _ = shutdown(entry.socket, Int32(SHUT_RDWR))
+                connections[key]?.waitingSince = nil
+                count += 1
+            }
+            return count
+        }
+    }
+
+    private func setWaiting(_ connection: OpaquePointer, since: ContinuousClock.Instant?) {
+        let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))
+        connections.withLock { $0[key]?.waitingSince = since }
     }
 
     func rememberSuspended(_ request: RequestContext) {
@@ -95,6 +127,7 @@ final class DaemonContext: Sendable {
         }
 
         // The body is complete (or the connection was resumed).
+        daemon.setWaiting(connection, since: nil)
         enum Next { case handle, queue(HTTPResponse), wait }
         let next = request.phase.withLock { phase -> Next in
             switch phase {
@@ -151,13 +184,32 @@ final class DaemonContext: Sendable {
         return .YES
     }
 
+    /// MHD_NotifyConnectionCallback: a connection opened or is about to be closed.
+    static func connectionChanged(
+        _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?, _ notification: MHD_ConnectionNotificationCode
+    ) {
+        guard let cls, let connection else { return }
+        let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
+        let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))
+        if notification == .CONNECTION_NOTIFY_STARTED {
+            let socket = CMicroHTTPD_connection_fd(connection)
+            guard socket >= 0 else { return }
+            daemon.connections.withLock { $0[key] = (socket, ContinuousClock.now) }
+        } else {
+            _ = daemon.connections.withLock { $0.removeValue(forKey: key) }
+        }
+    }
+
     /// MHD_RequestCompletedCallback: the request is over (sent, failed, timed out or closed).
     static func requestCompleted(
-        _ cls: UnsafeMutableRawPointer?, _ requestSlot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?,
-        _ termination: MHD_RequestTerminationCode
+        _ cls: UnsafeMutableRawPointer?, _ connection: OpaquePointer?,
+        _ requestSlot: UnsafeMutablePointer<UnsafeMutableRawPointer?>?, _ termination: MHD_RequestTerminationCode
     ) {
-        guard let cls, let requestSlot, let slot = requestSlot.pointee else { return }
+        guard let cls else { return }
         let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
+        // A kept-alive connection now waits for its next request: the deadline starts again.
+        if let connection { daemon.setWaiting(connection, since: .now) }
+        guard let requestSlot, let slot = requestSlot.pointee else { return }
         requestSlot.pointee = nil
         // Balances passRetained in the first access-handler call.
         let request = Unmanaged<RequestContext>.fromOpaque(slot).takeRetainedValue()

@@ -29,6 +29,10 @@ package final class HTTPServer: Sendable {
         package var perIPConnectionLimit: Int?
         /// A connection idle this long (no bytes either way) is closed; whole seconds, rounded up.
         package var connectionTimeout: Duration
+        /// A connection whose next request has not arrived whole (headers and body) this long after
+        /// it opened or after its last answer is closed, however steadily it trickles bytes; nil
+        /// for no deadline. Checked about four times per deadline.
+        package var requestDeadline: Duration?
         /// Larger bodies get 413 and never reach the handler.
         package var maxBodyBytes: Int
         /// How long `stop()` waits for in-flight requests before answering them 503.
@@ -37,8 +41,9 @@ package final class HTTPServer: Sendable {
         package init(
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
             connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
-            maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5)
+            maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil
         ) {
+            self.requestDeadline = requestDeadline
             self.host = host
             self.port = port
             self.threadCount = threadCount
@@ -61,6 +66,7 @@ package final class HTTPServer: Sendable {
         var context: Unmanaged<DaemonContext>
         var logTarget: UnsafeMutablePointer<CMicroHTTPD_LogTarget>
         var port: Int
+        var reaper: DeadlineReaper?
     }
 
     package let configuration: Configuration
@@ -122,8 +128,12 @@ package final class HTTPServer: Sendable {
                     DaemonContext.accessHandler(cls, connection, url, method, uploadData, uploadDataSize, requestSlot)
                 },
                 context.toOpaque(),
-                { cls, _, requestSlot, termination in
-                    DaemonContext.requestCompleted(cls, requestSlot, termination)
+                { cls, connection, requestSlot, termination in
+                    DaemonContext.requestCompleted(cls, connection, requestSlot, termination)
+                },
+                context.toOpaque(),
+                { cls, connection, _, notification in
+                    DaemonContext.connectionChanged(cls, connection, notification)
                 },
                 context.toOpaque(),
                 logTarget)
@@ -138,8 +148,11 @@ package final class HTTPServer: Sendable {
             }
             var port = Int(CMicroHTTPD_bound_port(daemon))
             if port == 0 { port = ListeningSocket.localPort(of: listenSocket) }
+            let reaper = configuration.requestDeadline.map { deadline in
+                DeadlineReaper(context: context.takeUnretainedValue(), deadline: deadline, logger: logger)
+            }
             running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
-                              port: port)
+                              port: port, reaper: reaper)
             logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
                                                           "http.port": .int(port),
                                                           "http.threads": .int(configuration.threadCount)])
@@ -155,6 +168,7 @@ package final class HTTPServer: Sendable {
             guard let current = running else { return }
             running = nil
             let context = current.context.takeUnretainedValue()
+            current.reaper?.stop()
             context.closingConnections.store(true, ordering: .relaxed)
             // After quiescing the listen socket is ours to close, but only after MHD_stop_daemon.
             let quiesced = MHD_quiesce_daemon(current.daemon)
@@ -197,5 +211,32 @@ package final class HTTPServer: Sendable {
                 continuation.resume()
             }
         }
+    }
+}
+
+/// The thread that enforces `Configuration.requestDeadline` while the daemon runs.
+private final class DeadlineReaper: Sendable {
+    private let stopped = Atomic<Bool>(false)
+    private let done = DispatchSemaphore(value: 0)
+
+    init(context: DaemonContext, deadline: Duration, logger: Logger) {
+        let tick = max(Duration.milliseconds(50), deadline / 4)
+        // A queue of its own: its one block sleeps between passes for as long as the daemon runs.
+        DispatchQueue(label: "http-request-deadline").async { [self] in
+            while !stopped.load(ordering: .acquiring) {
+                usleep(UInt32(clamping: tick.components.seconds * 1_000_000 + tick.components.attoseconds / 1_000_000_000_000))
+                let cut = context.shutDownConnections(waitingLongerThan: deadline)
+                if cut > 0 {
+                    logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
+                }
+            }
+            done.signal()
+        }
+    }
+
+    /// Returns once the thread has finished its last pass (it never touches a socket after).
+    func stop() {
+        stopped.store(true, ordering: .releasing)
+        done.wait()
     }
 }

@@ -724,6 +724,32 @@ extension Migration {
             );
             """####),
         Migration(
+            version: 6, name: "006_hardening",
+            sql: ####"""
+            -- 006: the receiver, the only process on the internet, can add notifications and nothing else.
+            --
+            -- Before: siwa_receiver could INSERT any row into siwa.jobs (a forged revoke or an effect for any
+            -- account) and any column of siwa.notifications (a row already marked processed). Now:
+            --   * siwa.notifications: INSERT on the columns the receiver stores, no more; processed_at and
+            --     outcome are the worker's. SELECT (jti) stays (ON CONFLICT (jti) needs it).
+            --   * siwa.jobs: no privilege at all. A notification's job is written by the trigger function
+            --     siwa.queue_notification_jobs, which runs as its owner (SECURITY DEFINER, fixed search_path:
+            --     sql/functions/queue.sql), in the same statement as the notification.
+            -- Roles are cluster-wide and created by 003 only when the migrating user may; like 003, this grants
+            -- and revokes only for the roles that exist, and is harmless when run again. A DBA who re-runs the
+            -- grants of 003_roles.sql re-runs this file after it.
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_receiver') THEN
+                    EXECUTE 'REVOKE INSERT ON siwa.jobs FROM siwa_receiver';
+                    EXECUTE 'REVOKE INSERT ON siwa.notifications FROM siwa_receiver';
+                    EXECUTE 'GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+                             ON siwa.notifications TO siwa_receiver';
+                END IF;
+            END
+            $$;
+            """####),
+        Migration(
             version: 7, name: "007_webhooks",
             sql: ####"""
             -- Webhooks to the app (CONTRACT.md, "Webhooks to the app"): every account change is delivered to
@@ -1541,7 +1567,9 @@ extension FunctionDefinitions {
 
             -- The order-aware rules of the four effects, in one place: the outcome of an event against the
             -- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
-            -- planner into the statements of siwa.apply_notifications.
+            -- planner into the statements of siwa.apply_notifications. The one siwa function without a pinned
+            -- search_path, on purpose: a SET clause would stop the inlining, and the body names no relation or
+            -- function, only built-in operators on built-in types, which resolve in pg_catalog first.
             CREATE OR REPLACE FUNCTION siwa.notification_outcome(
                 p_event_type text, p_event_time timestamptz, p_status text, p_linked_at timestamptz,
                 p_last_email_event_at timestamptz, p_email_forwarding text
@@ -1583,6 +1611,7 @@ extension FunctionDefinitions {
             -- Every statement here is driven by the batch's keys: nested loops over primary-key and account
             -- index lookups, whatever stale statistics (a table analyzed empty, then filled) would suggest.
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            SET search_path = pg_catalog, pg_temp
             AS $$
             #variable_conflict use_column
             DECLARE
@@ -1767,7 +1796,7 @@ extension FunctionDefinitions {
             -- outcome recorded on it: `applied`, `no_change`, `stale`, `ignored_account_deleted`,
             -- `ignored_unknown_type`, or `missing` (pruned by retention before it ran).
             CREATE OR REPLACE FUNCTION siwa.apply_notification(p_jti text, p_job_id bigint) RETURNS text
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 result text;
             BEGIN
@@ -1780,7 +1809,7 @@ extension FunctionDefinitions {
             -- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
             -- its notifications keep only what recognises a redelivery (jti) and what happened (type, time).
             CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
-            LANGUAGE sql AS $$
+            LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
                 UPDATE siwa.notifications
                    SET email = NULL, jws = NULL, claims = claims - 'events'
                  WHERE client_id = p_client_id AND sub = p_sub
@@ -1812,11 +1841,26 @@ extension FunctionDefinitions {
             -- A notification's job is written by the same statement that stores the notification, so the
             -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
             -- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
+            -- It runs as its owner: the receiver's role may not write siwa.jobs itself (006_hardening.sql), so
+            -- the only job it can cause is the one for a notification it stores. When the session is a
+            -- siwa_receiver login (not a superuser), the job is held (run_at infinity) until a worker has
+            -- verified the stored jws against Apple's keys and the columns against its claims
+            -- (WorkerCore/StoredNotificationGate.swift): a compromised receiver can store rows, never have
+            -- them applied.
             CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            DECLARE
+                held boolean;
             BEGIN
-                INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
-                SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
+                -- In this order (CASE, not AND): pg_has_role raises for a role that does not exist.
+                held := CASE
+                    WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN false
+                    WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) THEN false
+                    ELSE pg_has_role(session_user, 'siwa_receiver', 'MEMBER') END;
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti, run_at)
+                SELECT 'notification', 2, client_id, sub, jti,
+                       CASE WHEN coalesce(held, false) THEN 'infinity'::timestamptz ELSE now() END
+                  FROM new_notifications ORDER BY event_time, jti;
                 RETURN NULL;
             END
             $$;
@@ -1824,7 +1868,7 @@ extension FunctionDefinitions {
             -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
             -- number of new jobs so a worker can size its claim.
             CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 queued bigint;
             BEGIN
@@ -1840,7 +1884,7 @@ extension FunctionDefinitions {
             -- uniform in [0, min(cap, base * 2^(failures - 1))] seconds.
             CREATE OR REPLACE FUNCTION siwa.job_backoff(p_failures integer, p_base double precision, p_cap double precision)
             RETURNS interval
-            LANGUAGE sql VOLATILE AS $$
+            LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
                 SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
             $$;
 
@@ -1863,6 +1907,7 @@ extension FunctionDefinitions {
             -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
             SET plan_cache_mode = force_generic_plan
+            SET search_path = pg_catalog, pg_temp
             AS $$
             DECLARE
                 ids bigint[];

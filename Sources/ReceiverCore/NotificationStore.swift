@@ -393,7 +393,7 @@ package final class NotificationStore: Sendable {
                 """
                 SELECT CASE
                     WHEN to_regclass('siwa.notifications') IS NULL THEN 'unmigrated'
-                    WHEN NOT has_table_privilege('siwa.notifications', 'INSERT') THEN 'no_privilege'
+                    WHEN NOT has_column_privilege('siwa.notifications', 'jws', 'INSERT') THEN 'no_privilege'
                     WHEN pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' THEN 'read_only'
                     ELSE 'ok' END AS state
                 """)

@@ -53,7 +53,8 @@ package final class Receiver: Sendable {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
                 threadCount: configuration.httpThreads, connectionLimit: configuration.connectionLimit,
-                connectionTimeout: .seconds(configuration.connectionTimeout), maxBodyBytes: 64 * 1024),
+                perIPConnectionLimit: configuration.perAddressLimit, connectionTimeout: .seconds(configuration.connectionTimeout), maxBodyBytes: 64 * 1024,
+                requestDeadline: configuration.requestTimeout),
             handler: handler, logger: logger)
     }
 

@@ -8,7 +8,7 @@ package struct ReceiverConfiguration: Sendable {
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
         "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_RECEIVER_CONNECTION_TIMEOUT", "SIWA_JWKS_REFETCH_INTERVAL",
-        "SIWA_RECEIVER_COMMIT_TIMEOUT",
+        "SIWA_RECEIVER_COMMIT_TIMEOUT", "SIWA_RECEIVER_PER_ADDRESS_LIMIT", "SIWA_RECEIVER_REQUEST_TIMEOUT",
     ]
 
     package var databaseURL: String
@@ -22,8 +22,16 @@ package struct ReceiverConfiguration: Sendable {
     package var databaseConnections: Int
     package var maxPending: Int
     package var connectionLimit: Int
+    /// Open connections from one address at most, so one host's slow clients cannot take every
+    /// slot; nil for none. Unset, it is 64 when listening on a routable address and none when
+    /// listening on loopback only: then a proxy on this host is every connection's address, and
+    /// the per-client limit is the proxy's (deploy/nginx/siwa.conf, `limit_conn`).
+    package var perAddressLimit: Int?
     /// Seconds a connection may stay idle (no bytes either way) before it is closed.
     package var connectionTimeout: Int
+    /// Longest a connection may take to deliver a whole request (headers and body), from when it
+    /// opened or was last answered, however steadily it trickles bytes.
+    package var requestTimeout: Duration
     /// Longest a notification waits on the database before it is answered 503 (CONTRACT.md,
     /// "Receiver failures"); also the receiver sessions' `statement_timeout` and `lock_timeout`.
     package var commitTimeout: Duration
@@ -51,7 +59,13 @@ package struct ReceiverConfiguration: Sendable {
         databaseConnections = try source.integer("SIWA_RECEIVER_DB_CONNECTIONS", default: 1, range: 1...64)
         maxPending = try source.integer("SIWA_RECEIVER_MAX_PENDING", default: 4096, range: 1...1_000_000)
         connectionLimit = try source.integer("SIWA_RECEIVER_CONNECTION_LIMIT", default: 2048, range: 1...100_000)
+        let behindLocalProxy = CommonSettings.isLoopback(listen.host)
+        perAddressLimit =
+            try source.string("SIWA_RECEIVER_PER_ADDRESS_LIMIT") == nil && behindLocalProxy
+            ? nil : try source.integer("SIWA_RECEIVER_PER_ADDRESS_LIMIT", default: min(64, connectionLimit), range: 1...100_000)
         connectionTimeout = try source.integer("SIWA_RECEIVER_CONNECTION_TIMEOUT", default: 10, range: 1...3600)
+        requestTimeout = try source.duration(
+            "SIWA_RECEIVER_REQUEST_TIMEOUT", default: .seconds(30), range: .milliseconds(200) ... .seconds(3600))
         commitTimeout = try source.duration(
             "SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
         keyRefetchInterval = try source.integer("SIWA_JWKS_REFETCH_INTERVAL", default: 10, range: 1...3600)

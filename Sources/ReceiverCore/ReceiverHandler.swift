@@ -52,6 +52,9 @@ package struct ReceiverHandler: HTTPHandler {
         metrics.gauge("siwa_receiver_pending_commits", help: "Verified notifications waiting for a commit.") {
             [store] in Double(store.pendingCount)
         }
+        metrics.gauge("siwa_receiver_ready", help: "1 when /readyz would answer 200 (database and keys), else 0.") {
+            [store, keys] in store.isReady && keys.hasKeys ? 1 : 0
+        }
         metrics.gauge("siwa_receiver_jwks_age_seconds", help: "Seconds since Apple's key set was last fetched.") {
             [keys] in keys.age ?? -1
         }

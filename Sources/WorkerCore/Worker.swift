@@ -1,3 +1,4 @@
+internal import AppleClient
 internal import Dispatch
 internal import Foundation
 internal import HTTPServer
@@ -21,6 +22,7 @@ package final class Worker: Sendable {
     private let handlers: [JobKind: any JobHandler]
     private let pool: PostgresPool
     private let queue: JobQueue
+    private let gate: StoredNotificationGate
     private let policy: RetryPolicy
     private let server: HTTPServer
     private let state = Locked(State())
@@ -60,6 +62,17 @@ package final class Worker: Sendable {
             acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
             logger: logger)
         queue = JobQueue(pool: pool)
+        // Apple's keys, fetched only when a held notification names a kid not yet seen (a worker
+        // that never sees one never calls Apple for them).
+        gate = StoredNotificationGate(
+            pool: pool,
+            keys: AppleKeySet(
+                http: AppleHTTP(baseURL: configuration.apple.baseURL, timeout: .seconds(5)), logger: logger,
+                minimumRefetchInterval: .seconds(10)),
+            logger: logger,
+            forged: registry.counter(
+                "siwa_worker_notifications_forged_total",
+                help: "Stored notifications whose jws did not verify against Apple's keys or its claims (never applied)."))
         webhooks = configuration.webhook.map { settings in
             WebhookDispatcher(
                 settings: settings, databaseURL: configuration.databaseURL,
@@ -204,6 +217,7 @@ package final class Worker: Sendable {
             do {
                 var claimed = 0
                 repeat {
+                    _ = try await gate.run(limit: batch)
                     let started = ContinuousClock.now
                     let results = try await queue.runNotificationBatch(
                         worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
@@ -379,19 +393,37 @@ package final class Worker: Sendable {
                     notificationBell.ring()
                     callBell.ring()
                 }
-                let depth = try await pool.withConnection { connection in
-                    try await connection.query(
-                        "SELECT count(*) AS n FROM siwa.jobs WHERE state = 'available' AND run_at <= now()")
-                }
-                metrics.queueDepth.set(Double(try depth.first?.decode(Int.self, column: "n") ?? 0))
+                try await refreshQueueGauges()
                 if ContinuousClock.now - lastRetention >= retentionEvery {
                     lastRetention = ContinuousClock.now
                     try await retention()
                 }
             } catch {
+                metrics.databaseReady.set(0)
                 logger.warning("siwa-worker maintenance failed", metadata: ["error": "\(error)"])
             }
         }
+    }
+
+    /// The queue's health as gauges, so every row of the README's "What to alert on" is a series
+    /// (deploy/monitoring/siwa-alerts.yml). One pass over the jobs not yet done.
+    private func refreshQueueGauges() async throws {
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                """
+                SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now()) AS ready,
+                       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now())), 0)::float8 AS oldest_ready,
+                       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE kind = 'revoke')), 0)::float8 AS oldest_revoke,
+                       (SELECT count(*) FROM siwa.paused_clients) AS paused
+                  FROM siwa.jobs WHERE state IN ('available', 'running')
+                """)
+        }
+        guard let row = rows.first else { return }
+        metrics.queueDepth.set(Double(try row.decode(Int.self, column: "ready")))
+        metrics.oldestReadySeconds.set(try row.decode(Double.self, column: "oldest_ready"))
+        metrics.oldestPendingRevokeSeconds.set(try row.decode(Double.self, column: "oldest_revoke"))
+        metrics.pausedClients.set(Double(try row.decode(Int.self, column: "paused")))
+        metrics.databaseReady.set(1)
     }
 
     /// Deletes what outlived its purpose, in one worker at a time.

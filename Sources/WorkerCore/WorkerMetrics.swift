@@ -14,6 +14,12 @@ struct WorkerMetrics: Sendable {
     let kinds: [JobKind: PerKind]
     let effectDelay: Histogram
     let queueDepth: Gauge
+    /// The README's "What to alert on", as series (refreshed by the maintenance loop).
+    let oldestReadySeconds: Gauge
+    let oldestPendingRevokeSeconds: Gauge
+    let pausedClients: Gauge
+    /// 1 while the last maintenance pass reached the database, 0 after a failed one.
+    let databaseReady: Gauge
     let inFlight: Gauge
     let batchFailures: Counter
     let batchSeconds: Histogram
@@ -21,16 +27,19 @@ struct WorkerMetrics: Sendable {
 
     init(registry: MetricsRegistry) {
         var kinds: [JobKind: PerKind] = [:]
-        let families: [(String, String)] = [
-            ("claimed", "Jobs claimed."), ("completed", "Jobs completed."),
-            ("retried", "Failed attempts scheduled for retry."), ("discarded", "Jobs discarded (kept for an operator)."),
-            ("snoozed", "Jobs put back without counting a failure."),
+        // Names spelled out whole, so a search finds them (deploy-check matches the monitoring
+        // files against the names in the sources).
+        let families: [(String, String, String)] = [
+            ("claimed", "siwa_worker_jobs_claimed_total", "Jobs claimed."),
+            ("completed", "siwa_worker_jobs_completed_total", "Jobs completed."),
+            ("retried", "siwa_worker_jobs_retried_total", "Failed attempts scheduled for retry."),
+            ("discarded", "siwa_worker_jobs_discarded_total", "Jobs discarded (kept for an operator)."),
+            ("snoozed", "siwa_worker_jobs_snoozed_total", "Jobs put back without counting a failure."),
         ]
         var made: [String: [JobKind: Counter]] = [:]
-        for (name, help) in families {
+        for (name, metric, help) in families {
             for kind in JobKind.allCases {
-                made[name, default: [:]][kind] = registry.counter(
-                    "siwa_worker_jobs_\(name)_total", help: help, labels: ["kind": kind.rawValue])
+                made[name, default: [:]][kind] = registry.counter(metric, help: help, labels: ["kind": kind.rawValue])
             }
         }
         for kind in JobKind.allCases {
@@ -43,6 +52,15 @@ struct WorkerMetrics: Sendable {
         effectDelay = registry.histogram(
             "siwa_worker_effect_delay_seconds", help: "From a notification's received_at to its effect's commit.")
         queueDepth = registry.gauge("siwa_worker_queue_depth", help: "Jobs available and due (refreshed every few seconds).")
+        oldestReadySeconds = registry.gauge(
+            "siwa_worker_oldest_ready_job_seconds", help: "Age of the oldest job due and not yet claimed (0 when none).")
+        oldestPendingRevokeSeconds = registry.gauge(
+            "siwa_worker_oldest_pending_revoke_seconds",
+            help: "Age of the oldest revoke (deletion) not yet done at Apple (0 when none).")
+        pausedClients = registry.gauge(
+            "siwa_worker_paused_clients", help: "Client IDs paused because Apple refused our credentials.")
+        databaseReady = registry.gauge(
+            "siwa_worker_database_ready", help: "1 when the last maintenance pass reached the database, else 0.")
         inFlight = registry.gauge("siwa_worker_jobs_in_flight", help: "Jobs this process is running now.")
         batchFailures = registry.counter(
             "siwa_worker_batch_errors_total", help: "Notification batches that failed as a whole (retried).")

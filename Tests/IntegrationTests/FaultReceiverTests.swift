@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -52,6 +53,63 @@ struct FaultReceiverTests {
             #expect(open.isEmpty, "\(open.count) idle slow connections still open")
             #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
             print("fault.slow_clients: 200 slow (\(openWhileTrickling) open after trickling), 50 normal answered \(Set(statuses)), closed when idle \(slow.count - open.count)")
+        }
+    }
+
+    @Test func aRequestTrickledByteByByteIsCutOffAtTheRequestDeadline() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            // The idle timeout (30 s) never fires for a client sending a byte every 200 ms; the
+            // whole-request deadline (1 s) does.
+            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                databaseURL: database.url, keys: keys,
+                extra: ["SIWA_RECEIVER_REQUEST_TIMEOUT": "1s", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
+            defer { Task { await receiver.stop() } }
+            let slow = try RawConnection(port: UInt16(URL(string: base)!.port!))
+            defer { slow.close() }
+            let header = Array("POST /apple/notifications HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: \(String(repeating: "a", count: 200))".utf8)
+            var sent = 0
+            while sent < header.count, !slow.isClosedByPeer() {
+                slow.send([header[sent]])
+                sent += 1
+                try await Task.sleep(for: .milliseconds(200))
+            }
+            #expect(slow.isClosedByPeer(), "a request trickled for \(sent) bytes was never cut off")
+            // A well-behaved request is untouched by it.
+            #expect(try await HTTP.request("POST", base + "/apple/notifications", body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims()))).status == 200)
+        }
+    }
+
+    @Test func oneAddressCannotTakeMoreThanItsShareOfConnections() async throws {
+        try await withMigratedDatabase { database in
+            let keys = try TestAppleKeys()
+            defer { keys.stop() }
+            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                databaseURL: database.url, keys: keys,
+                extra: ["SIWA_RECEIVER_PER_ADDRESS_LIMIT": "4", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
+            defer { Task { await receiver.stop() } }
+            let port = UInt16(URL(string: base)!.port!)
+            // Four idle connections from 127.0.0.1 hold its share (the readiness poll's are closed).
+            try await Task.sleep(for: .milliseconds(200))
+            let held = try (0..<4).map { _ in try RawConnection(port: port) }
+            defer { held.forEach { $0.close() } }
+            for connection in held { connection.send(Array("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".utf8)) }
+            // A fifth is accepted by the kernel and closed by the server at once.
+            let fifth = try RawConnection(port: port)
+            defer { fifth.close() }
+            let deadline = ContinuousClock.now + .seconds(10)
+            while !fifth.isClosedByPeer(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(fifth.isClosedByPeer(), "a fifth connection from one address stayed open")
+            held.forEach { $0.close() }  // (the deferred close then does nothing)
+            // Freed: the address may connect again.
+            let again = ContinuousClock.now + .seconds(10)
+            var status = 0
+            while status != 200, ContinuousClock.now < again {
+                status = (try? await HTTP.request("GET", base + "/healthz").status) ?? 0
+                if status != 200 { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(status == 200)
         }
     }
 
@@ -128,6 +186,7 @@ struct BurstAnswer: Sendable {
 /// A blocking TCP client socket on 127.0.0.1, for clients no HTTP library would imitate.
 final class RawConnection: Sendable {
     let descriptor: Int32
+    private let closed = Atomic<Bool>(false)
 
     init(port: UInt16) throws {
         descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -158,5 +217,10 @@ final class RawConnection: Sendable {
         return false  // it answered something; still open
     }
 
-    func close() { Glibc.close(descriptor) }
+    /// Closes once, however often called: a second close(2) could close whatever socket the
+    /// process opened meanwhile under the same number (a server's connection, another client).
+    func close() {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        Glibc.close(descriptor)
+    }
 }

@@ -11,7 +11,10 @@
 #            resources, secrets as read-only files, labels/selectors, kustomization coverage;
 #            `kubectl kustomize` when kubectl is present.
 #   docker   Dockerfile linted by reading it (no Docker engine here: it is not built).
-# Installs nginx / python3-yaml with apt-get only when missing. Exit status 0 when all passed.
+#   monitoring  promtool check rules on deploy/monitoring/siwa-alerts.yml; the Grafana dashboard is
+#            valid JSON; every metric the rules and the dashboard name is exported by the code; an
+#            alert rule for every row of the README's "What to alert on".
+# Installs nginx / python3-yaml / prometheus (for promtool) with apt-get only when missing. Exit status 0 when all passed.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -101,6 +104,13 @@ for u in siwa-receiver.service siwa-worker@.service; do
     t=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s\{0,1\}$/\1/p' "$sd/$u")
     [[ -n $t && $t -gt 30 ]] && ok "$u: TimeoutStopSec=${t}s > 30 s grace" || fail "$u: TimeoutStopSec '$t' not above 30 s"
 done
+# Descriptors: the receiver holds one per connection; systemd's default soft limit (1024) is below
+# the default SIWA_RECEIVER_CONNECTION_LIMIT (2048).
+nofile=$(sed -n 's/^LimitNOFILE=\([0-9]*\)$/\1/p' "$sd/siwa-receiver.service")
+climit=$(sed -n 's/^#\{0,1\}SIWA_RECEIVER_CONNECTION_LIMIT=\([0-9]*\)$/\1/p' "$sd/siwa.env.example")
+[[ -n $nofile && -n $climit && $nofile -ge $((climit + 64)) ]] \
+    && ok "receiver: LimitNOFILE=$nofile covers SIWA_RECEIVER_CONNECTION_LIMIT=$climit" \
+    || fail "receiver: LimitNOFILE '$nofile' below SIWA_RECEIVER_CONNECTION_LIMIT '$climit' + 64"
 grep -qx 'ExecStart=/usr/local/bin/siwa migrate' "$sd/siwa-migrate.service" && grep -qx 'Type=oneshot' "$sd/siwa-migrate.service" \
     && ok "siwa-migrate: oneshot running /usr/local/bin/siwa migrate" || fail "siwa-migrate: ExecStart/Type"
 grep -qx 'ExecStart=/usr/local/bin/siwa-receiver' "$sd/siwa-receiver.service" && ok "receiver ExecStart" || fail "receiver ExecStart"
@@ -427,6 +437,61 @@ while read -r src; do
 done < <(grep -E '^COPY [^-]' "$df" | awk '{for (i = 2; i < NF; i++) print $i}')
 
 # ---------------------------------------------------------------------------------------------
+echo "== monitoring (deploy/monitoring)"
+mon=$deploy/monitoring
+if ! command -v promtool >/dev/null; then apt_install prometheus || true; fi
+if command -v promtool >/dev/null; then
+    if out=$(promtool check rules "$mon/siwa-alerts.yml" 2>&1); then
+        ok "promtool check rules siwa-alerts.yml ($(grep -o 'SUCCESS: [0-9]* rules found' <<<"$out"))"
+    else
+        fail "promtool check rules: $out"
+    fi
+else
+    fail "promtool not found and could not be installed (Debian package prometheus)"
+fi
+# Every metric the rules and the dashboard name is one the code exports (a histogram's _bucket,
+# _sum and _count included); `up` is Prometheus's own.
+exported=$(grep -rhoE '"siwa_[a-z_]+"' "$repo/Sources" | tr -d '"' | sort -u)
+if python3 - "$mon/siwa-alerts.yml" "$mon/siwa-dashboard.json" "$tmp/queries" <<'PY'
+import json, re, sys
+rules, dashboard, out = sys.argv[1:4]
+queries = []
+for line in open(rules):
+    m = re.match(r"\s*expr:\s*(.+)", line)
+    if m: queries.append(("siwa-alerts.yml", m.group(1)))
+board = json.load(open(dashboard))  # fails on invalid JSON
+assert board.get("panels"), "no panels"
+for panel in board["panels"]:
+    targets = panel.get("targets") or []
+    assert targets, "panel %r has no query" % panel.get("title")
+    for target in targets: queries.append(("panel " + panel["title"], target["expr"]))
+with open(out, "w") as f:
+    for where, expr in queries:
+        names = set(re.findall(r"\bsiwa_[a-z0-9_]+", expr)) | ({"up"} if re.search(r"\bup\{", expr) else set())
+        if not names: print("NONE\t%s" % where, file=f)
+        for n in names: print("%s\t%s" % (n, where), file=f)
+PY
+then
+    ok "siwa-dashboard.json is valid JSON with a query in every panel"
+    unknown=()
+    queried=0
+    while IFS=$'\t' read -r name where; do
+        queried=$((queried + 1))
+        [[ $name == NONE ]] && { unknown+=("$where names no metric"); continue; }
+        [[ $name == up ]] && continue
+        base=$(sed -E 's/_(bucket|sum|count)$//' <<<"$name")
+        grep -qx "$name" <<<"$exported" || grep -qx "$base" <<<"$exported" || unknown+=("$name ($where)")
+    done <"$tmp/queries"
+    [[ ${#unknown[@]} -eq 0 ]] && ok "every metric in the $queried rule and dashboard queries is exported by the code" \
+        || fail "metrics not exported by the code: ${unknown[*]}"
+else
+    fail "siwa-dashboard.json: not valid, or a panel without a query"
+fi
+rows=$(awk '/^## What to alert on/{on=1; next} /^## /{on=0} on && /^\| / && !/^\| (signal|---)/' "$repo/README.md" | wc -l)
+alerts=$(grep -c '^ *- alert:' "$mon/siwa-alerts.yml")
+[[ $rows -gt 0 && $alerts -ge $rows ]] && ok "$alerts alert rules for the README's $rows \"What to alert on\" rows" \
+    || fail "$alerts alert rules for $rows \"What to alert on\" rows"
+
 echo "== scripts"
 for s in "$here"/*.sh; do bash -n "$s" && ok "bash -n $(basename "$s")" || fail "bash -n $(basename "$s")"; done
 

@@ -116,12 +116,25 @@ expect "three NOLOGIN group roles exist" \
     "$(q postgres postgres "SELECT string_agg(rolname || '=' || rolcanlogin, ',' ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'siwa\_%'")" \
     "siwa_app=false,siwa_receiver=false,siwa_worker=false"
 before=$(privileges siwa)
-if out=$(apply postgres siwa 003_roles.sql); then ok "003 applies a second time"; else fail "003 twice: $out"; fi
-expect "003 twice leaves the same privileges" "$(privileges siwa)" "$before"
+# A DBA re-running 003's grants re-runs 006 after them (006 narrows what 003 granted the receiver).
+if out=$(apply postgres siwa 003_roles.sql 006_hardening.sql); then ok "003 and 006 apply a second time"; else fail "003 and 006 twice: $out"; fi
+expect "003 and 006 twice leave the same privileges" "$(privileges siwa)" "$before"
 expect "the app-facing functions are SECURITY DEFINER with a fixed search_path" \
     "$(q postgres siwa "SELECT string_agg(proname || ':' || prosecdef || ':' || array_to_string(proconfig, ';'), ',' ORDER BY proname, pronargs)
                        FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace AND proname IN ('account', 'link_account', 'request_deletion')")" \
     "account:true:search_path=pg_catalog, pg_temp,link_account:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp,request_deletion:true:search_path=pg_catalog, pg_temp"
+expect "every SECURITY DEFINER siwa function pins search_path" \
+    "$(q postgres siwa "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
+                       WHERE pronamespace = 'siwa'::regnamespace AND prosecdef
+                         AND NOT coalesce(proconfig::text LIKE '%search_path=%', false)")" ""
+# Every siwa function should pin it (notification_outcome excepted: a SET clause would stop the
+# planner inlining it, and it names no relation). Listed, not failed, until every file does.
+unpinned=$(q postgres siwa "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
+                           WHERE pronamespace = 'siwa'::regnamespace AND proname <> 'notification_outcome'
+                             AND NOT coalesce(proconfig::text LIKE '%search_path=%', false)")
+echo "  note  siwa functions without a pinned search_path: ${unpinned:-none}"
+expect "the job trigger runs as its owner" \
+    "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE oid = 'siwa.queue_notification_jobs'::regproc")" t
 expect "no siwa function is executable by PUBLIC" \
     "$(q postgres siwa "SELECT count(*) FROM pg_proc p WHERE pronamespace = 'siwa'::regnamespace
                          AND has_function_privilege('public', p.oid, 'EXECUTE')")" 0
@@ -141,6 +154,8 @@ insert_n() {  # insert_n JTI TYPE SUB: the receiver's statement
 allowed rcv siwa "INSERT a notification (ON CONFLICT (jti) DO NOTHING)" "$(insert_n n1 consent-revoked s1)"
 expect "the trigger queued exactly one job for it" \
     "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1' AND kind = 'notification'")" 1
+expect "the job of a notification the receiver's role stored is held until a worker verifies it" \
+    "$(q postgres siwa "SELECT run_at = 'infinity' FROM siwa.jobs WHERE notification_jti = 'n1'")" t
 expect "a redelivered jti returns no row" "$(q rcv siwa "$(insert_n n1 consent-revoked s1)")" ""
 expect "a redelivered jti queues no second job" \
     "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1'")" 1
@@ -149,6 +164,14 @@ upsert="INSERT INTO siwa.rejections (minute, reason, count) VALUES (date_trunc('
 allowed rcv siwa "upsert a rejection counter" "$upsert"
 allowed rcv siwa "upsert the same counter again" "$upsert"
 expect "the counter is 2" "$(q postgres siwa "SELECT count FROM siwa.rejections WHERE reason = 'bad_signature'")" 2
+# A compromised receiver forging work: a job for any account, or a notification already marked processed.
+denied rcv siwa "INSERT a job directly (a forged notification job)" \
+    "INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti) VALUES ('notification', 2, 'com.example.app', 'victim', 'n1')"
+denied rcv siwa "INSERT a job directly (a forged revoke)" \
+    "INSERT INTO siwa.jobs (kind, client_id, sub) VALUES ('revoke', 'com.example.app', 'victim')"
+denied rcv siwa "INSERT a notification marked processed" \
+    "INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims, jws, processed_at, outcome)
+     VALUES ('n9', 'com.example.app', 's9', 'consent-revoked', now(), '{}', 'h.p.s', now(), 'applied')"
 denied rcv siwa "SELECT siwa.accounts" "SELECT * FROM siwa.accounts"
 denied rcv siwa "SELECT notifications beyond jti" "SELECT email, jws FROM siwa.notifications"
 denied rcv siwa "SELECT siwa.jobs" "SELECT * FROM siwa.jobs"
@@ -206,6 +229,18 @@ denied app siwa "UPDATE siwa.jobs" "UPDATE siwa.jobs SET state = 'cancelled'"
 denied app siwa "SELECT siwa.notifications" "SELECT * FROM siwa.notifications"
 denied app siwa "INSERT siwa.account_changes" "INSERT INTO siwa.account_changes (client_id, sub, change) VALUES ('c', 's', 'x')"
 denied app siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
+expect "every SECURITY DEFINER siwa function pins search_path" \
+    "$(q postgres siwa "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
+                       WHERE pronamespace = 'siwa'::regnamespace AND prosecdef
+                         AND NOT coalesce(proconfig::text LIKE '%search_path=%', false)")" ""
+# Every siwa function should pin it (notification_outcome excepted: a SET clause would stop the
+# planner inlining it, and it names no relation). Listed, not failed, until every file does.
+unpinned=$(q postgres siwa "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
+                           WHERE pronamespace = 'siwa'::regnamespace AND proname <> 'notification_outcome'
+                             AND NOT coalesce(proconfig::text LIKE '%search_path=%', false)")
+echo "  note  siwa functions without a pinned search_path: ${unpinned:-none}"
+expect "the job trigger runs as its owner" \
+    "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE oid = 'siwa.queue_notification_jobs'::regproc")" t
 expect "no siwa function is executable by PUBLIC" \
     "$(q postgres siwa "SELECT count(*) FROM pg_proc WHERE pronamespace = 'siwa'::regnamespace
                          AND has_function_privilege('public', oid, 'EXECUTE')")" 0
@@ -217,13 +252,15 @@ denied nobody siwa "use schema siwa" "SELECT * FROM siwa.account_changes"
 denied nobody siwa "call siwa.request_deletion" "SELECT siwa.request_deletion('c', 's')"
 
 echo "== the limited database, once the roles exist"
-if out=$(apply migrator limited 003_roles.sql); then
-    ok "003 re-applied by the user who may not create roles"
+if out=$(apply migrator limited 003_roles.sql 006_hardening.sql); then
+    ok "003 and 006 re-applied by the user who may not create roles"
 else
-    fail "003 again as migrator: $out"
+    fail "003 and 006 again as migrator: $out"
 fi
 expect "no NOTICE now that the roles exist" "$(grep -c 'may not create roles' <<<"$out")" 0
 allowed rcv limited "INSERT a notification there (grants reached existing roles)" "$(insert_n l1 email-enabled s1)"
+denied rcv limited "INSERT a job there" \
+    "INSERT INTO siwa.jobs (kind, client_id, sub) VALUES ('revoke', 'com.example.app', 'victim')"
 allowed app limited "call siwa.request_deletion there" "SELECT siwa.request_deletion('com.example.app', 's1')"
 denied app limited "SELECT siwa.accounts there" "SELECT * FROM siwa.accounts"
 

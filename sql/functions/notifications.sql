@@ -5,7 +5,9 @@
 
 -- The order-aware rules of the four effects, in one place: the outcome of an event against the
 -- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
--- planner into the statements of siwa.apply_notifications.
+-- planner into the statements of siwa.apply_notifications. The one siwa function without a pinned
+-- search_path, on purpose: a SET clause would stop the inlining, and the body names no relation or
+-- function, only built-in operators on built-in types, which resolve in pg_catalog first.
 CREATE OR REPLACE FUNCTION siwa.notification_outcome(
     p_event_type text, p_event_time timestamptz, p_status text, p_linked_at timestamptz,
     p_last_email_event_at timestamptz, p_email_forwarding text
@@ -47,6 +49,7 @@ LANGUAGE plpgsql
 -- Every statement here is driven by the batch's keys: nested loops over primary-key and account
 -- index lookups, whatever stale statistics (a table analyzed empty, then filled) would suggest.
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -231,7 +234,7 @@ $$;
 -- outcome recorded on it: `applied`, `no_change`, `stale`, `ignored_account_deleted`,
 -- `ignored_unknown_type`, or `missing` (pruned by retention before it ran).
 CREATE OR REPLACE FUNCTION siwa.apply_notification(p_jti text, p_job_id bigint) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     result text;
 BEGIN
@@ -244,7 +247,7 @@ $$;
 -- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
 -- its notifications keep only what recognises a redelivery (jti) and what happened (type, time).
 CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE siwa.notifications
        SET email = NULL, jws = NULL, claims = claims - 'events'
      WHERE client_id = p_client_id AND sub = p_sub

@@ -4,11 +4,26 @@
 -- A notification's job is written by the same statement that stores the notification, so the
 -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
 -- queues a whole batch in one INSERT; ON CONFLICT DO NOTHING keeps duplicates out of it.
+-- It runs as its owner: the receiver's role may not write siwa.jobs itself (006_hardening.sql), so
+-- the only job it can cause is the one for a notification it stores. When the session is a
+-- siwa_receiver login (not a superuser), the job is held (run_at infinity) until a worker has
+-- verified the stored jws against Apple's keys and the columns against its claims
+-- (WorkerCore/StoredNotificationGate.swift): a compromised receiver can store rows, never have
+-- them applied.
 CREATE OR REPLACE FUNCTION siwa.queue_notification_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    held boolean;
 BEGIN
-    INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti)
-    SELECT 'notification', 2, client_id, sub, jti FROM new_notifications ORDER BY event_time, jti;
+    -- In this order (CASE, not AND): pg_has_role raises for a role that does not exist.
+    held := CASE
+        WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'siwa_receiver') THEN false
+        WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) THEN false
+        ELSE pg_has_role(session_user, 'siwa_receiver', 'MEMBER') END;
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti, run_at)
+    SELECT 'notification', 2, client_id, sub, jti,
+           CASE WHEN coalesce(held, false) THEN 'infinity'::timestamptz ELSE now() END
+      FROM new_notifications ORDER BY event_time, jti;
     RETURN NULL;
 END
 $$;
@@ -16,7 +31,7 @@ $$;
 -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
 -- number of new jobs so a worker can size its claim.
 CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     queued bigint;
 BEGIN
@@ -32,7 +47,7 @@ $$;
 -- uniform in [0, min(cap, base * 2^(failures - 1))] seconds.
 CREATE OR REPLACE FUNCTION siwa.job_backoff(p_failures integer, p_base double precision, p_cap double precision)
 RETURNS interval
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
     SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
 $$;
 
@@ -55,6 +70,7 @@ LANGUAGE plpgsql
 -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ids bigint[];

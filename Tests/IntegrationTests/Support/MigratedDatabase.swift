@@ -53,6 +53,27 @@ struct MigratedDatabase: Sendable {
     }
 }
 
+extension MigratedDatabase {
+    /// Runs `body` with the URL of a new login in the receiver's group role (as an operator
+    /// creates one: `CREATE ROLE … LOGIN IN ROLE siwa_receiver`), dropped afterwards: roles are
+    /// cluster-wide.
+    func withReceiverLogin<T>(_ body: (_ url: String) async throws -> T) async throws -> T {
+        let user = "receiver_" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        let admin = try await connect()
+        defer { admin.close() }
+        try await admin.simpleQuery("CREATE ROLE \(user) LOGIN IN ROLE siwa_receiver")
+        func dropUser() async { try? await admin.simpleQuery("DROP OWNED BY \(user); DROP ROLE \(user)") }
+        do {
+            let value = try await body(url.replacingOccurrences(of: "postgres@", with: "\(user)@"))
+            await dropUser()
+            return value
+        } catch {
+            await dropUser()
+            throw error
+        }
+    }
+}
+
 /// Runs `body` against a fresh migrated (or, with `migrated: false`, empty) database and drops it afterwards.
 func withMigratedDatabase<T>(migrated: Bool = true, _ body: (MigratedDatabase) async throws -> T) async throws -> T {
     let database = try await MigratedDatabase.make(migrated: migrated)

@@ -1,0 +1,139 @@
+import AppleClient
+import Foundation
+import JOSE
+import Logging
+import Postgres
+import SiwaCore
+
+/// Verifies what the receiver's role stored before any of it is applied.
+///
+/// The receiver is the one process on the internet; its role may add notifications, so a
+/// compromised receiver could store a row claiming an `account-deleted` for anyone. The job of a
+/// notification a `siwa_receiver` login stored is therefore held (`run_at` infinity, set by the
+/// trigger in sql/functions/queue.sql) until a worker has checked the stored `jws` against Apple's
+/// keys and every column against its claims. A genuine one is released to the queue; one that
+/// fails is recorded as `forged` on the notification and its job, never applied, logged at
+/// `error` and counted. Rows written by other roles (the schema owner, operators) are not held.
+struct StoredNotificationGate: Sendable {
+    let pool: PostgresPool
+    let keys: AppleKeySet
+    let logger: Logger
+    let forged: Counter
+
+    private struct Held {
+        var jobID: Int64
+        var jti: String
+        var clientID: String
+        var sub: String
+        var eventType: String
+        var eventMilliseconds: Int64
+        var email: String?
+        var isPrivateEmail: Bool?
+        var jws: String?
+    }
+
+    /// Judges up to `limit` held jobs in one transaction (rows locked SKIP LOCKED, so workers
+    /// share the work); returns how many it released or refused. With nothing held it costs one
+    /// empty range of the claim index (priority 2, run_at infinity): one round trip per batch. Jobs whose key cannot be had
+    /// now (Apple unreachable) stay held for the next pass.
+    func run(limit: Int) async throws -> Int {
+        try await pool.withConnection { connection in
+            try await connection.withTransaction { connection in
+                let rows = try await connection.query(
+                    """
+                    SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
+                           round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
+                           n.email, n.is_private_email, n.jws
+                      FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+                     WHERE j.state = 'available' AND j.priority = 2 AND j.run_at = 'infinity'
+                       AND j.kind = 'notification'
+                     ORDER BY j.id
+                     LIMIT \(limit)
+                       FOR UPDATE OF j SKIP LOCKED
+                    """)
+                guard !rows.isEmpty else { return 0 }
+                var genuine: [Int64] = []
+                var refused: [(job: Int64, jti: String, reason: String)] = []
+                for row in rows {
+                    let held = Held(
+                        jobID: try row.decode(Int64.self, column: "id"), jti: try row.decode(String.self, column: "jti"),
+                        clientID: try row.decode(String.self, column: "client_id"),
+                        sub: try row.decode(String.self, column: "sub"),
+                        eventType: try row.decode(String.self, column: "event_type"),
+                        eventMilliseconds: try row.decode(Int64.self, column: "event_ms"),
+                        email: try row.decode(String?.self, column: "email"),
+                        isPrivateEmail: try row.decode(Bool?.self, column: "is_private_email"),
+                        jws: try row.decode(String?.self, column: "jws"))
+                    switch await judge(held) {
+                    case .genuine: genuine.append(held.jobID)
+                    case .forged(let reason): refused.append((held.jobID, held.jti, reason))
+                    case .undecided: continue
+                    }
+                }
+                if !genuine.isEmpty {
+                    try await connection.execute("UPDATE siwa.jobs SET run_at = now() WHERE id = ANY(\(genuine))")
+                }
+                if !refused.isEmpty {
+                    let jobs = refused.map(\.job)
+                    let jtis = refused.map(\.jti)
+                    try await connection.execute(
+                        """
+                        UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
+                         WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
+                        """)
+                    try await connection.execute(
+                        """
+                        UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
+                         WHERE id = ANY(\(jobs))
+                        """)
+                    for item in refused {
+                        logger.error(
+                            "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
+                            metadata: ["jti": .string(item.jti), "job_id": .int(Int(item.job)), "reason": .string(item.reason)])
+                    }
+                    forged.increment(by: refused.count)
+                }
+                return genuine.count + refused.count
+            }
+        }
+    }
+
+    private enum Verdict {
+        case genuine
+        case forged(String)
+        /// Apple's keys cannot be had now: judge again later.
+        case undecided
+    }
+
+    /// The receiver's checks again (signature by one of Apple's keys, RS256 pinned, `iss`), then
+    /// every stored column against the signed claims. `exp` is not checked: a genuine notification
+    /// may wait in the queue past it.
+    private func judge(_ held: Held) async -> Verdict {
+        guard let jws = held.jws, let token = try? CompactJWS(jws, checkPayloadIsJSONObject: false) else {
+            return .forged("jws_malformed")
+        }
+        guard token.algorithm == RS256.algorithm, let keyID = token.keyID, !keyID.isEmpty else {
+            return .forged("alg_or_kid")
+        }
+        let key: RS256.PublicKey
+        if let cached = keys.cachedKey(keyID) {
+            key = cached
+        } else {
+            switch await keys.key(keyID) {
+            case .found(let found): key = found
+            case .unknownKey: return .forged("unknown_kid")
+            case .unavailable: return .undecided
+            }
+        }
+        do { try RS256.verify(token, publicKey: key) } catch { return .forged("bad_signature") }
+        guard let claims = try? AppleNotification(claims: token.payloadBytes) else { return .forged("claims_malformed") }
+        let event = claims.event
+        let agrees =
+            claims.issuer == AppleNotification.appleIssuer && claims.jti == held.jti
+            && claims.audiences.contains(held.clientID) && event.sub == held.sub
+            && event.type.rawValue == held.eventType
+            && Int64((event.time.timeIntervalSince1970 * 1000).rounded()) == held.eventMilliseconds
+            && event.email == held.email && event.isPrivateEmail == held.isPrivateEmail
+        return agrees ? .genuine : .forged("columns_disagree_with_claims")
+    }
+}
