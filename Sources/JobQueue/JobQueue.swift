@@ -144,6 +144,8 @@ package struct JobQueue: Sendable {
                        state = CASE WHEN \(discard) THEN 'discarded' ELSE 'available' END,
                        run_at = CASE WHEN \(discard) THEN run_at ELSE now() + make_interval(secs => \(retryIn.seconds)) END,
                        finalized_at = CASE WHEN \(discard) THEN now() END,
+                       -- A discarded exchange keeps no authorization code (it is dead in minutes anyway).
+                       args = CASE WHEN \(discard) THEN args - 'code' ELSE args END,
                        locked_by = NULL, locked_until = NULL
                  WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
                 """) == 1
@@ -242,6 +244,30 @@ package struct JobQueue: Sendable {
                AND state IN ('completed', 'cancelled')
         )
         DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
+        """
+    }
+
+    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`).
+    package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        DELETE FROM siwa.account_changes WHERE id IN (
+            SELECT id FROM siwa.account_changes
+             WHERE created_at < now() - make_interval(secs => \(age.seconds))
+             LIMIT \(batch))
+        """
+    }
+
+    /// Notifications whose job was discarded more than `age` ago stay (an operator may still retry
+    /// them) without their personal data: email, the signed token, the events claim.
+    package static func scrubDiscardedNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
+          FROM (SELECT j.notification_jti FROM siwa.jobs j
+                 WHERE j.finalized_at < now() - make_interval(secs => \(age.seconds))
+                   AND j.state = 'discarded' AND j.kind = 'notification'
+                 LIMIT \(batch)) d
+         WHERE n.jti = d.notification_jti
+           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
         """
     }
 

@@ -696,6 +696,10 @@ extension Migration {
             -- Retention prunes the app's change feed by age.
             CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
+            -- Finished exchange jobs keep no authorization code (discarded and cancelled ones did).
+            UPDATE siwa.jobs SET args = args - 'code'
+             WHERE kind = 'exchange' AND state IN ('completed', 'discarded', 'cancelled') AND args ? 'code';
+
             DO $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
@@ -1344,7 +1348,9 @@ extension FunctionDefinitions {
                 ev_jobs bigint[];
                 ev_ranks bigint[];
                 ev_targets text[];
+                ev_subs text[];
                 ev_primary boolean[];
+                grouped boolean;
                 rounds bigint;
                 round_clients text[];
                 round_subs text[];
@@ -1364,6 +1370,7 @@ extension FunctionDefinitions {
                 -- notifies about users who signed in, so an unknown sub is a link we never saw) or locked
                 -- (DO UPDATE ... WHERE false locks without writing). One target per event is its primary: the
                 -- notification records that account's outcome.
+                grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
                 WITH b AS (
                     SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
                            n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
@@ -1378,20 +1385,24 @@ extension FunctionDefinitions {
                       LEFT JOIN siwa.app_groups g ON g.client_id = n.client_id
                      WHERE n.processed_at IS NULL
                 ), t AS (
+                    -- Without SIWA_APP_GROUPS (the usual case) each event targets its own account only.
+                    SELECT b.*, b.client_id AS target, true AS is_primary FROM b WHERE NOT grouped
+                    UNION ALL
                     SELECT b.*, x.target, x.is_primary
                       FROM b CROSS JOIN LATERAL (
-                          SELECT m.client_id AS target,
-                                 row_number() OVER (ORDER BY m.client_id <> b.client_id, m.client_id) = 1 AS is_primary
-                            FROM siwa.app_groups m
-                            JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = b.sub
-                           WHERE b.group_id IS NOT NULL AND b.known AND m.group_id = b.group_id
+                          -- Key lookups only: the group's members, then each (member, sub) by primary key.
+                          SELECT mem.client_id AS target,
+                                 row_number() OVER (ORDER BY mem.client_id <> b.client_id, mem.client_id) = 1 AS is_primary
+                            FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                           WHERE b.group_id IS NOT NULL AND b.known
+                             AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub)
                           UNION ALL
                           SELECT b.client_id, true
                            WHERE b.group_id IS NULL OR NOT b.known OR NOT EXISTS (
-                                 SELECT 1 FROM siwa.app_groups m
-                                   JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = b.sub
-                                  WHERE m.group_id = b.group_id)
+                                 SELECT 1 FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                                  WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
                       ) x
+                     WHERE grouped
                 ), locked AS (
                     INSERT INTO siwa.accounts AS a (client_id, sub, status)
                     SELECT DISTINCT t.target, t.sub, 'active' FROM t
@@ -1401,8 +1412,8 @@ extension FunctionDefinitions {
                 )
                 SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
                        array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
-                       array_agg(t.is_primary ORDER BY t.ord, t.target), max(t.rank)
-                  INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, rounds
+                       array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
+                  INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
                   FROM t;
 
                 -- Round r applies the r-th event of every account at once (almost always one round).
@@ -1412,10 +1423,11 @@ extension FunctionDefinitions {
                                n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                                siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                                          a.last_email_event_at, a.email_forwarding) AS outcome
-                          FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary)
-                               WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, ord)
+                          FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
+                               WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
                           JOIN siwa.notifications n ON n.jti = u.jti
-                          LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = n.sub
+                          -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
+                          LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
                          WHERE u.rank = r
                     ), d AS (
                         -- erase: the account is deleted or deleted at Apple once this event is applied.
@@ -1716,7 +1728,7 @@ extension FunctionDefinitions {
             -- Tables: sql/009_team_transfer.sql.
 
             -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
-            -- email; it is created `active` with no refresh token (the old team's tokens are useless to the new
+            -- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
             -- one), or, when this database also holds the sending side's account (found by the transfer_sub the
             -- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
             -- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
@@ -1768,15 +1780,19 @@ extension FunctionDefinitions {
                            is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
                      WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 ELSIF source.sub IS NOT NULL THEN
+                    -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
+                    -- team: neither the new team nor the new key can use them, so they go (README).
                     UPDATE siwa.accounts a
-                       SET sub = p_sub, app_user_id = line.app_user_id, status = 'active', email = p_email,
-                           is_private_email = p_is_private_email, email_forwarding = NULL, refresh_token_enc = NULL,
-                           last_email_event_at = NULL, token_checked_at = NULL, linked_at = now(), updated_at = now(),
+                       SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+                           email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
+                           refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+                           token_checked_at = NULL, linked_at = now(), updated_at = now(),
                            transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
                      WHERE a.client_id = source.client_id AND a.sub = source.sub;
                 ELSE
                     INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-                    VALUES (p_client_id, p_sub, line.app_user_id, 'active', p_email, p_is_private_email, now(), now());
+                    VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+                            p_is_private_email, now(), now());
                 END IF;
 
                 UPDATE siwa.transfer_imports t

@@ -344,13 +344,20 @@ package final class Worker: Sendable {
                     try await connection.execute(
                         JobQueue.pruneNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
                     try await connection.execute(JobQueue.pruneRejectionsQuery(olderThan: .seconds(2 * 86_400))),
+                    try await connection.execute(
+                        JobQueue.pruneAccountChangesQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
+                    try await connection.execute(
+                        JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
                 ]
             }
         }
         if let removed, removed.contains(where: { $0 > 0 }) {
             logger.info(
                 "siwa-worker retention",
-                metadata: ["jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2])])
+                metadata: [
+                    "jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2]),
+                    "account_changes": .int(removed[3]), "discarded_notifications_scrubbed": .int(removed[4]),
+                ])
         }
     }
 }

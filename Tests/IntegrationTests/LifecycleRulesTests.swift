@@ -432,3 +432,57 @@ extension LifecycleRulesTests {
         #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app", clientIDs: ids) }
     }
 }
+
+/// The retention gaps of issue 10: the change feed, discarded exchanges' codes, discarded
+/// notifications' personal data.
+@Suite(.serialized) struct LifecycleRetentionTests {
+    @Test func changeFeedIsPrunedByAge() async throws {
+        try await withLifecycle { h in
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.account_changes (client_id, sub, change, created_at)
+                VALUES ('c', 'old', 'linked', now() - interval '31 days'), ('c', 'new', 'linked', now() - interval '29 days')
+                """)
+            #expect(try await h.connection.execute(JobQueue.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.scalar(String.self, "SELECT string_agg(sub, ',') FROM siwa.account_changes") == "new")
+        }
+    }
+
+    @Test func discardedOrCancelledExchangeKeepsNoCode() async throws {
+        try await withLifecycle { h in
+            let queue = JobQueue(pool: h.pool)
+            let first = try await h.link(sub: "001.disc", code: "c0de-1")
+            let job = try await h.claim(first)
+            #expect(try await queue.fail(job, error: "database_error", retryIn: .zero, discard: true))
+            #expect(try await h.jobRow(first).state == "discarded")
+            #expect(try await !h.jobRow(first).args.contains("code"))
+
+            let second = try await h.link(sub: "001.canc", code: "c0de-2")
+            let result = try await JobAdministration(connection: h.connection).cancel(.id(second), force: false)
+            #expect(result.cancelled == [second])
+            #expect(try await !h.jobRow(second).args.contains("code"))
+        }
+    }
+
+    @Test func discardedNotificationLosesItsPersonalDataAfterRetention() async throws {
+        try await withLifecycle { h in
+            for (jti, age) in [("n-old", "31 days"), ("n-recent", "1 day")] {
+                _ = try await h.connection.execute(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, claims, jws)
+                    VALUES (\(jti), \(LifecycleHarness.clientID), '001.n', 'email-enabled', now(), 'n@x.example',
+                            '{"events":"{}"}', 'h.p.s')
+                    """)
+                _ = try await h.connection.execute(
+                    """
+                    UPDATE siwa.jobs SET state = 'discarded', finalized_at = now() - \(age)::interval
+                     WHERE notification_jti = \(jti)
+                    """)
+            }
+            #expect(
+                try await h.connection.execute(JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.scalar(String.self, "SELECT jti FROM siwa.notifications WHERE jws IS NULL AND email IS NULL") == "n-old")
+            #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.notifications WHERE jws IS NOT NULL") == 1)
+        }
+    }
+}

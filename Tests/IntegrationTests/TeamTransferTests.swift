@@ -223,7 +223,8 @@ import WorkerCore
     // MARK: Same database, sign-in rules
 
     /// The back end moves with the app: the recipient's database is the sender's. The accounts are
-    /// re-keyed to the new subs (no second row), keep their app_user_id and lose the old team's token.
+    /// re-keyed to the new subs (no second row), keep their app_user_id and lose the old team's
+    /// tokens (sealed with the old sub); a deletion then ends `no_token`, as the README says.
     @Test func importIntoTheSendersDatabaseReKeysTheAccounts() async throws {
         let harness = try Harness()
         defer { harness.stop() }
@@ -231,6 +232,7 @@ import WorkerCore
             let connection = try await database.connect()
             defer { connection.close() }
             try await Harness.seedAccounts(3, on: connection)
+            try await connection.simpleQuery("UPDATE siwa.accounts SET retired_tokens_enc = ARRAY['\\x0304'::bytea] WHERE sub = 'sub-0001'")
             let export = try await harness.run(["export", "--target-team", Harness.teamB], team: Harness.teamA, database: database)
             #expect(export.status == 0, "\(export.stderr)")
             let run = try await harness.run(["import"], team: Harness.teamB, database: database, stdin: export.stdout)
@@ -250,6 +252,19 @@ import WorkerCore
                 #expect(try row.decode(Bool.self, column: "no_token"))
                 #expect(try row.decode(Bool.self, column: "cleared"))
             }
+            #expect(try await count(connection, "SELECT count(*) FROM siwa.accounts WHERE retired_tokens_enc <> '{}'") == 0)
+
+            // The app deletes a re-keyed user: nothing is left to revoke at Apple.
+            let newSub = FakeApple.migratedIdentity(of: "sub-0001", fromTeam: Harness.teamA, toTeam: Harness.teamB).sub
+            let job = try await connection.query("SELECT siwa.request_deletion(\(Harness.clientID), \(newSub)) AS id")[0]
+                .decode(Int64.self, column: "id")
+            _ = try await connection.execute(
+                "UPDATE siwa.jobs SET state = 'running', attempt = 1, locked_until = now() + interval '1 minute' WHERE id = \(job)")
+            let step = try await connection.query("SELECT action FROM siwa.revoke_step(\(job), 1)")[0].decode(String.self, at: 0)
+            #expect(step == "deleted")
+            let reason = try await connection.query(
+                "SELECT reason FROM siwa.account_changes WHERE sub = \(newSub) AND change = 'deleted'")
+            #expect(try reason.first?.decode(String?.self, at: 0) == "no_token")
         }
     }
 

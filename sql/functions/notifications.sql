@@ -54,7 +54,9 @@ DECLARE
     ev_jobs bigint[];
     ev_ranks bigint[];
     ev_targets text[];
+    ev_subs text[];
     ev_primary boolean[];
+    grouped boolean;
     rounds bigint;
     round_clients text[];
     round_subs text[];
@@ -74,6 +76,7 @@ BEGIN
     -- notifies about users who signed in, so an unknown sub is a link we never saw) or locked
     -- (DO UPDATE ... WHERE false locks without writing). One target per event is its primary: the
     -- notification records that account's outcome.
+    grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
     WITH b AS (
         SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
                n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
@@ -88,20 +91,24 @@ BEGIN
           LEFT JOIN siwa.app_groups g ON g.client_id = n.client_id
          WHERE n.processed_at IS NULL
     ), t AS (
+        -- Without SIWA_APP_GROUPS (the usual case) each event targets its own account only.
+        SELECT b.*, b.client_id AS target, true AS is_primary FROM b WHERE NOT grouped
+        UNION ALL
         SELECT b.*, x.target, x.is_primary
           FROM b CROSS JOIN LATERAL (
-              SELECT m.client_id AS target,
-                     row_number() OVER (ORDER BY m.client_id <> b.client_id, m.client_id) = 1 AS is_primary
-                FROM siwa.app_groups m
-                JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = b.sub
-               WHERE b.group_id IS NOT NULL AND b.known AND m.group_id = b.group_id
+              -- Key lookups only: the group's members, then each (member, sub) by primary key.
+              SELECT mem.client_id AS target,
+                     row_number() OVER (ORDER BY mem.client_id <> b.client_id, mem.client_id) = 1 AS is_primary
+                FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+               WHERE b.group_id IS NOT NULL AND b.known
+                 AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub)
               UNION ALL
               SELECT b.client_id, true
                WHERE b.group_id IS NULL OR NOT b.known OR NOT EXISTS (
-                     SELECT 1 FROM siwa.app_groups m
-                       JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = b.sub
-                      WHERE m.group_id = b.group_id)
+                     SELECT 1 FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                      WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
           ) x
+         WHERE grouped
     ), locked AS (
         INSERT INTO siwa.accounts AS a (client_id, sub, status)
         SELECT DISTINCT t.target, t.sub, 'active' FROM t
@@ -111,8 +118,8 @@ BEGIN
     )
     SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
            array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
-           array_agg(t.is_primary ORDER BY t.ord, t.target), max(t.rank)
-      INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, rounds
+           array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
+      INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
       FROM t;
 
     -- Round r applies the r-th event of every account at once (almost always one round).
@@ -122,10 +129,11 @@ BEGIN
                    n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                    siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                              a.last_email_event_at, a.email_forwarding) AS outcome
-              FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary)
-                   WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, ord)
+              FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
+                   WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
               JOIN siwa.notifications n ON n.jti = u.jti
-              LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = n.sub
+              -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
+              LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
              WHERE u.rank = r
         ), d AS (
             -- erase: the account is deleted or deleted at Apple once this event is applied.

@@ -4,7 +4,7 @@
 -- Tables: sql/009_team_transfer.sql.
 
 -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
--- email; it is created `active` with no refresh token (the old team's tokens are useless to the new
+-- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
 -- one), or, when this database also holds the sending side's account (found by the transfer_sub the
 -- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
 -- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
@@ -56,15 +56,19 @@ BEGIN
                is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
          WHERE a.client_id = p_client_id AND a.sub = p_sub;
     ELSIF source.sub IS NOT NULL THEN
+        -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
+        -- team: neither the new team nor the new key can use them, so they go (README).
         UPDATE siwa.accounts a
-           SET sub = p_sub, app_user_id = line.app_user_id, status = 'active', email = p_email,
-               is_private_email = p_is_private_email, email_forwarding = NULL, refresh_token_enc = NULL,
-               last_email_event_at = NULL, token_checked_at = NULL, linked_at = now(), updated_at = now(),
+           SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+               email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
+               refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+               token_checked_at = NULL, linked_at = now(), updated_at = now(),
                transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
          WHERE a.client_id = source.client_id AND a.sub = source.sub;
     ELSE
         INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-        VALUES (p_client_id, p_sub, line.app_user_id, 'active', p_email, p_is_private_email, now(), now());
+        VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+                p_is_private_email, now(), now());
     END IF;
 
     UPDATE siwa.transfer_imports t

@@ -155,12 +155,8 @@ enum AccountsTransferCommand {
             throw ConfigurationError(variable: "SIWA_PRIVATE_KEY_FILE", problem: "cannot load a P-256 .p8 key from it")
         }
         var calls = MigrationCallSettings()
-        if let text = try source.string("SIWA_RETRY_BASE") {
-            guard let base = ConfigurationSource.parseDuration(text), base >= .milliseconds(10), base <= .seconds(60) else {
-                throw ConfigurationError(variable: "SIWA_RETRY_BASE", problem: "expected a duration from 10ms to 60s, got \"\(text)\"")
-            }
-            calls.retry = RetryPolicy(base: base, cap: max(base, .seconds(60)))
-        }
+        let base = try source.duration("SIWA_RETRY_BASE", default: calls.retry.base, range: .milliseconds(10) ... .seconds(60))
+        calls.retry = RetryPolicy(base: base, cap: .seconds(60))
         let flags = source.withoutEnvironment()
         if let text = flags.option("rate") {
             guard let rate = Double(text), rate > 0, rate <= 10_000 else {
