@@ -838,11 +838,13 @@ extension FunctionDefinitions {
             $$;
 
             -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
-            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes).
+            -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes). STABLE, as
+            -- json_build_object is: declared IMMUTABLE it was not inlined, and ran as a function call of its
+            -- own for every change of a batch (4 % of a batch's time, deploy/bench/worker.sh's profile).
             CREATE OR REPLACE FUNCTION siwa.change_payload(
                 p_id bigint, p_client_id text, p_sub text, p_change text, p_status text
             ) RETURNS text
-            LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+            LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 SELECT json_build_object('id', p_id, 'client_id', left(p_client_id, 255), 'sub', left(p_sub, 255),
                                          'change', p_change, 'status', p_status)::text
             $$;
@@ -1616,8 +1618,11 @@ extension FunctionDefinitions {
             ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
             LANGUAGE plpgsql
             -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
-            -- stale statistics would suggest.
+            -- stale statistics would suggest. The plans are the same for every batch, so each statement here and
+            -- in the functions it calls is planned once per session (generic plan): a batch of one job spent
+            -- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
             SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            SET plan_cache_mode = force_generic_plan
             AS $$
             DECLARE
                 ids bigint[];

@@ -1,12 +1,13 @@
 internal import Dispatch
 import Locking
 
-/// A wake-up signal with a bounded wait: `ring()` wakes the one waiter, or makes its next `wait`
-/// return at once. Used for NOTIFY → claim, job finished → claim more, and shutdown.
+/// A wake-up signal with a bounded wait, for any number of waiters: `ring()` wakes the longest
+/// waiting one, or, when none waits, makes the next `wait` return at once; `ringAll()` wakes every
+/// waiter. Used for NOTIFY → claim, job finished → claim more, and shutdown.
 final class Doorbell: Sendable {
     private struct State {
         var rung = false
-        var waiter: (id: UInt64, continuation: CheckedContinuation<Void, Never>)?
+        var waiters: [(id: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
         var nextID: UInt64 = 0
     }
 
@@ -14,14 +15,23 @@ final class Doorbell: Sendable {
 
     func ring() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            if let waiter = state.waiter {
-                state.waiter = nil
-                return waiter.continuation
+            guard !state.waiters.isEmpty else {
+                state.rung = true
+                return nil
             }
-            state.rung = true
-            return nil
+            return state.waiters.removeFirst().continuation
         }
         continuation?.resume()
+    }
+
+    /// Wakes every waiter (shutdown); the next `wait` also returns at once.
+    func ringAll() {
+        let continuations = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.rung = true
+            defer { state.waiters.removeAll() }
+            return state.waiters.map(\.continuation)
+        }
+        for continuation in continuations { continuation.resume() }
     }
 
     /// Returns when rung (also if rung before this call) or after `timeout`.
@@ -33,7 +43,7 @@ final class Doorbell: Sendable {
                     return nil
                 }
                 state.nextID &+= 1
-                state.waiter = (state.nextID, continuation)
+                state.waiters.append((state.nextID, continuation))
                 return state.nextID
             }
             guard let id else {
@@ -44,9 +54,8 @@ final class Doorbell: Sendable {
                 + Int(timeout.components.attoseconds / 1_000_000_000))
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [self] in
                 let expired = state.withLock { state -> CheckedContinuation<Void, Never>? in
-                    guard let waiter = state.waiter, waiter.id == id else { return nil }
-                    state.waiter = nil
-                    return waiter.continuation
+                    guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                    return state.waiters.remove(at: index).continuation
                 }
                 expired?.resume()
             }

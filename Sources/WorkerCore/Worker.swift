@@ -50,7 +50,8 @@ package final class Worker: Sendable {
         self.handlers = byKind
         metrics = WorkerMetrics(registry: registry)
         pool = PostgresPool(
-            conninfo: configuration.databaseURL, size: 3 + min(configuration.concurrency, 8),
+            conninfo: configuration.databaseURL,
+            size: 3 + min(configuration.concurrency, 8) + configuration.notificationConnections,
             acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
             logger: logger)
         queue = JobQueue(pool: pool)
@@ -95,14 +96,14 @@ package final class Worker: Sendable {
                 "handlers": .string(handlers.keys.map(\.rawValue).sorted().joined(separator: ",")),
             ])
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.notificationLoop() }
+            for _ in 0..<configuration.notificationConnections { group.addTask { await self.notificationLoop() } }
             group.addTask { await self.dispatchLoop() }
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
             let signal = await Termination.wait()
             logger.info("siwa-worker stopping", metadata: ["signal": .string(signal)])
             state.withLock { $0.stopping = true }
-            notificationBell.ring()
+            notificationBell.ringAll()
             callBell.ring()
             maintenanceBell.ring()
             await group.waitForAll()
@@ -119,8 +120,8 @@ package final class Worker: Sendable {
 
     // MARK: Wake-ups
 
-    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings the claim loops after a short
-    /// random delay, so several workers woken by one NOTIFY do not all claim in the same instant.
+    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings as many notification loops as
+    /// it announces full batches (at least one), and the Apple-calling loop.
     private func listenLoop() async {
         var connection: PostgresConnection?
         while !stopping {
@@ -135,9 +136,11 @@ package final class Worker: Sendable {
                     callBell.ring()
                 }
                 let notifications = try await connection!.waitForNotifications(timeout: .milliseconds(250))
+                // No jitter before claiming: workers woken by the same NOTIFY are kept apart by
+                // SKIP LOCKED (the others' claims come back empty at once), and a random pause would
+                // only add to every effect's delay.
                 if !notifications.isEmpty, !stopping {
-                    try? await Task.sleep(for: .microseconds(Int.random(in: 0...2000)))
-                    notificationBell.ring()
+                    for _ in 0..<batchesFor(notifications) { notificationBell.ring() }
                     callBell.ring()
                 }
             } catch {
@@ -150,6 +153,14 @@ package final class Worker: Sendable {
         connection?.close()
     }
 
+    /// How many notification loops a wake-up should start: one per full batch the NOTIFY payloads
+    /// announce (each payload is the number of jobs one statement queued), at most one per loop.
+    private func batchesFor(_ notifications: [PostgresNotification]) -> Int {
+        let queued = notifications.reduce(0) { $0 + (Int($1.payload) ?? 1) }
+        let batches = (queued + configuration.notificationBatch - 1) / configuration.notificationBatch
+        return min(max(batches, 1), configuration.notificationConnections)
+    }
+
     private func maintenanceBellFreeSleep(_ duration: Duration) async {
         let deadline = ContinuousClock.now + duration
         while !stopping, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(50)) }
@@ -157,6 +168,8 @@ package final class Worker: Sendable {
 
     // MARK: Notifications (hot path)
 
+    /// One of `notificationConnections` loops. A loop that claimed a full batch rings the bell
+    /// before going on, so an idle loop joins in while a backlog lasts; a trickle wakes one loop.
     private func notificationLoop() async {
         let batch = configuration.notificationBatch
         var failures = 0
@@ -164,9 +177,13 @@ package final class Worker: Sendable {
             do {
                 var claimed = 0
                 repeat {
+                    let started = ContinuousClock.now
                     let results = try await queue.runNotificationBatch(
                         worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
+                    metrics.batchSeconds.observe((ContinuousClock.now - started).seconds)
+                    metrics.batchJobs.observe(Double(results.count))
                     claimed = results.count
+                    if claimed == batch { notificationBell.ring() }
                     record(results)
                     failures = 0
                 } while claimed == batch && !stopping

@@ -11,6 +11,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
+        "SIWA_NOTIFICATION_CONNECTIONS",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
         "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
     ]
@@ -54,6 +55,10 @@ package struct WorkerConfiguration: Sendable {
     /// amortise the commit (deploy/bench/worker.sh: 100 → ~10k jobs/s, 250 → ~13k, 500 → ~18k
     /// on one connection); at a steady trickle batches stay small, so latency does not grow.
     package var notificationBatch: Int
+    /// Notification batches in flight at once, each on its own connection. One batch leaves
+    /// PostgreSQL idle while its commit waits for the disk and while the worker reads the result;
+    /// a second one fills those gaps.
+    package var notificationConnections: Int
     /// `locked_by` on claimed rows; defaults to host:pid.
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
@@ -125,6 +130,7 @@ package struct WorkerConfiguration: Sendable {
         completedJobRetention = try Self.duration(
             source, "SIWA_COMPLETED_JOB_RETENTION", default: .seconds(7 * 86_400), range: .seconds(60) ... .seconds(3650 * 86_400))
         notificationBatch = try source.integer("SIWA_NOTIFICATION_BATCH", default: 250, range: 1...1000)
+        notificationConnections = try source.integer("SIWA_NOTIFICATION_CONNECTIONS", default: 2, range: 1...16)
         statementTimeout = try source.duration(
             "SIWA_WORKER_STATEMENT_TIMEOUT", default: .seconds(60), range: .milliseconds(100) ... .seconds(3600))
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))

@@ -16,6 +16,8 @@ struct WorkerMetrics: Sendable {
     let queueDepth: Gauge
     let inFlight: Gauge
     let batchFailures: Counter
+    let batchSeconds: Histogram
+    let batchJobs: Histogram
 
     init(registry: MetricsRegistry) {
         var kinds: [JobKind: PerKind] = [:]
@@ -44,6 +46,12 @@ struct WorkerMetrics: Sendable {
         inFlight = registry.gauge("siwa_worker_jobs_in_flight", help: "Jobs this process is running now.")
         batchFailures = registry.counter(
             "siwa_worker_batch_errors_total", help: "Notification batches that failed as a whole (retried).")
+        batchSeconds = registry.histogram(
+            "siwa_worker_notification_batch_seconds",
+            help: "One notification batch as the worker sees it: claim, effects and completion in one statement, and its commit.")
+        batchJobs = registry.histogram(
+            "siwa_worker_notification_batch_jobs", help: "Jobs claimed by one notification batch.",
+            buckets: [0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000])
     }
 
     subscript(kind: JobKind) -> PerKind { kinds[kind]! }

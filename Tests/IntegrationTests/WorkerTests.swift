@@ -131,6 +131,35 @@ struct WorkerTests {
         }
     }
 
+    /// Several notification batches are in flight in one process: a batch waiting on an account's
+    /// row lock does not hold up the next notification (one connection per process did).
+    @Test func aBatchWaitingOnALockDoesNotHoldUpTheNextOne() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let blocker = try await database.connect()
+            defer { blocker.close() }
+            try await connection.execute(
+                "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('com.example.app', 'held', 'active')")
+            try await blocker.simpleQuery("BEGIN")
+            _ = try await blocker.query("SELECT 1 FROM siwa.accounts WHERE sub = 'held' FOR UPDATE")
+            try await database.queueNotifications(1, prefix: "held", sub: "held", on: connection)
+            let worker = try database.startWorker(["SIWA_NOTIFICATION_BATCH": "1", "SIWA_NOTIFICATION_CONNECTIONS": "2"])
+            try await connection.waitFor(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'siwa-worker' AND wait_event_type = 'Lock'"
+            ) { $0 == 1 }
+            try await database.queueNotifications(1, prefix: "free", on: connection)
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.notifications WHERE jti = 'free1' AND processed_at IS NOT NULL") { $0 == 1 }
+            #expect(try await connection.int("SELECT count(*) FROM siwa.notifications WHERE jti = 'held1' AND processed_at IS NULL") == 1)
+            try await blocker.simpleQuery("ROLLBACK")
+            try await connection.waitFor(processedCount) { $0 == 2 }
+            let result = try await connection.expectExactlyOnce(total: 2)
+            #expect(result.duplicates == 0)
+            await worker.stop()
+        }
+    }
+
     @Test func pollOnlyWorkerDrainsTheQueue() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()

@@ -29,8 +29,8 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path; SIWA_* worker
-#   settings pass through)
+#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path COMPARE_BIN=path;
+#   SIWA_* worker settings pass through)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
@@ -48,8 +48,10 @@ deploy/scripts/install-deps.sh >/dev/null
 echo "==> building (release)"
 for product in siwa siwa-worker; do swift build -c release --product "$product" >/dev/null; done
 BIN=$(swift build -c release --show-bin-path)
-# WORKER_BIN: another siwa-worker build to measure (e.g. one saved before a change).
+# WORKER_BIN: another siwa-worker build to measure. COMPARE_BIN: a second build (e.g. one saved
+# before a change), run on every mix beside the first, against the same raw runs.
 worker_bin=${WORKER_BIN:-$BIN/siwa-worker}
+compare_bin=${COMPARE_BIN:-}
 work=$(mktemp -d /tmp/siwa-bench-worker.XXXXXX)
 
 source deploy/scripts/throwaway-postgres.sh
@@ -193,7 +195,7 @@ start_workers() {  # start_workers COUNT [apple]
       SIWA_KEY_ID=BENCH SIWA_PRIVATE_KEY_FILE="$work/AuthKey_BENCH.p8" SIWA_TOKEN_KEYS="$token_keys")
     local port; port=$(free_port)
     env DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_LOG_LEVEL=warn \
-      SIWA_OPS_LISTEN="127.0.0.1:$port" "${apple_env[@]}" "$worker_bin" 2>>"$work/worker.log" &
+      SIWA_OPS_LISTEN="127.0.0.1:$port" "${apple_env[@]}" "${run_bin:-$worker_bin}" 2>>"$work/worker.log" &
     workers+=($!)
     worker_ports+=("$port")
   done
@@ -452,10 +454,21 @@ for round in $(seq "$REPEAT"); do
     run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu <<<"${out[*]}"
     echo "    2 worker processes:      $w2all jobs/s (notifications $w2n/s, Apple kinds $w2a/s), $w2changes changes;" \
          "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB"
+    c1all=0; c2all=0
+    if [[ -n $compare_bin ]]; then
+      run_bin=$compare_bin
+      run_worker "$mix" 1; read -r c1n c1a c1all c1rss c1changes c1cpu c1wcpu <<<"${out[*]}"
+      echo "    1 process, COMPARE_BIN:  $c1all jobs/s (notifications $c1n/s, Apple kinds $c1a/s), $c1changes changes;" \
+           "CPU per job: PostgreSQL $c1cpu us, worker $c1wcpu us; RSS $c1rss MB"
+      run_worker "$mix" 2; read -r c2n c2a c2all c2rss c2changes c2cpu c2wcpu <<<"${out[*]}"
+      echo "    2 processes, COMPARE_BIN: $c2all jobs/s (notifications $c2n/s, Apple kinds $c2a/s), $c2changes changes;" \
+           "CPU per job: PostgreSQL $c2cpu us, worker $c2wcpu us; RSS $c2rss MB"
+      run_bin=
+    fi
     run_raw "$mix"; read -r r2n r2a r2all r2changes r2cpu <<<"${out[*]}"
     echo "    raw SQL, $RAW_CONNECTIONS connections:  $r2all jobs/s (notifications $r2n/s, Apple kinds $r2a/s), $r2changes changes;" \
          "CPU per job: PostgreSQL $r2cpu us"
-    result[$mix]+="$w1all $w2all $r1all $r2all $w1rss $w2rss;"
+    result[$mix]+="$w1all $w2all $r1all $r2all $w1rss $w2rss $c1all $c2all;"
   done
 done
 if [[ -z ${NO_PROFILE:-} ]]; then
@@ -500,6 +513,11 @@ for line in sys.argv[7].splitlines():
     row(f"{names[mix]}: raw SQL, {raw_connections} connections", f"{raw:,.0f} jobs/s", "(peer)", None)
     row(f"{names[mix]}: 1 worker process", f"{w1:,.0f} jobs/s {r1:4.0%}", ">= 40% of raw" if targeted else "(no target)", r1 >= 0.40 if targeted else None)
     row(f"{names[mix]}: 2 worker processes", f"{w2:,.0f} jobs/s {r2:4.0%}", ">= 50% of raw" if targeted else "(no target)", r2 >= 0.50 if targeted else None)
+    if any(r[6] for r in runs):
+        for column, label in ((6, "1 process"), (7, "2 processes")):
+            ratio = statistics.median(r[column] / ((r[2] + r[3]) / 2) for r in runs)
+            value = statistics.median(r[column] for r in runs)
+            row(f"{names[mix]}: {label}, COMPARE_BIN", f"{value:,.0f} jobs/s {ratio:4.0%}", "(the build compared)", None)
     if mix == "a": one_rates.append(w1); two_rates.append(w2)
 if peer1 > 0 and peer2 > 0 and one_rates:
     row("(a) 1 worker / procrastinate 1 process", f"{one_rates[0] / peer1:.1f}x", ">= 20x", one_rates[0] >= 20 * peer1)

@@ -50,8 +50,11 @@ CREATE OR REPLACE FUNCTION siwa.run_notification_batch(
 ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
 LANGUAGE plpgsql
 -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
--- stale statistics would suggest.
+-- stale statistics would suggest. The plans are the same for every batch, so each statement here and
+-- in the functions it calls is planned once per session (generic plan): a batch of one job spent
+-- 40 % of its time re-planning (deploy/bench/worker.sh, CPU per batch).
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ids bigint[];
