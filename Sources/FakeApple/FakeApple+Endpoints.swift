@@ -152,6 +152,26 @@ extension FakeApple {
         return Self.json(["code": code, "expires_in": Int(configuration.codeLifetime)])
     }
 
+    /// `POST /fake/identity-tokens {client_id, sub, nonce, email?, is_private_email?}`: what the
+    /// device gets from Apple at sign-in, an identity token whose `nonce` claim is `nonce` as given
+    /// (the app hands Apple the SHA-256 hex of the server's raw nonce) and a fresh authorization code.
+    func adminIssueIdentityToken(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
+            let clientID = object["client_id"] as? String, !clientID.isEmpty,
+            let sub = object["sub"] as? String, !sub.isEmpty,
+            let nonce = object["nonce"] as? String, !nonce.isEmpty
+        else { return Self.oauthError("invalid_request") }
+        let isPrivate: Bool? =
+            switch object["is_private_email"] {
+            case let flag as Bool: flag
+            case let text as String: text == "true"
+            default: nil
+            }
+        let issued = issueIdentityToken(
+            clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate)
+        return Self.json(["identity_token": issued.identityToken, "authorization_code": issued.authorizationCode])
+    }
+
     func adminInjectFailures(_ request: HTTPRequest) -> HTTPResponse {
         guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
             let endpoint = object["endpoint"] as? String, ["token", "revoke", "keys", "usermigrationinfo"].contains(endpoint),

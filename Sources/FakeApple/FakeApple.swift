@@ -20,6 +20,8 @@ import Locking
 /// - `POST /auth/token` `client_credentials` with `scope=user.migration`: a migration access token.
 /// - `POST /auth/usermigrationinfo` (team transfer, see `FakeApple+Migration.swift`).
 /// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?}` → `{"code": ...}`.
+/// - `POST /fake/identity-tokens` `{client_id, sub, nonce, email?, is_private_email?}` →
+///   `{"identity_token": ..., "authorization_code": ...}` (sign-in, as the device receives it).
 /// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys"|"usermigrationinfo", responses: [503, "timeout",
 ///   "invalid_client", "bad_signature", ...], retry_after: 2}`: consumed one per call.
 /// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
@@ -142,6 +144,17 @@ package final class FakeApple: Sendable {
         return code
     }
 
+    /// What a device receives from Apple at sign-in: an identity token signed with the fake's key
+    /// (its `nonce` claim is `nonce` as given) and a single-use authorization code for the same
+    /// user. Both are secrets: never log them.
+    package func issueIdentityToken(
+        clientID: String, sub: String, nonce: String, email: String? = nil, isPrivateEmail: Bool? = nil
+    ) -> (identityToken: String, authorizationCode: String) {
+        let code = registerCode(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail)
+        let token = signIDToken(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: nonce)
+        return (token, code)
+    }
+
     /// Registers a refresh token as if a code exchange had issued it (imports, reconciliation tests).
     package func registerRefreshToken(_ token: String, clientID: String, sub: String) {
         state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub) }
@@ -242,6 +255,8 @@ package final class FakeApple: Sendable {
             }
         case ("POST", "/fake/codes"):
             respond(adminRegisterCode(request))
+        case ("POST", "/fake/identity-tokens"):
+            respond(adminIssueIdentityToken(request))
         case ("POST", "/fake/failures"):
             respond(adminInjectFailures(request))
         case ("GET", "/fake/calls"):

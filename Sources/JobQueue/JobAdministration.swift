@@ -58,7 +58,7 @@ package struct JobAdministration: Sendable {
     }
 
     package static let states = ["available", "running", "completed", "discarded", "cancelled"]
-    package static let kinds = ["notification", "exchange", "revoke", "reconcile"]
+    package static let kinds = ["notification", "exchange", "revoke", "reconcile", "webhook"]
 
     private let connection: PostgresConnection
 

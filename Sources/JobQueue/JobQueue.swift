@@ -22,15 +22,16 @@ package struct JobQueue: Sendable {
         jsonb_array_length(j.errors) AS error_count, j.created_at
         """
 
-    /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification`), oldest
-    /// first by (priority, run_at, id), skipping rows other workers hold and jobs of paused client IDs.
+    /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification` and
+    /// `webhook`, which have claims of their own), oldest first by (priority, run_at, id), skipping rows
+    /// other workers hold and jobs of paused client IDs.
     package static func claimQuery(worker: String, limit: Int, lease: Duration) -> PostgresQuery {
         """
         UPDATE siwa.jobs j
            SET state = 'running', attempt = j.attempt + 1, locked_by = \(worker),
                locked_until = now() + make_interval(secs => \(lease.seconds))
           FROM (SELECT c.id FROM siwa.jobs c
-                 WHERE c.state = 'available' AND c.kind <> 'notification' AND c.run_at <= now()
+                 WHERE c.state = 'available' AND c.kind NOT IN ('notification', 'webhook') AND c.run_at <= now()
                    AND NOT EXISTS (SELECT 1 FROM siwa.paused_clients p
                                     WHERE p.client_id = c.client_id AND p.next_probe_at > now())
                  ORDER BY c.priority, c.run_at, c.id

@@ -14,7 +14,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_NOTIFICATION_CONNECTIONS",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
         "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
-    ]
+    ] + AppAPIConfiguration.variables + WebhookSettings.variables
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
     package struct Apple: Sendable {
@@ -63,6 +63,10 @@ package struct WorkerConfiguration: Sendable {
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
     package var retryBase: Duration
+    /// The app API, when `SIWA_APP_API_LISTEN` is set (it needs the Apple credentials).
+    package var appAPI: AppAPIConfiguration?
+    /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`: nil when webhooks are off.
+    package var webhook: WebhookSettings?
 
     /// `SIWA_WORKER_STATEMENT_TIMEOUT`: the worker sessions' `statement_timeout` and `lock_timeout`,
     /// so a held lock or a stalled server fails a claim (retried) instead of hanging the worker.
@@ -134,6 +138,12 @@ package struct WorkerConfiguration: Sendable {
         statementTimeout = try source.duration(
             "SIWA_WORKER_STATEMENT_TIMEOUT", default: .seconds(60), range: .milliseconds(100) ... .seconds(3600))
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
+        appAPI = try AppAPIConfiguration(source)
+        if appAPI != nil, !callsEnabled {
+            throw ConfigurationError(
+                variable: "SIWA_APP_API_LISTEN", problem: "the app API exchanges codes at sign-in: it needs SIWA_APPLE_CALLS=enabled")
+        }
+        webhook = try WebhookSettings.parse(source)
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
     }

@@ -117,7 +117,7 @@ final class LifecycleHarness: Sendable {
             case .exchange: exchange
             case .revoke: revoke
             case .reconcile: reconcile
-            case .notification: fatalError("not an Apple job")
+            case .notification, .webhook: fatalError("not an Apple job")
             }
         let result = await handler.run(job, logger: logger)
         switch result {
