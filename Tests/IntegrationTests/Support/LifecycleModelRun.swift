@@ -295,7 +295,8 @@ final class ModelRun {
         let ids = try await connection.query(
             """
             SELECT id FROM siwa.jobs
-             WHERE client_id = \(clientID) AND kind <> 'notification' AND state = 'available'
+             WHERE client_id = \(clientID) AND kind = ANY (\(world.handlers.keys.map(\.rawValue))::text[])
+               AND state = 'available'
              ORDER BY priority, run_at, id
             """
         ).map { try $0.decode(Int64.self, at: 0) }

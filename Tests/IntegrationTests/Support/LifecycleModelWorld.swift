@@ -94,7 +94,7 @@ final class ModelWorld: Sendable {
         switch kind {
         case .exchange, .reconcile: ["token"]
         case .revoke: ["revoke", "token"]
-        case .notification: []
+        default: []  // notifications and webhooks never call Apple
         }
     }
 
