@@ -9,7 +9,7 @@ import Testing
 /// sequence shrunk to the steps that matter.
 ///
 /// `SIWA_MODEL_SEQUENCES` (default 1000), `SIWA_MODEL_SEED` (default random, printed),
-/// `SIWA_MODEL_LANES` (sequences run side by side, default 6), `SIWA_MODEL_REPLAY` (one sequence's
+/// `SIWA_MODEL_LANES` (sequences run side by side, default 3), `SIWA_MODEL_REPLAY` (one sequence's
 /// seed, as printed: runs only it and prints what happened).
 @Suite struct LifecycleModelTests {
     /// Rules a known, still unfixed defect breaks: printed loudly on every run, never skipped.
@@ -93,7 +93,7 @@ import Testing
 struct ModelSettings: Sendable {
     var sequences = 1000
     var seed = UInt64.random(in: 0...UInt64.max)
-    var lanes = 6
+    var lanes = 3
     var replay: UInt64?
 
     init(_ environment: [String: String]) {

@@ -256,3 +256,33 @@ struct ModelShrinker {
         }
     }
 }
+
+extension ModelStep {
+    /// The kind of step, with Apple's answer where it has one (for the exercised counts).
+    var category: String {
+        switch self {
+        case .app(let calls): "app: " + calls.map(\.description).joined(separator: " + ")
+        case .notify(let kind, let back): "notify \(kind.rawValue)" + (back == nil ? "" : " (earlier)")
+        case .applyNotifications: "notification worker"
+        case .work(_, let answer): "worker, Apple answers \(answer)"
+        case .slowWork(_, let answer): "worker, Apple slow then \(answer)"
+        case .release: "slow answer arrives"
+        case .crash: "worker dies"
+        case .stall: "worker stalls"
+        case .resumeStalled(let answer): "stalled worker resumes, Apple answers \(answer)"
+        case .reconcile: "reconcile queued"
+        case .userRevokesAtApple: "user ends grants at Apple"
+        }
+    }
+}
+
+extension AppCall {
+    var isLink: Bool { if case .link = self { true } else { false } }
+
+    func takesCode(deletionWithCode: Bool) -> Bool {
+        switch self {
+        case .link: true
+        case .requestDeletion(let withCode): withCode && deletionWithCode
+        }
+    }
+}

@@ -1,3 +1,4 @@
+import AppleClient
 import FakeApple
 import Foundation
 import Postgres
@@ -258,4 +259,62 @@ extension ModelRun {
                     "change \(last.id) (\(last.change)) says \(last.status ?? ""); the account is \(finalStatus)"))
         }
     }
+}
+
+extension ModelRun {
+    /// The refresh tokens the account holds now, decrypted: the current one, and any the schema
+    /// keeps for a later deletion to revoke (`retired_tokens_enc`, when the column exists).
+    func heldTokens() async throws -> Set<String> {
+        let rows = try await connection.query(
+            """
+            SELECT refresh_token_enc, coalesce((to_jsonb(a) -> 'retired_tokens_enc')::text, '[]') AS retired
+              FROM siwa.accounts a WHERE client_id = \(clientID) AND sub = \(sub)
+            """)
+        guard let row = rows.first else { return [] }
+        var sealed: [[UInt8]] = try row.decode([UInt8]?.self, column: "refresh_token_enc").map { [$0] } ?? []
+        // bytea in jsonb: "\\x0a1b..." strings.
+        let retired = (try? JSONSerialization.jsonObject(with: Data(try row.decode(String.self, column: "retired").utf8))) as? [String]
+        sealed += (retired ?? []).compactMap { Self.bytes(hex: $0.hasPrefix("\\x") ? String($0.dropFirst(2)) : $0) }
+        return Set(sealed.compactMap { try? world.harness.tokenBox.open($0, clientID: clientID, sub: sub) })
+    }
+
+    static func bytes(hex: String) -> [UInt8]? {
+        let digits = Array(hex.utf8)
+        guard digits.count % 2 == 0 else { return nil }
+        return stride(from: 0, to: digits.count, by: 2).map { index -> UInt8? in
+            UInt8(String(decoding: digits[index..<index + 2], as: UTF8.self), radix: 16)
+        }.reduce(into: [UInt8]?([])) { result, byte in
+            if let byte { result?.append(byte) } else { result = nil }
+        }
+    }
+}
+
+/// A broken rule: `key` (rule and kind) tells distinct defects apart; `detail` is for the report.
+struct ModelViolation: Hashable, Sendable {
+    var rule: ModelRule
+    var kind: String
+    var detail: String
+
+    init(_ rule: ModelRule, _ kind: String, _ detail: String) {
+        self.rule = rule
+        self.kind = kind
+        self.detail = detail
+    }
+
+    var key: String { "\(rule.rawValue): \(kind)" }
+}
+
+enum ModelRule: String, Hashable, Sendable, CaseIterable {
+    case deletionEndsDeleted = "every requested deletion ends deleted"
+    case tokensRevoked = "no refresh token outlives a deletion unrevoked"
+    case deletedStaysDeleted = "deleted stays deleted under notifications"
+    case notificationOnce = "no notification applied twice"
+    case emailNewest = "email forwarding ends at the newest event"
+    case endingEventsApply = "consent-revoked and account-deleted end the account's life"
+    case causalChanges = "the app's change rows come in causal order"
+    case exchangeNeverLost = "a successful exchange is never lost"
+    case linkBlockedWhilePending = "a pending deletion blocks a new link"
+    case appCall = "app calls succeed"
+    case quiescence = "every job finishes"
+    case harness = "the test harness itself"
 }
