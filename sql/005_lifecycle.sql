@@ -16,6 +16,10 @@ CREATE INDEX app_groups_group ON siwa.app_groups (group_id, client_id);
 -- Retention prunes the app's change feed by age.
 CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
+-- Finished exchange jobs keep no authorization code (discarded and cancelled ones did).
+UPDATE siwa.jobs SET args = args - 'code'
+ WHERE kind = 'exchange' AND state IN ('completed', 'discarded', 'cancelled') AND args ? 'code';
+
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN

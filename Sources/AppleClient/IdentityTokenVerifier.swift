@@ -1,4 +1,5 @@
 package import Foundation
+import CryptoCore
 import JOSE
 import JSON
 import SiwaCore
@@ -8,6 +9,9 @@ package struct AppleIdentity: Sendable, Equatable {
     package var sub: String
     package var email: String?
     package var isPrivateEmail: Bool?
+    package var emailVerified: Bool?
+    /// `transfer_sub`: present for 60 days on tokens of users moved from another team (TN3159).
+    package var transferSub: String?
 }
 
 /// Why an `id_token` was refused. `rawValue` is stored as a failure reason: it holds no token content.
@@ -20,11 +24,14 @@ package enum IdentityTokenError: String, Error, Sendable, CustomStringConvertibl
     case wrongAudience = "id_token_wrong_audience"
     case expired = "id_token_expired"
     case subMismatch = "id_token_sub_mismatch"
+    case nonceMismatch = "id_token_nonce_mismatch"
 
     package var description: String { rawValue }
 }
 
-/// Verifies the `id_token` from a code exchange: RS256 with Apple's key set, `iss`, `aud`, `exp`, `sub`.
+/// Verifies Apple identity tokens: RS256 with Apple's key set (the receiver's `AppleKeySet`, so one
+/// cache, one rate-limited refetch and the same stale-keys rule), `iss`, `aud`, `exp`, and then
+/// either the `sub` a code exchange was for or the `nonce` a sign-in was issued.
 package struct IdentityTokenVerifier: Sendable {
     package let keys: AppleKeySet
     /// Clock skew tolerated on `exp`.
@@ -34,6 +41,8 @@ package struct IdentityTokenVerifier: Sendable {
         self.keys = keys
     }
 
+    /// The `id_token` of a code exchange: it must be about `expectedSub`.
+    ///
     /// `trustingTransportWhenKeysUnavailable`: for an `id_token` received directly from Apple's token
     /// endpoint (the exchange we made), whose signature cannot be checked only because Apple's keys
     /// could not be fetched: its claims are still checked, and the channel vouches for its origin
@@ -43,6 +52,36 @@ package struct IdentityTokenVerifier: Sendable {
         _ token: String, clientID: String, expectedSub: String, now: Date = Date(),
         trustingTransportWhenKeysUnavailable: Bool = false
     ) async throws(IdentityTokenError) -> AppleIdentity {
+        let (identity, _) = try await verifiedClaims(
+            token, clientID: clientID, now: now, trustingTransportWhenKeysUnavailable: trustingTransportWhenKeysUnavailable)
+        guard identity.sub == expectedSub else { throw .subMismatch }
+        return identity
+    }
+
+    /// The identity token of a sign-in, which the client hands us (so its signature is always
+    /// checked): its `nonce` claim must be the lowercase hex SHA-256 of the raw nonce the server
+    /// issued (seed 000), compared in constant time.
+    package func verify(_ token: String, clientID: String, rawNonce: String, now: Date = Date()) async throws(
+        IdentityTokenError
+    ) -> AppleIdentity {
+        let (identity, claims) = try await verifiedClaims(
+            token, clientID: clientID, now: now, trustingTransportWhenKeysUnavailable: false)
+        guard let claimed = claims["nonce"]?.stringValue,
+            ConstantTime.equals(Array(claimed.utf8), Array(Self.nonceClaim(rawNonce: rawNonce).utf8))
+        else { throw .nonceMismatch }
+        return identity
+    }
+
+    /// What the client hands Apple for a raw nonce: lowercase hex SHA-256 of its UTF-8 bytes.
+    package static func nonceClaim(rawNonce: String) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: SHA256.hash(Array(rawNonce.utf8)).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0x0F)]] }, as: UTF8.self)
+    }
+
+    /// Signature (alg pinned to RS256, key by `kid`), `iss`, `aud` ∋ `clientID`, `exp`, a `sub`.
+    private func verifiedClaims(
+        _ token: String, clientID: String, now: Date, trustingTransportWhenKeysUnavailable: Bool
+    ) async throws(IdentityTokenError) -> (AppleIdentity, [String: JSONValue]) {
         guard let jws = try? CompactJWS(token) else { throw .malformed }
         guard jws.algorithm == RS256.algorithm, let keyID = jws.keyID else { throw .badSignature }
         switch await keys.key(keyID) {
@@ -52,19 +91,16 @@ package struct IdentityTokenVerifier: Sendable {
         case .unavailable:
             guard trustingTransportWhenKeysUnavailable else { throw .keysUnavailable }
         }
-        return try checkClaims(of: jws, clientID: clientID, expectedSub: expectedSub, now: now)
-    }
-
-    private func checkClaims(of jws: CompactJWS, clientID: String, expectedSub: String, now: Date) throws(IdentityTokenError)
-        -> AppleIdentity
-    {
         guard let claims = JSONValue.object(jws.payloadBytes) else { throw .malformed }
         guard claims["iss"]?.stringValue == AppleNotification.appleIssuer else { throw .wrongIssuer }
         guard AppleNotification.audiences(claims["aud"])?.contains(clientID) == true else { throw .wrongAudience }
         guard let exp = claims["exp"]?.numberValue else { throw .malformed }
         guard exp + leeway > now.timeIntervalSince1970 else { throw .expired }
-        guard let sub = claims["sub"]?.stringValue, sub == expectedSub else { throw .subMismatch }
-        return AppleIdentity(
-            sub: sub, email: claims["email"]?.stringValue, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]))
+        guard let sub = claims["sub"]?.stringValue, !sub.isEmpty else { throw .malformed }
+        let identity = AppleIdentity(
+            sub: sub, email: claims["email"]?.stringValue, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]),
+            emailVerified: AppleNotification.flag(claims["email_verified"]),
+            transferSub: claims["transfer_sub"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
+        return (identity, claims)
     }
 }

@@ -30,8 +30,6 @@ package enum HMACSHA256 {
 
     /// Constant-time comparison of two MACs.
     package static func isValidAuthenticationCode(_ code: [UInt8], for message: [UInt8], key: [UInt8]) -> Bool {
-        let expected = authenticationCode(for: message, key: key)
-        guard code.count == expected.count else { return false }
-        return CRYPTO_memcmp(code, expected, code.count) == 0
+        ConstantTime.equals(code, authenticationCode(for: message, key: key))
     }
 }

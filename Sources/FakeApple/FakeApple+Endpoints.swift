@@ -32,7 +32,7 @@ extension FakeApple {
             }
             guard let issued else { return (Self.oauthError("invalid_grant"), true) }
             let refreshToken = "r" + Self.randomHex(24)
-            state.withLock { $0.refreshTokens[refreshToken] = .init(clientID: clientID, sub: issued.sub) }
+            state.withLock { $0.refreshTokens[refreshToken] = .init(clientID: clientID, sub: issued.sub, code: code) }
             let idToken = signIDToken(clientID: clientID, sub: issued.sub, email: issued.email, isPrivateEmail: issued.isPrivateEmail)
             return (
                 Self.json([
@@ -63,7 +63,10 @@ extension FakeApple {
         }
         guard checkClientSecret(secret, clientID: clientID) else { return (Self.oauthError("invalid_client"), false) }
         state.withLock { state in
-            if state.refreshTokens[token]?.clientID == clientID { state.refreshTokens[token]?.revoked = true }
+            if state.refreshTokens[token]?.clientID == clientID {
+                state.refreshTokens[token]?.revoked = true
+                state.refreshTokens[token]?.revokedByClient = true
+            }
         }
         return (HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: []), true)
     }
@@ -147,6 +150,26 @@ extension FakeApple {
             }
         let code = registerCode(clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate)
         return Self.json(["code": code, "expires_in": Int(configuration.codeLifetime)])
+    }
+
+    /// `POST /fake/identity-tokens {client_id, sub, nonce, email?, is_private_email?}`: what the
+    /// device gets from Apple at sign-in, an identity token whose `nonce` claim is `nonce` as given
+    /// (the app hands Apple the SHA-256 hex of the server's raw nonce) and a fresh authorization code.
+    func adminIssueIdentityToken(_ request: HTTPRequest) -> HTTPResponse {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
+            let clientID = object["client_id"] as? String, !clientID.isEmpty,
+            let sub = object["sub"] as? String, !sub.isEmpty,
+            let nonce = object["nonce"] as? String, !nonce.isEmpty
+        else { return Self.oauthError("invalid_request") }
+        let isPrivate: Bool? =
+            switch object["is_private_email"] {
+            case let flag as Bool: flag
+            case let text as String: text == "true"
+            default: nil
+            }
+        let issued = issueIdentityToken(
+            clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate)
+        return Self.json(["identity_token": issued.identityToken, "authorization_code": issued.authorizationCode])
     }
 
     func adminInjectFailures(_ request: HTTPRequest) -> HTTPResponse {

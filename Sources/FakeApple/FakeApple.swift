@@ -20,6 +20,8 @@ import Locking
 /// - `POST /auth/token` `client_credentials` with `scope=user.migration`: a migration access token.
 /// - `POST /auth/usermigrationinfo` (team transfer, see `FakeApple+Migration.swift`).
 /// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?}` → `{"code": ...}`.
+/// - `POST /fake/identity-tokens` `{client_id, sub, nonce, email?, is_private_email?}` →
+///   `{"identity_token": ..., "authorization_code": ...}` (sign-in, as the device receives it).
 /// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys"|"usermigrationinfo", responses: [503, "timeout",
 ///   "invalid_client", "bad_signature", ...], retry_after: 2}`: consumed one per call.
 /// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
@@ -142,13 +144,74 @@ package final class FakeApple: Sendable {
         return code
     }
 
+    /// What a device receives from Apple at sign-in: an identity token signed with the fake's key
+    /// (its `nonce` claim is `nonce` as given) and a single-use authorization code for the same
+    /// user. Both are secrets: never log them.
+    package func issueIdentityToken(
+        clientID: String, sub: String, nonce: String, email: String? = nil, isPrivateEmail: Bool? = nil
+    ) -> (identityToken: String, authorizationCode: String) {
+        let code = registerCode(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail)
+        let token = signIDToken(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: nonce)
+        return (token, code)
+    }
+
     /// Registers a refresh token as if a code exchange had issued it (imports, reconciliation tests).
     package func registerRefreshToken(_ token: String, clientID: String, sub: String) {
         state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub) }
     }
 
-    package func injectFailures(endpoint: String, responses: [FakeAppleFailure], retryAfter: String? = nil) {
-        state.withLock { $0.failures[endpoint] = .init(responses: responses, retryAfter: retryAfter) }
+    /// Queues answers for the next calls to `endpoint`, of every client ID or only of `clientID`
+    /// (a client ID's own queue is used first).
+    package func injectFailures(
+        endpoint: String, clientID: String? = nil, responses: [FakeAppleFailure], retryAfter: String? = nil
+    ) {
+        let key = FakeAppleState.failureKey(endpoint, clientID)
+        state.withLock { $0.failures[key] = .init(responses: responses, retryAfter: retryAfter) }
+    }
+
+    /// Drops the answers still queued for `clientID` and its holds not yet reached.
+    package func clearFailures(clientID: String) {
+        let holds = state.withLock { state -> [FakeAppleHeldCall] in
+            for endpoint in ["token", "revoke"] {
+                state.failures[FakeAppleState.failureKey(endpoint, clientID)] = nil
+            }
+            let keys = ["token", "revoke"].map { FakeAppleState.failureKey($0, clientID) }
+            defer { for key in keys { state.holds[key] = nil } }
+            return keys.compactMap { state.holds[$0] }
+        }
+        for hold in holds where !hold.hasArrived { hold.release() }
+    }
+
+    /// Holds the next call of `clientID` to `endpoint` (`token` or `revoke`) until the returned
+    /// hold is released: Apple answering slowly while other work goes on.
+    package func holdNextCall(endpoint: String, clientID: String) -> FakeAppleHeldCall {
+        let hold = FakeAppleHeldCall(key: FakeAppleState.failureKey(endpoint, clientID))
+        state.withLock { $0.holds[hold.key] = hold }
+        return hold
+    }
+
+    /// The user ended the grants of `(clientID, sub)` at Apple (withdrew consent in Settings, or
+    /// deleted the Apple Account): every refresh token issued before `time` stops working.
+    package func userEndedGrants(clientID: String, sub: String, issuedBefore time: Date) {
+        state.withLock { state in
+            for (token, entry) in state.refreshTokens
+            where entry.clientID == clientID && entry.sub == sub && entry.issuedAt < time {
+                state.refreshTokens[token]?.revoked = true
+            }
+        }
+    }
+
+    /// Every refresh token issued or registered for `(clientID, sub)`, oldest first. TEST ONLY.
+    package func issuedTokens(clientID: String, sub: String) -> [FakeAppleIssuedToken] {
+        state.withLock { state in
+            state.refreshTokens.filter { $0.value.clientID == clientID && $0.value.sub == sub }
+                .map {
+                    FakeAppleIssuedToken(
+                        token: $0.key, code: $0.value.code, issuedAt: $0.value.issuedAt, dead: $0.value.revoked,
+                        revokedByClient: $0.value.revokedByClient)
+                }
+                .sorted { $0.issuedAt < $1.issuedAt }
+        }
     }
 
     package var calls: [FakeAppleCall] { state.withLock { $0.calls } }
@@ -171,25 +234,29 @@ package final class FakeApple: Sendable {
         let route = (request.method, request.path)
         switch route {
         case ("GET", "/auth/keys"):
-            answer(endpoint: "keys", clientID: nil, grantType: nil, respond: respond) {
+            answer(endpoint: "keys", clientID: nil, grantType: nil, respond: respond) { [self] in
                 (.json(String(decoding: jsonWebKeySet.jsonBytes(), as: UTF8.self)), false)
             }
         case ("POST", "/auth/token"):
             let form = FormEncoding.decode(request.bodyText)
-            answer(endpoint: "token", clientID: form["client_id"], grantType: form["grant_type"], respond: respond) {
+            answer(endpoint: "token", clientID: form["client_id"], grantType: form["grant_type"], form: form, respond: respond) { [self] in
                 token(form)
             }
         case ("POST", "/auth/revoke"):
             let form = FormEncoding.decode(request.bodyText)
-            answer(endpoint: "revoke", clientID: form["client_id"], grantType: nil, respond: respond) { revoke(form) }
+            answer(endpoint: "revoke", clientID: form["client_id"], grantType: nil, form: form, respond: respond) { [self] in
+                revoke(form)
+            }
         case ("POST", "/auth/usermigrationinfo"):
             let form = FormEncoding.decode(request.bodyText)
             let bearer = request.header("authorization")
-            answer(endpoint: "usermigrationinfo", clientID: form["client_id"], grantType: nil, respond: respond) {
+            answer(endpoint: "usermigrationinfo", clientID: form["client_id"], grantType: nil, respond: respond) { [self] in
                 userMigrationInfo(form, authorization: bearer)
             }
         case ("POST", "/fake/codes"):
             respond(adminRegisterCode(request))
+        case ("POST", "/fake/identity-tokens"):
+            respond(adminIssueIdentityToken(request))
         case ("POST", "/fake/failures"):
             respond(adminInjectFailures(request))
         case ("GET", "/fake/calls"):
@@ -203,12 +270,30 @@ package final class FakeApple: Sendable {
         }
     }
 
-    /// Applies an injected failure if one is queued, else `body`; records the call either way.
+    /// Applies an injected failure if one is queued, else `body`; records the call either way. A held
+    /// call waits for its release, which may name the answer.
     private func answer(
-        endpoint: String, clientID: String?, grantType: String?, respond: @escaping @Sendable (HTTPResponse) -> Void,
-        _ body: () -> (HTTPResponse, Bool)
+        endpoint: String, clientID: String?, grantType: String?, form: [String: String] = [:],
+        respond: @escaping @Sendable (HTTPResponse) -> Void, _ body: @escaping @Sendable () -> (HTTPResponse, Bool)
     ) {
-        let injected = state.withLock { $0.nextFailure(endpoint) }
+        let hold = state.withLock { state -> FakeAppleHeldCall? in
+            guard let clientID else { return nil }
+            return state.holds.removeValue(forKey: FakeAppleState.failureKey(endpoint, clientID))
+        }
+        let arrived = Date()
+        let proceed: @Sendable (FakeAppleFailure?) -> Void = { [self] released in
+            let injected = released.map { ($0, String?.none) } ?? state.withLock { $0.nextFailure(endpoint, clientID: clientID) }
+            if case (.oauthError("invalid_grant"), _)? = injected { endGrant(named: form, arrived: arrived) }
+            answer(injected, endpoint: endpoint, clientID: clientID, grantType: grantType, form: form, respond: respond, body)
+        }
+        if let hold, hold.arrive(proceed) { return }
+        proceed(nil)
+    }
+
+    private func answer(
+        _ injected: (FakeAppleFailure, String?)?, endpoint: String, clientID: String?, grantType: String?,
+        form: [String: String], respond: @escaping @Sendable (HTTPResponse) -> Void, _ body: () -> (HTTPResponse, Bool)
+    ) {
         var response: HTTPResponse
         var validSecret = false
         switch injected {
@@ -233,6 +318,20 @@ package final class FakeApple: Sendable {
         let error = Self.errorCode(of: response)
         record(endpoint: endpoint, clientID: clientID, grantType: grantType, status: response.status, error: error, validSecret: validSecret)
         respond(response)
+    }
+
+    /// An injected `invalid_grant` keeps the fake consistent: the code or token it names is dead.
+    /// For a refresh token that is Apple's answer when the user ended the grant: every token of that
+    /// user and client ID issued before the call arrived is dead (a token issued after it is not).
+    private func endGrant(named form: [String: String], arrived: Date) {
+        state.withLock { state in
+            if let code = form["code"] { state.codes[code]?.used = true }
+            guard let token = form["refresh_token"] ?? form["token"], let grant = state.refreshTokens[token] else { return }
+            for (other, entry) in state.refreshTokens
+            where entry.clientID == grant.clientID && entry.sub == grant.sub && entry.issuedAt <= arrived {
+                state.refreshTokens[other]?.revoked = true
+            }
+        }
     }
 
     private func record(endpoint: String, clientID: String?, grantType: String?, status: Int, error: String?, validSecret: Bool) {

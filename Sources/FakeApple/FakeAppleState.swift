@@ -1,4 +1,5 @@
 package import Foundation
+import Locking
 
 /// One call the fake answered, for `GET /fake/calls` and tests. Never holds a secret, code or token.
 package struct FakeAppleCall: Sendable, Equatable, Codable {
@@ -21,6 +22,18 @@ package struct FakeAppleCall: Sendable, Equatable, Codable {
         case validClientSecret = "valid_client_secret"
         case time
     }
+}
+
+/// A refresh token the fake issued, as tests see it. TEST ONLY: holds the token.
+package struct FakeAppleIssuedToken: Sendable, Equatable {
+    package var token: String
+    /// The authorization code it was issued for (nil: registered by a test).
+    package var code: String?
+    package var issuedAt: Date
+    /// Revoked by the client or ended by the user: it no longer works at Apple.
+    package var dead: Bool
+    /// Revoked by a `POST /auth/revoke`.
+    package var revokedByClient: Bool
 }
 
 /// An answer the fake gives instead of the real one, consumed one per call.
@@ -64,7 +77,13 @@ struct FakeAppleState {
     struct Token {
         var clientID: String
         var sub: String
+        /// Dead at Apple: revoked by the client, or ended by the user (consent withdrawn, account deleted).
         var revoked = false
+        /// Revoked by a `POST /auth/revoke` of the client.
+        var revokedByClient = false
+        var issuedAt = Date()
+        /// The authorization code it was issued for (nil: registered by a test).
+        var code: String?
     }
 
     struct Injected {
@@ -93,13 +112,67 @@ struct FakeAppleState {
     var unmigratableSubs: Set<String> = []
     var migrationAnswers: [String: Int] = [:]
     var refreshTokens: [String: Token] = [:]
+    /// Keyed by endpoint (every client) or `failureKey(endpoint, clientID)` (one client ID).
     var failures: [String: Injected] = [:]
+    /// Calls to hold until the test releases them, keyed like `failures` (one client ID).
+    var holds: [String: FakeAppleHeldCall] = [:]
     var calls: [FakeAppleCall] = []
 
-    mutating func nextFailure(_ endpoint: String) -> (FakeAppleFailure, String?)? {
-        guard var injected = failures[endpoint], !injected.responses.isEmpty else { return nil }
-        let failure = injected.responses.removeFirst()
-        failures[endpoint] = injected
-        return (failure, injected.retryAfter)
+    static func failureKey(_ endpoint: String, _ clientID: String?) -> String {
+        clientID.map { "\(endpoint) \($0)" } ?? endpoint
+    }
+
+    /// The next injected answer for a call: the client ID's own queue first, then the endpoint's.
+    mutating func nextFailure(_ endpoint: String, clientID: String?) -> (FakeAppleFailure, String?)? {
+        let keys = clientID == nil ? [endpoint] : [Self.failureKey(endpoint, clientID), endpoint]
+        for key in keys {
+            guard var injected = failures[key], !injected.responses.isEmpty else { continue }
+            let failure = injected.responses.removeFirst()
+            failures[key] = injected
+            return (failure, injected.retryAfter)
+        }
+        return nil
+    }
+}
+
+/// A call the fake holds without answering until the test releases it (`FakeApple.holdNextCall`):
+/// Apple answering slowly, so a test can run other work while the call is in flight.
+package final class FakeAppleHeldCall: Sendable {
+    private struct State {
+        var arrived = false
+        /// Set once the call arrived: answers it (nil = the real answer, else the injected one).
+        var answer: (@Sendable (FakeAppleFailure?) -> Void)?
+        var released = false
+    }
+
+    private let state = Locked(State())
+    let key: String
+
+    init(key: String) {
+        self.key = key
+    }
+
+    /// Whether the held call has reached the fake.
+    package var hasArrived: Bool { state.withLock { $0.arrived } }
+
+    /// Called by the fake when the call arrives; false if the hold was already released (answer now).
+    func arrive(_ answer: @escaping @Sendable (FakeAppleFailure?) -> Void) -> Bool {
+        state.withLock { state in
+            guard !state.released else { return false }
+            state.arrived = true
+            state.answer = answer
+            return true
+        }
+    }
+
+    /// Answers the held call (`failure` nil: the real answer). Before the call arrived, the hold is
+    /// simply dropped: a later call is answered at once.
+    package func release(answering failure: FakeAppleFailure? = nil) {
+        let answer = state.withLock { state -> (@Sendable (FakeAppleFailure?) -> Void)? in
+            state.released = true
+            defer { state.answer = nil }
+            return state.answer
+        }
+        answer?(failure)
     }
 }

@@ -10,6 +10,10 @@ package enum JobKind: String, Sendable, CaseIterable {
     case revoke
     /// Check a linked account's refresh token with Apple (opt-in reconciliation).
     case reconcile
+    /// Deliver an account change to the app's webhook (queued by a trigger on `siwa.account_changes`
+    /// while an endpoint is registered; claimed only by WorkerCore's webhook dispatcher, in order per
+    /// account).
+    case webhook
 }
 
 /// A claimed job. `attempt` is the lease's fencing token: it grows on every claim, so a worker

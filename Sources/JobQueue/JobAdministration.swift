@@ -58,7 +58,7 @@ package struct JobAdministration: Sendable {
     }
 
     package static let states = ["available", "running", "completed", "discarded", "cancelled"]
-    package static let kinds = ["notification", "exchange", "revoke", "reconcile"]
+    package static let kinds = ["notification", "exchange", "revoke", "reconcile", "webhook"]
 
     private let connection: PostgresConnection
 
@@ -160,7 +160,7 @@ package struct JobAdministration: Sendable {
                     """
                     UPDATE siwa.jobs
                        SET state = 'cancelled', finalized_at = now(), locked_by = NULL, locked_until = NULL,
-                           outcome = 'cancelled_by_operator'
+                           outcome = 'cancelled_by_operator', args = args - 'code'
                      WHERE id = \(id)
                     """)
                 result.cancelled.append(id)

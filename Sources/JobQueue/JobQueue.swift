@@ -22,15 +22,16 @@ package struct JobQueue: Sendable {
         jsonb_array_length(j.errors) AS error_count, j.created_at
         """
 
-    /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification`), oldest
-    /// first by (priority, run_at, id), skipping rows other workers hold and jobs of paused client IDs.
+    /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification` and
+    /// `webhook`, which have claims of their own), oldest first by (priority, run_at, id), skipping rows
+    /// other workers hold and jobs of paused client IDs.
     package static func claimQuery(worker: String, limit: Int, lease: Duration) -> PostgresQuery {
         """
         UPDATE siwa.jobs j
            SET state = 'running', attempt = j.attempt + 1, locked_by = \(worker),
                locked_until = now() + make_interval(secs => \(lease.seconds))
           FROM (SELECT c.id FROM siwa.jobs c
-                 WHERE c.state = 'available' AND c.kind <> 'notification' AND c.run_at <= now()
+                 WHERE c.state = 'available' AND c.kind NOT IN ('notification', 'webhook') AND c.run_at <= now()
                    AND NOT EXISTS (SELECT 1 FROM siwa.paused_clients p
                                     WHERE p.client_id = c.client_id AND p.next_probe_at > now())
                  ORDER BY c.priority, c.run_at, c.id
@@ -144,6 +145,8 @@ package struct JobQueue: Sendable {
                        state = CASE WHEN \(discard) THEN 'discarded' ELSE 'available' END,
                        run_at = CASE WHEN \(discard) THEN run_at ELSE now() + make_interval(secs => \(retryIn.seconds)) END,
                        finalized_at = CASE WHEN \(discard) THEN now() END,
+                       -- A discarded exchange keeps no authorization code (it is dead in minutes anyway).
+                       args = CASE WHEN \(discard) THEN args - 'code' ELSE args END,
                        locked_by = NULL, locked_until = NULL
                  WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
                 """) == 1
@@ -242,6 +245,30 @@ package struct JobQueue: Sendable {
                AND state IN ('completed', 'cancelled')
         )
         DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
+        """
+    }
+
+    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`).
+    package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        DELETE FROM siwa.account_changes WHERE id IN (
+            SELECT id FROM siwa.account_changes
+             WHERE created_at < now() - make_interval(secs => \(age.seconds))
+             LIMIT \(batch))
+        """
+    }
+
+    /// Notifications whose job was discarded more than `age` ago stay (an operator may still retry
+    /// them) without their personal data: email, the signed token, the events claim.
+    package static func scrubDiscardedNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
+        """
+        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
+          FROM (SELECT j.notification_jti FROM siwa.jobs j
+                 WHERE j.finalized_at < now() - make_interval(secs => \(age.seconds))
+                   AND j.state = 'discarded' AND j.kind = 'notification'
+                 LIMIT \(batch)) d
+         WHERE n.jti = d.notification_jti
+           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
         """
     }
 

@@ -696,6 +696,10 @@ extension Migration {
             -- Retention prunes the app's change feed by age.
             CREATE INDEX account_changes_created ON siwa.account_changes (created_at);
 
+            -- Finished exchange jobs keep no authorization code (discarded and cancelled ones did).
+            UPDATE siwa.jobs SET args = args - 'code'
+             WHERE kind = 'exchange' AND state IN ('completed', 'discarded', 'cancelled') AND args ? 'code';
+
             DO $$
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
@@ -718,6 +722,109 @@ extension Migration {
                 updated_at          timestamptz,
                 has_refresh_token   boolean
             );
+            """####),
+        Migration(
+            version: 7, name: "007_webhooks",
+            sql: ####"""
+            -- Webhooks to the app (CONTRACT.md, "Webhooks to the app"): every account change is delivered to
+            -- SIWA_WEBHOOK_URL by the workers, as a `webhook` job of the queue, in order per account.
+            --
+            -- Queueing is decided here, by a statement trigger on siwa.account_changes, so every code path
+            -- that records a change (effects, app functions, operator commands) queues its delivery in the
+            -- same transaction: a committed change always has its job, a rolled-back one never.
+            --
+            -- No endpoint, no jobs: deliveries are queued only while siwa.webhook_endpoint has its row, which
+            -- a worker started with SIWA_WEBHOOK_URL writes (and `siwa webhooks disable` removes). A database
+            -- whose workers have no URL never piles up jobs nobody delivers; from the moment one registers,
+            -- no change is left out.
+
+            -- 1. A job kind of its own. The CHECK of 001 lists the kinds; other migrations may have added
+            -- theirs, so 'webhook' is added to whatever the constraint allows now rather than restating it.
+            DO $$
+            DECLARE
+                definition text;
+            BEGIN
+                SELECT pg_catalog.pg_get_constraintdef(c.oid) INTO definition
+                  FROM pg_catalog.pg_constraint c
+                 WHERE c.conrelid = 'siwa.jobs'::regclass AND c.conname = 'jobs_kind_check';
+                IF definition IS NULL OR position('''webhook''' IN definition) > 0 THEN
+                    RETURN;
+                END IF;
+                IF position('ARRAY[' IN definition) = 0 THEN
+                    RAISE EXCEPTION 'siwa 007: unexpected jobs_kind_check definition: %', definition;
+                END IF;
+                ALTER TABLE siwa.jobs DROP CONSTRAINT jobs_kind_check;
+                EXECUTE 'ALTER TABLE siwa.jobs ADD CONSTRAINT jobs_kind_check '
+                     || replace(definition, 'ARRAY[', 'ARRAY[''webhook''::text, ');
+            END
+            $$;
+
+            -- 2. Claim paths. Deliveries have a claim of their own (the account's oldest undelivered change
+            -- only), so the Apple-calling kinds' claim index leaves them out: a delivery backlog never makes
+            -- that claim scan past it.
+            DROP INDEX IF EXISTS siwa.jobs_claim_calls;
+            CREATE INDEX jobs_claim_calls ON siwa.jobs (priority, run_at, id)
+                WHERE state = 'available' AND kind NOT IN ('notification', 'webhook');
+            CREATE INDEX jobs_claim_webhook ON siwa.jobs (run_at, id)
+                WHERE state = 'available' AND kind = 'webhook';
+            -- An account's undelivered changes in order: the claim's ordering check and the status figures.
+            -- `discarded` stays in: a discarded delivery still holds back the account's later changes.
+            CREATE INDEX jobs_webhook_undelivered ON siwa.jobs (client_id, sub, id)
+                WHERE kind = 'webhook' AND state IN ('available', 'running', 'discarded');
+
+            -- 3. The registered endpoint: one row or none. `endpoint` is the URL without its query, for
+            -- `siwa status` (a query string may carry a token); the secret is never stored.
+            CREATE TABLE siwa.webhook_endpoint (
+                singleton     boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+                endpoint      text        NOT NULL,
+                registered_at timestamptz NOT NULL DEFAULT now(),
+                -- A worker holding the URL refreshes this while it runs: status shows when one last did.
+                seen_at       timestamptz NOT NULL DEFAULT now()
+            );
+
+            -- 4. Queueing: one delivery job per change, in change order, while an endpoint is registered.
+            -- The function's body is in sql/functions/webhooks.sql; this stub lets the trigger exist first.
+            CREATE FUNCTION siwa.queue_webhook_deliveries() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                RETURN NULL;
+            END
+            $$;
+            CREATE TRIGGER account_changes_queue_webhooks
+                AFTER INSERT ON siwa.account_changes
+                REFERENCING NEW TABLE AS new_changes
+                FOR EACH STATEMENT EXECUTE FUNCTION siwa.queue_webhook_deliveries();
+
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON siwa.webhook_endpoint TO siwa_worker';
+                END IF;
+            END
+            $$;
+            """####),
+        Migration(
+            version: 8, name: "008_app_api",
+            sql: ####"""
+            -- The app API (siwa-worker on SIWA_APP_API_LISTEN): single-use sign-in nonces.
+            --
+            -- Only the SHA-256 of a nonce is stored. That is the value the identity token's `nonce` claim
+            -- carries (as hex), so a sign-in finds its row by it, and a copy of this table gives nobody a
+            -- nonce they could spend. A nonce is consumed by one DELETE ... RETURNING (siwa.consume_nonce), so
+            -- of any number of concurrent sign-ins with it exactly one wins; expired rows are pruned.
+            CREATE TABLE siwa.sign_in_nonces (
+                nonce_hash bytea       PRIMARY KEY CHECK (length(nonce_hash) = 32),
+                expires_at timestamptz NOT NULL
+            );
+            CREATE INDEX sign_in_nonces_expiry ON siwa.sign_in_nonces (expires_at);
+
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    EXECUTE 'GRANT SELECT, INSERT, DELETE ON siwa.sign_in_nonces TO siwa_worker';
+                END IF;
+            END
+            $$;
             """####),
         Migration(
             version: 9, name: "009_team_transfer",
@@ -1288,6 +1395,104 @@ extension FunctionDefinitions {
             $$;
             """####),
         FunctionDefinitions(
+            name: "app_api",
+            sql: ####"""
+            -- Functions of the app API (siwa-worker, SIWA_APP_API_LISTEN). The worker's own role calls them;
+            -- none is granted to siwa_app (apps that share the database call siwa.link_account and friends).
+
+            -- Stores a new nonce (by its SHA-256) valid for p_ttl; returns when it expires.
+            CREATE OR REPLACE FUNCTION siwa.issue_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS timestamptz
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
+                RETURNING expires_at;
+            $$;
+
+            -- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
+            -- number of concurrent callers with the same nonce at most one gets true; an expired row found
+            -- here is deleted as well (spent either way).
+            CREATE OR REPLACE FUNCTION siwa.consume_nonce(p_nonce_hash bytea) RETURNS boolean
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH consumed AS (
+                    DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() AS valid)
+                SELECT coalesce((SELECT valid FROM consumed), false);
+            $$;
+
+            -- Deletes up to p_limit expired nonces; returns how many.
+            CREATE OR REPLACE FUNCTION siwa.prune_nonces(p_limit integer) RETURNS integer
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH pruned AS (
+                    DELETE FROM siwa.sign_in_nonces
+                     WHERE nonce_hash IN (SELECT nonce_hash FROM siwa.sign_in_nonces WHERE expires_at <= now()
+                                           ORDER BY expires_at LIMIT p_limit)
+                    RETURNING 1)
+                SELECT count(*)::integer FROM pruned;
+            $$;
+
+            -- The account effect of a verified sign-in: one event of the account state machine
+            -- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
+            -- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
+            -- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
+            -- and found no deletion pending, before its exchange; a deletion requested since then is not undone
+            -- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
+            -- the caller answers 403).
+            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            CREATE OR REPLACE FUNCTION siwa.sign_in(
+                p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+                p_checked_at timestamptz
+            ) RETURNS TABLE (
+                client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+                email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+                has_refresh_token boolean, is_new boolean
+            )
+            LANGUAGE plpgsql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+            DECLARE
+                outcome record;
+            BEGIN
+                IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
+                    RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
+                END IF;
+                SELECT * INTO outcome
+                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
+                RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
+                                    v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
+                               FROM siwa.account(p_client_id, p_sub) v;
+            END
+            $$;
+
+            -- Sets the app's own user id on an account; false when there is no such account.
+            CREATE OR REPLACE FUNCTION siwa.set_app_user_id(p_client_id text, p_sub text, p_app_user_id text) RETURNS boolean
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                WITH updated AS (
+                    UPDATE siwa.accounts SET app_user_id = p_app_user_id, updated_at = now()
+                     WHERE client_id = p_client_id AND sub = p_sub
+                    RETURNING 1)
+                SELECT EXISTS (SELECT 1 FROM updated);
+            $$;
+
+            -- Privileges: the worker (which serves the app API) calls these; nobody else.
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+                                              siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                              siwa.set_app_user_id(text, text, text)
+                       TO siwa_worker;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
             name: "notifications",
             sql: ####"""
             -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
@@ -1345,6 +1550,10 @@ extension FunctionDefinitions {
                 ev_jtis text[];
                 ev_jobs bigint[];
                 ev_ranks bigint[];
+                ev_targets text[];
+                ev_subs text[];
+                ev_primary boolean[];
+                grouped boolean;
                 rounds bigint;
                 round_clients text[];
                 round_subs text[];
@@ -1355,43 +1564,73 @@ extension FunctionDefinitions {
                 email_clients text[] := '{}';
                 email_subs text[] := '{}';
             BEGIN
-                -- The unprocessed notifications, each ranked among its account's known-type events; an
-                -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
-                -- are created ('active': Apple only notifies about users who signed in, so an unknown sub is
-                -- a link we never saw) or locked (DO UPDATE ... WHERE false locks without writing).
+                -- The unprocessed notifications, each ranked among its user's known-type events (the user: the
+                -- sub within the client ID's app group, SIWA_APP_GROUPS, or within the client ID alone); an
+                -- unknown type changes no account (rank 1, never applied). Each event targets every account of
+                -- its user: in a group, the members' accounts with that sub (a web sign-in linked under a
+                -- Services ID gets the App ID's notification); with none, or outside a group, the account of
+                -- the notification's own client ID. The targeted accounts are created ('active': Apple only
+                -- notifies about users who signed in, so an unknown sub is a link we never saw) or locked
+                -- (DO UPDATE ... WHERE false locks without writing). One target per event is its primary: the
+                -- notification records that account's outcome.
+                grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
                 WITH b AS (
-                    SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type,
+                    SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
+                           n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
                            CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                                 THEN row_number() OVER (
-                                    PARTITION BY n.client_id, n.sub,
+                                    PARTITION BY coalesce(g.group_id, n.client_id), n.sub,
                                                  n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                                     ORDER BY n.event_time, u.ord)
                                 ELSE 1 END AS rank
                       FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
                       JOIN siwa.notifications n ON n.jti = u.jti
+                      LEFT JOIN siwa.app_groups g ON g.client_id = n.client_id
                      WHERE n.processed_at IS NULL
+                ), t AS (
+                    -- Without SIWA_APP_GROUPS (the usual case) each event targets its own account only.
+                    SELECT b.*, b.client_id AS target, true AS is_primary FROM b WHERE NOT grouped
+                    UNION ALL
+                    SELECT b.*, x.target, x.is_primary
+                      FROM b CROSS JOIN LATERAL (
+                          -- Key lookups only: the group's members, then each (member, sub) by primary key.
+                          SELECT mem.client_id AS target,
+                                 row_number() OVER (ORDER BY mem.client_id <> b.client_id, mem.client_id) = 1 AS is_primary
+                            FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                           WHERE b.group_id IS NOT NULL AND b.known
+                             AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub)
+                          UNION ALL
+                          SELECT b.client_id, true
+                           WHERE b.group_id IS NULL OR NOT b.known OR NOT EXISTS (
+                                 SELECT 1 FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                                  WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
+                      ) x
+                     WHERE grouped
                 ), locked AS (
                     INSERT INTO siwa.accounts AS a (client_id, sub, status)
-                    SELECT DISTINCT b.client_id, b.sub, 'active' FROM b
-                     WHERE b.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                    SELECT DISTINCT t.target, t.sub, 'active' FROM t
+                     WHERE t.known
                      ORDER BY 1, 2
                     ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
                 )
-                SELECT array_agg(b.jti ORDER BY b.ord), array_agg(b.job_id ORDER BY b.ord), array_agg(b.rank ORDER BY b.ord),
-                       max(b.rank)
-                  INTO ev_jtis, ev_jobs, ev_ranks, rounds
-                  FROM b;
+                SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
+                       array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
+                       array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
+                  INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
+                  FROM t;
 
                 -- Round r applies the r-th event of every account at once (almost always one round).
                 FOR r IN 1 .. coalesce(rounds, 0) LOOP
                     WITH e AS (
-                        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
-                               n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+                        SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
+                               n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                                siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                                          a.last_email_event_at, a.email_forwarding) AS outcome
-                          FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
+                          FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
+                               WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
                           JOIN siwa.notifications n ON n.jti = u.jti
-                          LEFT JOIN siwa.accounts a ON a.client_id = n.client_id AND a.sub = n.sub
+                          -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
+                          LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
                          WHERE u.rank = r
                     ), d AS (
                         -- erase: the account is deleted or deleted at Apple once this event is applied.
@@ -1406,8 +1645,14 @@ extension FunctionDefinitions {
                                jws = CASE WHEN d.erase THEN NULL ELSE n.jws END,
                                claims = CASE WHEN d.erase THEN n.claims - 'events' ELSE n.claims END
                           FROM d
-                         WHERE n.jti = d.jti AND n.processed_at IS NULL  -- rechecked under the row lock
+                         WHERE n.jti = d.jti AND d.is_primary AND n.processed_at IS NULL  -- rechecked under the row lock
                         RETURNING d.*
+                    ), t AS (
+                        -- Every targeted account: the primaries the notification update kept, and the rest of
+                        -- their groups (read unprocessed after the accounts were locked).
+                        SELECT * FROM n
+                        UNION ALL
+                        SELECT * FROM d WHERE NOT d.is_primary
                     ), a AS (
                         UPDATE siwa.accounts a
                            SET status = siwa.account_next_status(a.status, n.event_type),
@@ -1431,8 +1676,8 @@ extension FunctionDefinitions {
                                last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                                           THEN n.event_time ELSE a.last_email_event_at END,
                                updated_at = now()
-                          FROM n
-                         WHERE n.outcome = 'applied' AND a.client_id = n.client_id AND a.sub = n.sub
+                          FROM t n
+                         WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
                         RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
                                   CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
                                                     WHEN 'account-deleted' THEN 'apple_account_deleted'
@@ -1448,11 +1693,14 @@ extension FunctionDefinitions {
                                                siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
                           FROM c
                     )
-                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
-                           array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+                    -- Erased: the notifications stored under the notification's client ID and under the
+                    -- target's (the same outside a group).
+                    SELECT array_agg(n.client_id) FILTER (WHERE n.erase) || array_agg(n.target) FILTER (WHERE n.erase AND n.target <> n.client_id),
+                           array_agg(n.sub) FILTER (WHERE n.erase) || array_agg(n.sub) FILTER (WHERE n.erase AND n.target <> n.client_id),
+                           array_agg(n.target) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
                            array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
                       INTO round_clients, round_subs, round_email_clients, round_email_subs
-                      FROM n, told;
+                      FROM t n, told;
                     erase_clients := erase_clients || coalesce(round_clients, '{}');
                     erase_subs := erase_subs || coalesce(round_subs, '{}');
                     email_clients := email_clients || coalesce(round_email_clients, '{}');
@@ -1784,6 +2032,194 @@ extension FunctionDefinitions {
                 END IF;
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
                     GRANT EXECUTE ON FUNCTION siwa.claim_transfer(text, text, text, text, boolean) TO siwa_app;
+                END IF;
+            END
+            $$;
+            """####),
+        FunctionDefinitions(
+            name: "webhooks",
+            sql: ####"""
+            -- Webhook deliveries: queueing, claim, results, leases, backlog. Applied after the numbered
+            -- migrations whenever this file changes; sql/007_webhooks.sql holds the table, indexes and trigger.
+
+            -- Queues one `webhook` job per new change, in change order, while an endpoint is registered.
+            -- SECURITY DEFINER: whichever role records a change (worker, app functions), its delivery is
+            -- queued; the caller needs no rights on siwa.jobs or siwa.webhook_endpoint for it.
+            CREATE OR REPLACE FUNCTION siwa.queue_webhook_deliveries() RETURNS trigger
+            LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM siwa.webhook_endpoint) THEN
+                    -- max_attempts: deliveries end by time (WebhookRetryRule: retried for 24 h), not by count.
+                    INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+                    SELECT 'webhook', 3, c.client_id, c.sub, jsonb_build_object('change_id', c.id), 2147483647
+                      FROM new_changes c
+                     ORDER BY c.id;
+                END IF;
+                RETURN NULL;
+            END
+            $$;
+
+            -- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
+            -- keys in the contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place
+            -- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
+            CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
+            LANGUAGE sql STABLE AS $$
+                SELECT '{"id":' || c.id
+                    || ',"client_id":' || coalesce(to_json(c.client_id)::text, 'null')
+                    || ',"sub":' || coalesce(to_json(c.sub)::text, 'null')
+                    || ',"app_user_id":' || coalesce(to_json(c.app_user_id)::text, 'null')
+                    || ',"change":' || coalesce(to_json(c.change)::text, 'null')
+                    || ',"status":' || coalesce(to_json(c.status)::text, 'null')
+                    || ',"reason":' || coalesce(to_json(c.reason)::text, 'null')
+                    || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"}'
+            $$;
+
+            -- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
+            -- account whose earlier change is still available, running or discarded is skipped: order per
+            -- account), leased to p_worker. Returns what the sender needs: the body, how many failures and
+            -- since when (the retry window), and the database's clock.
+            CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(
+                p_worker text, p_limit integer, p_lease_seconds double precision
+            ) RETURNS TABLE (
+                job_id bigint, attempt integer, change_id bigint, failures integer, first_failed_at timestamptz,
+                body text, change_created_at timestamptz, claimed_at timestamptz
+            )
+            -- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
+            -- is planned again on every call).
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            #variable_conflict use_column
+            BEGIN
+                RETURN QUERY
+                WITH due AS (
+                    SELECT j.id FROM siwa.jobs j
+                     WHERE j.state = 'available' AND j.kind = 'webhook' AND j.run_at <= now()
+                       AND NOT EXISTS (
+                           SELECT 1 FROM siwa.jobs e
+                            WHERE e.kind = 'webhook' AND e.state IN ('available', 'running', 'discarded')
+                              AND e.client_id = j.client_id AND e.sub = j.sub AND e.id < j.id)
+                     ORDER BY j.run_at, j.id
+                     LIMIT p_limit
+                       FOR UPDATE OF j SKIP LOCKED
+                ), claimed AS (
+                    UPDATE siwa.jobs j
+                       SET state = 'running', attempt = j.attempt + 1, locked_by = p_worker,
+                           locked_until = now() + make_interval(secs => p_lease_seconds)
+                      FROM due
+                     WHERE j.id = due.id
+                    RETURNING j.id, j.attempt, (j.args ->> 'change_id')::bigint AS change_id,
+                              jsonb_array_length(j.errors) AS failures, (j.errors -> 0 ->> 'at')::timestamptz AS first_failed_at
+                )
+                SELECT c.id, c.attempt, c.change_id, c.failures, c.first_failed_at,
+                       CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at, now()
+                  FROM claimed c
+                  LEFT JOIN siwa.account_changes a ON a.id = c.change_id
+                 ORDER BY c.id;
+            END
+            $$;
+
+            -- Records what the sender decided for each claimed delivery, fenced by (id, attempt):
+            -- p_actions[i] is `completed` (p_texts[i] the outcome), `retry` (p_texts[i] the error, due again in
+            -- p_retry_ms[i] ms) or `discard` (p_texts[i] the error). A retried delivery's later changes wait
+            -- with it (their run_at follows), so the claim does not walk past them while their head waits.
+            -- Returns the state each job got; a job whose lease was lost is absent.
+            CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
+                p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
+            ) RETURNS TABLE (job_id bigint, state text)
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+            #variable_conflict use_column
+            BEGIN
+                RETURN QUERY
+                WITH r AS (
+                    SELECT * FROM unnest(p_ids, p_attempts, p_actions, p_texts, p_retry_ms)
+                                  AS r(id, attempt, action, text, retry_ms)
+                ), finished AS (
+                    UPDATE siwa.jobs j
+                       SET state = CASE r.action WHEN 'completed' THEN 'completed' WHEN 'discard' THEN 'discarded'
+                                                 ELSE 'available' END,
+                           outcome = CASE WHEN r.action = 'completed' THEN r.text END,
+                           errors = CASE WHEN r.action = 'completed' THEN j.errors
+                                         ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                                                  'attempt', j.attempt, 'at', now(), 'error', r.text)) END,
+                           run_at = CASE WHEN r.action = 'retry' THEN now() + make_interval(secs => r.retry_ms / 1000.0)
+                                         ELSE j.run_at END,
+                           finalized_at = CASE WHEN r.action = 'retry' THEN NULL ELSE now() END,
+                           locked_by = NULL, locked_until = NULL
+                      FROM r
+                     -- `available` with the same attempt: rescued after the lease ran out (database down while the
+                     -- result waited) and not claimed again since; the result still stands.
+                     WHERE j.id = r.id AND j.state IN ('running', 'available') AND j.attempt = r.attempt
+                    RETURNING j.id, j.state, j.client_id, j.sub, j.run_at
+                ), held AS (
+                    UPDATE siwa.jobs s SET run_at = f.run_at
+                      FROM finished f
+                     WHERE f.state = 'available' AND s.kind = 'webhook' AND s.state = 'available'
+                       AND s.client_id = f.client_id AND s.sub = f.sub AND s.id > f.id AND s.run_at < f.run_at
+                )
+                SELECT f.id, f.state FROM finished f;
+            END
+            $$;
+
+            -- Heartbeat of the deliveries a worker holds, and their hand-back at shutdown (no error counted).
+            CREATE OR REPLACE FUNCTION siwa.extend_webhook_leases(p_ids bigint[], p_attempts bigint[], p_lease_seconds double precision)
+            RETURNS integer
+            LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+                WITH extended AS (
+                    UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => p_lease_seconds)
+                      FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+                     WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                    RETURNING 1
+                )
+                SELECT count(*)::integer FROM extended
+            $$;
+
+            CREATE OR REPLACE FUNCTION siwa.release_webhook_deliveries(p_ids bigint[], p_attempts bigint[])
+            RETURNS integer
+            LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+                WITH released AS (
+                    UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+                      FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+                     WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+                    RETURNING 1
+                )
+                SELECT count(*)::integer FROM released
+            $$;
+
+            -- What `siwa status` and the gauges show: undelivered (available or running) deliveries and the
+            -- age of the oldest change among them, deliveries that failed at least once and are still
+            -- retried, discarded ones (kept; they hold back their account's later changes), and how many
+            -- wait behind a discarded one.
+            CREATE OR REPLACE FUNCTION siwa.webhook_backlog()
+            RETURNS TABLE (undelivered bigint, oldest_seconds double precision, failing bigint, discarded bigint,
+                           blocked_by_discarded bigint)
+            LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+                SELECT count(*) FILTER (WHERE j.state IN ('available', 'running')),
+                       extract(epoch FROM now() - min(j.created_at) FILTER (WHERE j.state IN ('available', 'running')))::float8,
+                       count(*) FILTER (WHERE j.state IN ('available', 'running') AND jsonb_array_length(j.errors) > 0),
+                       count(*) FILTER (WHERE j.state = 'discarded'),
+                       count(*) FILTER (WHERE j.state = 'available' AND EXISTS (
+                           SELECT 1 FROM siwa.jobs d
+                            WHERE d.kind = 'webhook' AND d.state = 'discarded'
+                              AND d.client_id = j.client_id AND d.sub = j.sub AND d.id < j.id))
+                  FROM siwa.jobs j
+                 WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
+            $$;
+
+            -- Privileges: the worker delivers; nobody else (see queue.sql on PUBLIC). The trigger function runs
+            -- as its owner whoever records a change.
+            REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+            DO $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+                    -- The trigger function too, as 003 grants every function of the schema to the worker (a
+                    -- trigger's EXECUTE is not checked when it fires; this keeps 003 re-runnable unchanged).
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.queue_webhook_deliveries() TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.change_object(siwa.account_changes) TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision) TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[])
+                             TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.extend_webhook_leases(bigint[], bigint[], double precision) TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.release_webhook_deliveries(bigint[], bigint[]) TO siwa_worker';
+                    EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.webhook_backlog() TO siwa_worker';
                 END IF;
             END
             $$;

@@ -15,8 +15,12 @@ package func makeAppleHandlers(settings: AppleSettings, databaseURL: String, log
 package func makeAppleHandlers(
     settings: AppleSettings, pool: PostgresPool, logger: Logger, metrics: MetricsRegistry? = nil
 ) throws -> [any JobHandler] {
-    let context = try makeAppleJobContext(settings: settings, pool: pool, logger: logger, metrics: metrics)
-    return [
+    makeAppleHandlers(context: try makeAppleJobContext(settings: settings, pool: pool, logger: logger, metrics: metrics))
+}
+
+/// The Apple-facing handlers over one shared context (the app API uses the same one).
+package func makeAppleHandlers(context: AppleJobContext) -> [any JobHandler] {
+    [
         ExchangeJobHandler(context: context), RevokeJobHandler(context: context), ReconcileJobHandler(context: context),
     ]
 }

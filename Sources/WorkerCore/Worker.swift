@@ -27,6 +27,8 @@ package final class Worker: Sendable {
     private let notificationBell = Doorbell()
     private let callBell = Doorbell()
     private let maintenanceBell = Doorbell()
+    /// Deliveries to `SIWA_WEBHOOK_URL`, when set.
+    private let webhooks: WebhookDispatcher?
 
     /// Retention runs in one worker at a time (transaction-scoped advisory lock).
     static let retentionLockKey: Int64 = 0x5_1_1A_0002
@@ -55,6 +57,15 @@ package final class Worker: Sendable {
             acquireTimeout: .seconds(10), applicationName: "siwa-worker", limits: configuration.sessionLimits,
             logger: logger)
         queue = JobQueue(pool: pool)
+        webhooks = configuration.webhook.map { settings in
+            WebhookDispatcher(
+                settings: settings, databaseURL: configuration.databaseURL,
+                options: .init(
+                    workerID: configuration.workerID, lease: configuration.jobLease, pollInterval: configuration.pollInterval,
+                    shutdownGrace: configuration.shutdownGrace, retryPolicy: RetryPolicy(base: configuration.retryBase, cap: .seconds(3600)),
+                    limits: configuration.sessionLimits),
+                registry: registry, logger: logger)
+        }
         let registry = registry
         let pool = pool
         server = HTTPServer(
@@ -92,7 +103,7 @@ package final class Worker: Sendable {
             metadata: [
                 "worker_id": .string(configuration.workerID), "ops_listen": "\(configuration.opsListen.host):\(server.port)",
                 "concurrency": .int(configuration.concurrency), "listen_notify": .bool(configuration.listenNotify),
-                "apple_calls": .bool(configuration.apple.callsEnabled),
+                "apple_calls": .bool(configuration.apple.callsEnabled), "webhooks": .bool(webhooks != nil),
                 "handlers": .string(handlers.keys.map(\.rawValue).sorted().joined(separator: ",")),
             ])
         await withTaskGroup(of: Void.self) { group in
@@ -100,12 +111,14 @@ package final class Worker: Sendable {
             group.addTask { await self.dispatchLoop() }
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
+            if let webhooks { group.addTask { await webhooks.run() } }
             let signal = await Termination.wait()
             logger.info("siwa-worker stopping", metadata: ["signal": .string(signal)])
             state.withLock { $0.stopping = true }
             notificationBell.ringAll()
             callBell.ring()
             maintenanceBell.ring()
+            webhooks?.stop()
             await group.waitForAll()
         }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
@@ -134,6 +147,7 @@ package final class Worker: Sendable {
                     connection = fresh
                     notificationBell.ring()  // anything queued while we were not listening
                     callBell.ring()
+                    webhooks?.wake()
                 }
                 let notifications = try await connection!.waitForNotifications(timeout: .milliseconds(250))
                 // No jitter before claiming: workers woken by the same NOTIFY are kept apart by
@@ -142,6 +156,7 @@ package final class Worker: Sendable {
                 if !notifications.isEmpty, !stopping {
                     for _ in 0..<batchesFor(notifications) { notificationBell.ring() }
                     callBell.ring()
+                    webhooks?.wake()
                 }
             } catch {
                 logger.warning("siwa-worker listen connection failed; polling meanwhile", metadata: ["error": "\(error)"])
@@ -361,13 +376,20 @@ package final class Worker: Sendable {
                     try await connection.execute(
                         JobQueue.pruneNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
                     try await connection.execute(JobQueue.pruneRejectionsQuery(olderThan: .seconds(2 * 86_400))),
+                    try await connection.execute(
+                        JobQueue.pruneAccountChangesQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
+                    try await connection.execute(
+                        JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
                 ]
             }
         }
         if let removed, removed.contains(where: { $0 > 0 }) {
             logger.info(
                 "siwa-worker retention",
-                metadata: ["jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2])])
+                metadata: [
+                    "jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2]),
+                    "account_changes": .int(removed[3]), "discarded_notifications_scrubbed": .int(removed[4]),
+                ])
         }
     }
 }

@@ -13,8 +13,8 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
         "SIWA_NOTIFICATION_CONNECTIONS",
         "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
-        "SIWA_WORKER_STATEMENT_TIMEOUT",
-    ]
+        "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
+    ] + AppAPIConfiguration.variables + WebhookSettings.variables
 
     /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
     package struct Apple: Sendable {
@@ -35,6 +35,9 @@ package struct WorkerConfiguration: Sendable {
 
     package var databaseURL: String
     package var clientIDs: [String]
+    /// `SIWA_APP_GROUPS`: client IDs that share users (a notification for one applies to the
+    /// accounts of all); each group lists at least two IDs, each in `clientIDs` and in one group.
+    package var appGroups: [[String]] = []
     package var apple: Apple
     package var concurrency: Int
     package var retentionDays: Int
@@ -60,6 +63,10 @@ package struct WorkerConfiguration: Sendable {
     package var workerID: String
     /// `SIWA_RETRY_BASE`: the first failure's backoff ceiling; it doubles per failure (full jitter), up to an hour.
     package var retryBase: Duration
+    /// The app API, when `SIWA_APP_API_LISTEN` is set (it needs the Apple credentials).
+    package var appAPI: AppAPIConfiguration?
+    /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`: nil when webhooks are off.
+    package var webhook: WebhookSettings?
 
     /// `SIWA_WORKER_STATEMENT_TIMEOUT`: the worker sessions' `statement_timeout` and `lock_timeout`,
     /// so a held lock or a stalled server fails a claim (retried) instead of hanging the worker.
@@ -77,6 +84,7 @@ package struct WorkerConfiguration: Sendable {
         clientIDs = try CommonSettings.clientIDs(source)
         let common = try CommonSettings(source)
         logLevel = common.logLevel
+        appGroups = try Self.parseAppGroups(try source.string("SIWA_APP_GROUPS") ?? "", clientIDs: clientIDs)
 
         let callsText = try source.string("SIWA_APPLE_CALLS") ?? "enabled"
         guard ["enabled", "disabled"].contains(callsText) else {
@@ -130,8 +138,38 @@ package struct WorkerConfiguration: Sendable {
         statementTimeout = try source.duration(
             "SIWA_WORKER_STATEMENT_TIMEOUT", default: .seconds(60), range: .milliseconds(100) ... .seconds(3600))
         retryBase = try Self.duration(source, "SIWA_RETRY_BASE", default: .seconds(1), range: .milliseconds(10) ... .seconds(3600))
+        appAPI = try AppAPIConfiguration(source)
+        if appAPI != nil, !callsEnabled {
+            throw ConfigurationError(
+                variable: "SIWA_APP_API_LISTEN", problem: "the app API exchanges codes at sign-in: it needs SIWA_APPLE_CALLS=enabled")
+        }
+        webhook = try WebhookSettings.parse(source)
         let host = ProcessInfo.processInfo.hostName
         workerID = try source.string("SIWA_WORKER_ID") ?? "\(host):\(ProcessInfo.processInfo.processIdentifier)"
+    }
+
+    /// `a,b;c,d`: `;`-separated groups of `,`-separated client IDs.
+    package static func parseAppGroups(_ text: String, clientIDs: [String]) throws(ConfigurationError) -> [[String]] {
+        var groups: [[String]] = []
+        var seen: Set<String> = []
+        for item in text.split(separator: ";") {
+            let members = item.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            if members.isEmpty { continue }
+            for member in members {
+                guard clientIDs.contains(member) else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is not in SIWA_CLIENT_IDS")
+                }
+                guard seen.insert(member).inserted else {
+                    throw ConfigurationError(variable: "SIWA_APP_GROUPS", problem: "\"\(member)\" is in more than one group")
+                }
+            }
+            guard members.count >= 2 else {
+                throw ConfigurationError(
+                    variable: "SIWA_APP_GROUPS", problem: "a group needs at least two client IDs, got \"\(members[0])\" alone")
+            }
+            groups.append(members)
+        }
+        return groups
     }
 
     /// `id:base64(32 bytes)`, comma-separated; ids unique and non-empty.

@@ -23,21 +23,46 @@ apple?.warnIfKeyFileIsShared(logger: logger)
 let applePool = PostgresPool(
     conninfo: configuration.databaseURL, size: min(configuration.concurrency, 8) + 1,
     applicationName: "siwa-worker-apple", limits: configuration.sessionLimits, logger: logger)
+// The app API (SIWA_APP_API_LISTEN) has connections of its own, so a burst of sign-ins never
+// starves the jobs, and the other way round. Its statements and lock waits are bounded by the
+// request's own database bound.
+let apiPool = configuration.appAPI.map { _ in
+    PostgresPool(
+        conninfo: configuration.databaseURL, size: 8, acquireTimeout: .seconds(2), applicationName: "siwa-app-api",
+        limits: SessionLimits(statementTimeout: AppAPIServer.databaseTimeout, lockTimeout: AppAPIServer.databaseTimeout / 2),
+        logger: logger)
+}
 do {
-    let handlers = try apple.map { try makeAppleHandlers(settings: $0, pool: applePool, logger: logger, metrics: registry) } ?? []
+    // One Apple context (key set, client, token box) for the handlers and the app API.
+    let context = try apple.map { try makeAppleJobContext(settings: $0, pool: applePool, logger: logger, metrics: registry) }
+    let handlers = context.map(makeAppleHandlers(context:)) ?? []
     if apple == nil {
         logger.warning("SIWA_APPLE_CALLS=disabled: exchange, revoke and reconcile jobs wait until a worker with Apple credentials runs")
     }
+    // The effects read SIWA_APP_GROUPS from the database: written before the first batch when the
+    // database is reachable, else as soon as it is.
+    let groupsStored = await AppGroups.storeOnce(configuration.appGroups, on: applePool, logger: logger)
     let worker = Worker(configuration: configuration, handlers: handlers, logger: logger, registry: registry)
+    var api: AppAPIServer?
+    if let settings = configuration.appAPI, let context, let apiPool {
+        api = AppAPIServer(
+            configuration: settings, clientIDs: configuration.clientIDs, apple: context, pool: apiPool, registry: registry,
+            logger: logger)
+    }
     try await withThrowingTaskGroup(of: Void.self) { group in
+        if !groupsStored {
+            group.addTask { await AppGroups.storeUntilDone(configuration.appGroups, on: applePool, logger: logger) }
+        }
         if apple?.reconcileDaily == true {
             group.addTask { await ReconcileScheduler(pool: applePool, logger: logger).run() }
         }
+        if let api { group.addTask { try await api.run() } }
         // The worker returns after SIGTERM/SIGINT and its graceful shutdown; then stop the rest.
         try await worker.run()
         group.cancelAll()
     }
     applePool.close()
+    apiPool?.close()
 } catch {
     logger.critical("siwa-worker failed", metadata: ["error": "\(error)"])
     exit(1)

@@ -10,6 +10,7 @@ let commands: [any CLICommand.Type] = [
     FakeAppleCommand.self,
     SimulateCommand.self,
     AccountsCommand.self,
+    WebhooksCommand.self,
 ]
 
 func printUsage() {

@@ -12,6 +12,7 @@ import Testing
             let dev = try startDev(["DATABASE_URL": database.url])
             let output = try await runPrintedSimulateLine(dev)
             try await expectApplied(output, databaseURL: database.url)
+            try await expectPrintedSignInLineSignsIn(dev, databaseURL: database.url)
             try await interruptAndExpectCleanStop(dev, output: output)
         } catch {
             await database.drop()
@@ -41,6 +42,7 @@ import Testing
             "siwa", arguments: ["dev"],
             environment: environment.merging([
                 "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
+                "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
                 "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
                 "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
             ]) { $1 })
@@ -53,13 +55,41 @@ import Testing
 
     /// Waits for the printed `... simulate consent-revoked ...` line and runs it exactly as printed.
     private func runPrintedSimulateLine(_ dev: ServiceProcess, timeout: Duration = .seconds(30)) async throws -> PrintedLine {
+        let (words, _) = try await runPrintedLine(dev, containing: " simulate consent-revoked ", timeout: timeout)
+        func flag(_ name: String) -> String? { words.firstIndex(of: name).map { words[$0 + 1] } }
+        return PrintedLine(sub: try #require(flag("--sub")), clientID: try #require(flag("--client-id")))
+    }
+
+    /// The printed `... simulate sign-in ...` line, run as printed: nonce, the fake Apple's identity
+    /// token for its hash, sign-in with the code. It prints the verified identity, and the account is
+    /// active with the exchanged token stored.
+    private func expectPrintedSignInLineSignsIn(_ dev: ServiceProcess, databaseURL: String) async throws {
+        let (words, output) = try await runPrintedLine(dev, containing: " simulate sign-in ", timeout: .seconds(30))
+        #expect(words.contains("--api-token") && dev.log.contains("app API"))
+        let answer = try #require(
+            try JSONSerialization.jsonObject(with: Data(output.dropFirst(4).utf8)) as? [String: Any], "\(output)")
+        let sub = try #require(words.firstIndex(of: "--sub").map { words[$0 + 1] })
+        #expect(answer["sub"] as? String == sub && answer["status"] as? String == "active")
+        #expect(answer["has_refresh_token"] as? Bool == true && answer["new"] as? Bool == true)
+        let db = try await PostgresConnection.connect(to: databaseURL, logger: TestDatabase.logger)
+        defer { db.close() }
+        let stored = try await db.query(
+            "SELECT count(*) FROM siwa.accounts WHERE sub = \(sub) AND status = 'active' AND refresh_token_enc IS NOT NULL")
+        #expect(try stored[0].decode(Int.self, at: 0) == 1)
+    }
+
+    /// Waits for a printed line containing `marker`, runs it exactly as printed, expects exit 0 and
+    /// an answer starting with 200; returns its words and output.
+    private func runPrintedLine(_ dev: ServiceProcess, containing marker: String, timeout: Duration) async throws -> (
+        [String], String
+    ) {
         let deadline = ContinuousClock.now + timeout
         var line: String?
         while line == nil {
-            line = dev.log.split(separator: "\n").first { $0.contains(" simulate consent-revoked ") }.map(String.init)
+            line = dev.log.split(separator: "\n").first { $0.contains(marker) }.map(String.init)
             if line != nil { break }
             guard dev.isRunning, ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "siwa dev printed no simulate line:\n\(dev.log)")
+                throw ServiceProcessError(message: "siwa dev printed no line with \(marker):\n\(dev.log)")
             }
             try await Task.sleep(for: .milliseconds(100))
         }
@@ -77,9 +107,9 @@ import Testing
         let output = pipe.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         #expect(process.terminationStatus == 0, "\(String(decoding: output, as: UTF8.self))")
-        #expect(String(decoding: output, as: UTF8.self).hasPrefix("200"))
-        func flag(_ name: String) -> String? { words.firstIndex(of: name).map { words[$0 + 1] } }
-        return PrintedLine(sub: try #require(flag("--sub")), clientID: try #require(flag("--client-id")))
+        let text = String(decoding: output, as: UTF8.self)
+        #expect(text.hasPrefix("200"), "\(text)")
+        return (words, text)
     }
 
     /// Stored, verified (it is in the table at all), processed, applied: the account is consent_revoked.

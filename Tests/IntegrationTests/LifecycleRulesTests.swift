@@ -367,3 +367,122 @@ extension LifecycleRulesTests {
         }
     }
 }
+
+/// CONTRACT.md → "App groups".
+@Suite(.serialized) struct AppGroupTests {
+    /// A web sign-in linked under the Services ID; Apple's consent-revoked names the App ID: every
+    /// account of the group with that sub gets the effect and its own change row, no phantom row is
+    /// created, and another group's account with the same sub is untouched.
+    @Test func notificationForTheAppIDReachesTheServicesIDAccount() async throws {
+        try await withLifecycle { h in
+            try await AppGroups.store(
+                [["com.example.app", "com.example.web"], ["com.other.app", "com.other.web"]], on: h.pool)
+            for client in ["com.example.web", "com.example.app", "com.other.web"] where client != "com.example.app" {
+                _ = try await h.connection.execute(
+                    """
+                    INSERT INTO siwa.accounts (client_id, sub, status, linked_at, refresh_token_enc)
+                    VALUES (\(client), '001.web', 'active', now() - interval '1 day', '\\x01')
+                    """)
+            }
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims)
+                VALUES ('n-group', 'com.example.app', '001.web', 'consent-revoked', now(), '{}')
+                """)
+            #expect(try await h.scalar(String.self, "SELECT siwa.apply_notification('n-group', NULL)") == "applied")
+            let rows = try await h.connection.query(
+                "SELECT client_id, status, refresh_token_enc IS NULL AS dropped FROM siwa.accounts WHERE sub = '001.web' ORDER BY client_id"
+            ).map {
+                "\(try $0.decode(String.self, column: "client_id"))=\(try $0.decode(String.self, column: "status"))/\(try $0.decode(Bool.self, column: "dropped"))"
+            }
+            #expect(rows == ["com.example.web=consent_revoked/true", "com.other.web=active/false"])
+            let changes = try await h.connection.query(
+                "SELECT client_id || ':' || change FROM siwa.account_changes WHERE sub = '001.web' ORDER BY id"
+            ).map { try $0.decode(String.self, at: 0) }
+            #expect(changes == ["com.example.web:consent_revoked"])
+
+            // With an account under both IDs, both get it (each its own row); ungrouped IDs as before.
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.accounts (client_id, sub, status, linked_at)
+                VALUES ('com.example.app', '001.both', 'active', now() - interval '1 day'),
+                       ('com.example.web', '001.both', 'active', now() - interval '1 day');
+                """)
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, claims)
+                VALUES ('n-both', 'com.example.web', '001.both', 'email-disabled', now(), 'b@privaterelay.appleid.com', '{}'),
+                       ('n-solo', 'com.solo.app', '001.both', 'email-disabled', now(), 'b@privaterelay.appleid.com', '{}')
+                """)
+            _ = try await h.connection.query("SELECT siwa.apply_notifications(ARRAY['n-both', 'n-solo'], ARRAY[NULL, NULL]::bigint[])")
+            let forwarding = try await h.connection.query(
+                "SELECT client_id || '=' || email_forwarding FROM siwa.accounts WHERE sub = '001.both' ORDER BY client_id"
+            ).map { try $0.decode(String.self, at: 0) }
+            #expect(forwarding == ["com.example.app=disabled", "com.example.web=disabled", "com.solo.app=disabled"])
+            #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.account_changes WHERE sub = '001.both'") == 3)
+        }
+    }
+
+    @Test func appGroupsSettingIsChecked() throws {
+        let ids = ["a.app", "a.web", "b.app", "b.web"]
+        #expect(try WorkerConfiguration.parseAppGroups("a.app,a.web;b.app, b.web", clientIDs: ids) == [["a.app", "a.web"], ["b.app", "b.web"]])
+        #expect(try WorkerConfiguration.parseAppGroups("", clientIDs: ids) == [])
+        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,c.web", clientIDs: ids) }
+        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,a.web;a.app,b.web", clientIDs: ids) }
+        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app", clientIDs: ids) }
+    }
+}
+
+/// The retention gaps of issue 10: the change feed, discarded exchanges' codes, discarded
+/// notifications' personal data.
+@Suite(.serialized) struct LifecycleRetentionTests {
+    @Test func changeFeedIsPrunedByAge() async throws {
+        try await withLifecycle { h in
+            _ = try await h.connection.execute(
+                """
+                INSERT INTO siwa.account_changes (client_id, sub, change, created_at)
+                VALUES ('c', 'old', 'linked', now() - interval '31 days'), ('c', 'new', 'linked', now() - interval '29 days')
+                """)
+            #expect(try await h.connection.execute(JobQueue.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.scalar(String.self, "SELECT string_agg(sub, ',') FROM siwa.account_changes") == "new")
+        }
+    }
+
+    @Test func discardedOrCancelledExchangeKeepsNoCode() async throws {
+        try await withLifecycle { h in
+            let queue = JobQueue(pool: h.pool)
+            let first = try await h.link(sub: "001.disc", code: "c0de-1")
+            let job = try await h.claim(first)
+            #expect(try await queue.fail(job, error: "database_error", retryIn: .zero, discard: true))
+            #expect(try await h.jobRow(first).state == "discarded")
+            #expect(try await !h.jobRow(first).args.contains("code"))
+
+            let second = try await h.link(sub: "001.canc", code: "c0de-2")
+            let result = try await JobAdministration(connection: h.connection).cancel(.id(second), force: false)
+            #expect(result.cancelled == [second])
+            #expect(try await !h.jobRow(second).args.contains("code"))
+        }
+    }
+
+    @Test func discardedNotificationLosesItsPersonalDataAfterRetention() async throws {
+        try await withLifecycle { h in
+            for (jti, age) in [("n-old", "31 days"), ("n-recent", "1 day")] {
+                _ = try await h.connection.execute(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, claims, jws)
+                    VALUES (\(jti), \(LifecycleHarness.clientID), '001.n', 'email-enabled', now(), 'n@x.example',
+                            '{"events":"{}"}', 'h.p.s')
+                    """)
+                _ = try await h.connection.execute(
+                    """
+                    UPDATE siwa.jobs SET state = 'discarded', finalized_at = now() - \(age)::interval
+                     WHERE notification_jti = \(jti)
+                    """)
+            }
+            #expect(
+                try await h.connection.execute(JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.scalar(String.self, "SELECT jti FROM siwa.notifications WHERE jws IS NULL AND email IS NULL") == "n-old")
+            #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.notifications WHERE jws IS NOT NULL") == 1)
+        }
+    }
+}

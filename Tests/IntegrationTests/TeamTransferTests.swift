@@ -167,6 +167,23 @@ import WorkerCore
         }
     }
 
+    @Test func badUsageExitsTwoWithOneLineNamingWhatIsWrong() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let environment = harness.environment(team: Harness.teamA, databaseURL: "postgresql://127.0.0.1:1/none")
+        for (arguments, named) in [
+            (["accounts", "transfer"], "usage"), (["accounts", "transfer", "export"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", "lowercase1"], "--target-team"),
+            (["accounts", "transfer", "export", "--target-team", Harness.teamA], "--target-team"),
+            (["accounts", "transfer", "import", "--rate", "0"], "--rate"),
+        ] {
+            let run = try CommandRun(arguments, environment: environment, stdin: nil, in: harness.directory)
+            let status = await run.waitForExit(timeout: .seconds(30))
+            #expect(status == 2, "\(arguments): \(run.stderr)")
+            #expect(run.stderr.split(separator: "\n").count == 1 && run.stderr.contains(named), "\(arguments): \(run.stderr)")
+        }
+    }
+
     @Test func anAccountAppleRefusesIsCountedAndAskedAgainNextRun() async throws {
         let harness = try Harness()
         defer { harness.stop() }
@@ -297,6 +314,43 @@ import WorkerCore
             #expect(try await count(connection, "SELECT count(*) FROM siwa.accounts WHERE sub = 'new-2' AND status = 'pending_deletion' AND app_user_id IS NULL") == 1)
             #expect(try await count(connection, "SELECT count(*) FROM siwa.transfer_imports WHERE state = 'skipped'") == 1)
         }
+    }
+
+    /// `siwa fake-apple` with a recipient team: the runbook can be rehearsed on one machine.
+    @Test func theFakeAppleCommandServesBothTeams() async throws {
+        let harness = try Harness()
+        defer { harness.stop() }
+        let key = { (team: String) in harness.directory.appendingPathComponent("\(team).p8").path }
+        let fake = try ServiceProcess(
+            "siwa",
+            arguments: [
+                "fake-apple", "--listen", "127.0.0.1:0", "--team-id", Harness.teamA, "--verify-key-file", key(Harness.teamA),
+                "--recipient-team-id", Harness.teamB, "--recipient-verify-key-file", key(Harness.teamB),
+            ],
+            environment: [:])
+        let url = try await EndToEndStack.waitForListening(fake)
+        try await withMigratedDatabase { sender in
+            try await withMigratedDatabase { recipient in
+                let a = try await sender.connect()
+                defer { a.close() }
+                try await Harness.seedAccounts(2, on: a)
+                func run(_ arguments: [String], team: String, database: MigratedDatabase, stdin: String? = nil) async throws -> CommandRun {
+                    var environment = harness.environment(team: team, database: database)
+                    environment["SIWA_APPLE_BASE_URL"] = url
+                    let run = try CommandRun(["accounts", "transfer"] + arguments, environment: environment, stdin: stdin, in: harness.directory)
+                    _ = await run.waitForExit(timeout: .seconds(60))
+                    return run
+                }
+                let export = try await run(["export", "--target-team", Harness.teamB], team: Harness.teamA, database: sender)
+                #expect(export.status == 0, "\(export.stderr)")
+                let imported = try await run(["import"], team: Harness.teamB, database: recipient, stdin: export.stdout)
+                #expect(imported.status == 0, "\(imported.stderr)")
+                let b = try await recipient.connect()
+                defer { b.close() }
+                #expect(try await count(b, "SELECT count(*) FROM siwa.accounts WHERE app_user_id IN ('user-0001', 'user-0002')") == 2)
+            }
+        }
+        await fake.stop()
     }
 
     // MARK: The Apple client

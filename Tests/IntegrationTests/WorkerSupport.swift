@@ -9,14 +9,14 @@ extension MigratedDatabase {
     /// each row gets its own sub unless `sub` is given.
     @discardableResult
     func queueNotifications(
-        _ count: Int, prefix: String = "n", sub: String? = nil,
+        _ count: Int, prefix: String = "n", clientID: String = "com.example.app", sub: String? = nil,
         types: [String] = ["email-enabled", "email-disabled", "consent-revoked", "account-deleted"],
         eventTime: String = "now() - interval '1 hour' + i * interval '1 ms'", on connection: PostgresConnection
     ) async throws -> Int {
         try await connection.execute(
             """
             INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-            SELECT \(prefix) || i, 'com.example.app', coalesce(\(sub)::text, \(prefix) || '-sub-' || i),
+            SELECT \(prefix) || i, \(clientID)::text, coalesce(\(sub)::text, \(prefix) || '-sub-' || i),
                    (\(types)::text[])[1 + i % \(types.count)], \(unsafeSQL: eventTime),
                    'x@privaterelay.appleid.com', true, '{}'::jsonb, 'header.payload.signature'
               FROM generate_series(1, \(count)) AS i

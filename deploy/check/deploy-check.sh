@@ -182,7 +182,9 @@ EOF
     grep -q 'ssl_protocols TLSv1.2 TLSv1.3;' "$deploy/nginx/siwa.conf" && ok "ssl_protocols TLSv1.2 TLSv1.3" || fail "ssl_protocols"
     grep -q 'client_max_body_size 64k;' "$deploy/nginx/siwa.conf" && ok "client_max_body_size 64k" || fail "client_max_body_size"
     grep -q 'request_body' "$deploy/nginx/siwa.conf" && fail "a log format mentions the request body" || ok "no request body in the access log format"
-    [[ $(grep -c '^ *location ' "$deploy/nginx/siwa.conf") -eq 2 ]] && ok "two locations: the endpoint and a catch-all 404" || fail "unexpected locations"
+    [[ $(grep -c '^ *location ' "$deploy/nginx/siwa.conf") -eq 3 ]] && ok "three locations: the endpoint, the app API refused, a catch-all 404" || fail "unexpected locations"
+    [[ $(grep -c 'proxy_pass' "$deploy/nginx/siwa.conf") -eq 1 ]] && ! grep -q '8081' "$deploy/nginx/siwa.conf" \
+        && ok "one proxy_pass (the receivers); the app API is not an upstream" || fail "nginx proxies something besides the receivers"
 
     # Run it: a stub receiver records what it is sent and answers 200.
     up=$(free_port); tls=$(free_port)
@@ -217,7 +219,7 @@ EOF
         grep -q '"xff": "127.0.0.1"' "$tmp/seen" 2>/dev/null && grep -q '"proto": "https"' "$tmp/seen" \
             && ok "upstream got X-Forwarded-For and X-Forwarded-Proto" || fail "forwarded headers: $(cat "$tmp/seen" 2>/dev/null)"
         c=$(code "$u/apple/notifications"); [[ $c == 405 ]] && ok "GET /apple/notifications -> 405" || fail "GET endpoint: $c"
-        for p in /healthz /readyz /metrics /; do
+        for p in /healthz /readyz /metrics / /v1/nonces /v1/sign-in /v1/changes /v1/accounts/com.example.app/001.x; do
             c=$(code "$u$p"); c2=$(code -X POST -d x "$u$p")
             [[ $c == 404 && $c2 == 404 ]] && ok "$p not exposed (404)" || fail "$p: GET $c POST $c2"
         done
@@ -358,6 +360,13 @@ if wrk:
     if rec:
         check(wrk["spec"]["selector"]["matchLabels"] != rec["spec"]["selector"]["matchLabels"],
               "worker and receiver selectors differ (scaled independently)")
+    check(env.get("SIWA_APP_API_TOKENS_FILE") is not None and "SIWA_APP_API_TOKENS" not in env,
+          "worker: app API tokens through SIWA_APP_API_TOKENS_FILE")
+api = objs.get(("Service", "siwa-app-api"))
+check(api is not None and api["spec"].get("type", "ClusterIP") == "ClusterIP", "app API Service is internal (ClusterIP)")
+check(not any(kind == "Ingress" for kind, _ in objs), "no Ingress (the app API is never exposed)")
+check(all(o["spec"].get("type", "ClusterIP") == "ClusterIP" for (kind, _), o in objs.items() if kind == "Service"
+          and o["metadata"]["name"] != "siwa-receiver"), "only the receiver's Service may be external")
 job = objs.get(("Job", "siwa-migrate"))
 check(job is not None, "migration Job exists")
 if job:

@@ -53,6 +53,10 @@ DECLARE
     ev_jtis text[];
     ev_jobs bigint[];
     ev_ranks bigint[];
+    ev_targets text[];
+    ev_subs text[];
+    ev_primary boolean[];
+    grouped boolean;
     rounds bigint;
     round_clients text[];
     round_subs text[];
@@ -63,43 +67,73 @@ DECLARE
     email_clients text[] := '{}';
     email_subs text[] := '{}';
 BEGIN
-    -- The unprocessed notifications, each ranked among its account's known-type events; an
-    -- unknown type changes no account (rank 1, never applied). The accounts of known-type events
-    -- are created ('active': Apple only notifies about users who signed in, so an unknown sub is
-    -- a link we never saw) or locked (DO UPDATE ... WHERE false locks without writing).
+    -- The unprocessed notifications, each ranked among its user's known-type events (the user: the
+    -- sub within the client ID's app group, SIWA_APP_GROUPS, or within the client ID alone); an
+    -- unknown type changes no account (rank 1, never applied). Each event targets every account of
+    -- its user: in a group, the members' accounts with that sub (a web sign-in linked under a
+    -- Services ID gets the App ID's notification); with none, or outside a group, the account of
+    -- the notification's own client ID. The targeted accounts are created ('active': Apple only
+    -- notifies about users who signed in, so an unknown sub is a link we never saw) or locked
+    -- (DO UPDATE ... WHERE false locks without writing). One target per event is its primary: the
+    -- notification records that account's outcome.
+    grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
     WITH b AS (
-        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type,
+        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
+               n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
                CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                     THEN row_number() OVER (
-                        PARTITION BY n.client_id, n.sub,
+                        PARTITION BY coalesce(g.group_id, n.client_id), n.sub,
                                      n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
                         ORDER BY n.event_time, u.ord)
                     ELSE 1 END AS rank
           FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
           JOIN siwa.notifications n ON n.jti = u.jti
+          LEFT JOIN siwa.app_groups g ON g.client_id = n.client_id
          WHERE n.processed_at IS NULL
+    ), t AS (
+        -- Without SIWA_APP_GROUPS (the usual case) each event targets its own account only.
+        SELECT b.*, b.client_id AS target, true AS is_primary FROM b WHERE NOT grouped
+        UNION ALL
+        SELECT b.*, x.target, x.is_primary
+          FROM b CROSS JOIN LATERAL (
+              -- Key lookups only: the group's members, then each (member, sub) by primary key.
+              SELECT mem.client_id AS target,
+                     row_number() OVER (ORDER BY mem.client_id <> b.client_id, mem.client_id) = 1 AS is_primary
+                FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+               WHERE b.group_id IS NOT NULL AND b.known
+                 AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub)
+              UNION ALL
+              SELECT b.client_id, true
+               WHERE b.group_id IS NULL OR NOT b.known OR NOT EXISTS (
+                     SELECT 1 FROM unnest(ARRAY(SELECT m.client_id FROM siwa.app_groups m WHERE m.group_id = b.group_id)) AS mem(client_id)
+                      WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
+          ) x
+         WHERE grouped
     ), locked AS (
         INSERT INTO siwa.accounts AS a (client_id, sub, status)
-        SELECT DISTINCT b.client_id, b.sub, 'active' FROM b
-         WHERE b.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+        SELECT DISTINCT t.target, t.sub, 'active' FROM t
+         WHERE t.known
          ORDER BY 1, 2
         ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
     )
-    SELECT array_agg(b.jti ORDER BY b.ord), array_agg(b.job_id ORDER BY b.ord), array_agg(b.rank ORDER BY b.ord),
-           max(b.rank)
-      INTO ev_jtis, ev_jobs, ev_ranks, rounds
-      FROM b;
+    SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
+           array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
+           array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
+      INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
+      FROM t;
 
     -- Round r applies the r-th event of every account at once (almost always one round).
     FOR r IN 1 .. coalesce(rounds, 0) LOOP
         WITH e AS (
-            SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email,
-                   n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+            SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
+                   n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
                    siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
                                              a.last_email_event_at, a.email_forwarding) AS outcome
-              FROM unnest(ev_jtis, ev_jobs, ev_ranks) WITH ORDINALITY AS u(jti, job_id, rank, ord)
+              FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
+                   WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
               JOIN siwa.notifications n ON n.jti = u.jti
-              LEFT JOIN siwa.accounts a ON a.client_id = n.client_id AND a.sub = n.sub
+              -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
+              LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
              WHERE u.rank = r
         ), d AS (
             -- erase: the account is deleted or deleted at Apple once this event is applied.
@@ -114,8 +148,14 @@ BEGIN
                    jws = CASE WHEN d.erase THEN NULL ELSE n.jws END,
                    claims = CASE WHEN d.erase THEN n.claims - 'events' ELSE n.claims END
               FROM d
-             WHERE n.jti = d.jti AND n.processed_at IS NULL  -- rechecked under the row lock
+             WHERE n.jti = d.jti AND d.is_primary AND n.processed_at IS NULL  -- rechecked under the row lock
             RETURNING d.*
+        ), t AS (
+            -- Every targeted account: the primaries the notification update kept, and the rest of
+            -- their groups (read unprocessed after the accounts were locked).
+            SELECT * FROM n
+            UNION ALL
+            SELECT * FROM d WHERE NOT d.is_primary
         ), a AS (
             UPDATE siwa.accounts a
                SET status = siwa.account_next_status(a.status, n.event_type),
@@ -139,8 +179,8 @@ BEGIN
                    last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                               THEN n.event_time ELSE a.last_email_event_at END,
                    updated_at = now()
-              FROM n
-             WHERE n.outcome = 'applied' AND a.client_id = n.client_id AND a.sub = n.sub
+              FROM t n
+             WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
             RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
                       CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
                                         WHEN 'account-deleted' THEN 'apple_account_deleted'
@@ -156,11 +196,14 @@ BEGIN
                                    siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
               FROM c
         )
-        SELECT array_agg(n.client_id) FILTER (WHERE n.erase), array_agg(n.sub) FILTER (WHERE n.erase),
-               array_agg(n.client_id) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
+        -- Erased: the notifications stored under the notification's client ID and under the
+        -- target's (the same outside a group).
+        SELECT array_agg(n.client_id) FILTER (WHERE n.erase) || array_agg(n.target) FILTER (WHERE n.erase AND n.target <> n.client_id),
+               array_agg(n.sub) FILTER (WHERE n.erase) || array_agg(n.sub) FILTER (WHERE n.erase AND n.target <> n.client_id),
+               array_agg(n.target) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
                array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
           INTO round_clients, round_subs, round_email_clients, round_email_subs
-          FROM n, told;
+          FROM t n, told;
         erase_clients := erase_clients || coalesce(round_clients, '{}');
         erase_subs := erase_subs || coalesce(round_subs, '{}');
         email_clients := email_clients || coalesce(round_email_clients, '{}');

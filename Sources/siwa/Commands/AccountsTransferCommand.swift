@@ -21,6 +21,7 @@ enum AccountsTransferCommand {
     ]
 
     struct Settings {
+        /// `export` or `import`.
         var action: String
         var databaseURL: String
         var logger: Logger
@@ -28,6 +29,7 @@ enum AccountsTransferCommand {
         var teamID: String
         var calls: MigrationCallSettings
         var clientID: String?
+        /// The recipient team (export only).
         var targetTeam: String?
     }
 
@@ -48,7 +50,8 @@ enum AccountsTransferCommand {
         }
         defer { connection.close() }
         do {
-            return settings.action == "export" ? try await export(settings, connection) : try await importLines(settings, connection)
+            if let target = settings.targetTeam { return try await export(settings, to: target, connection) }
+            return try await importLines(settings, connection)
         } catch let fault as MigrationConfigurationFault {
             CLI.error(command, fault.description)
             return 1
@@ -66,10 +69,7 @@ enum AccountsTransferCommand {
 
     // MARK: export
 
-    static func export(_ settings: Settings, _ connection: PostgresConnection) async throws -> Int32 {
-        guard let target = settings.targetTeam else {
-            throw ConfigurationError(variable: "--target-team", problem: "is required (the recipient team's ID)")
-        }
+    static func export(_ settings: Settings, to target: String, _ connection: PostgresConnection) async throws -> Int32 {
         let clientID: String
         if let given = settings.clientID {
             clientID = given
@@ -139,7 +139,8 @@ enum AccountsTransferCommand {
     static func settings(_ source: ConfigurationSource) throws -> Settings {
         let action = source.positional.dropFirst().first ?? ""
         guard ["export", "import"].contains(action), source.positional.count == 2 else {
-            throw ConfigurationError(variable: "accounts transfer", problem: "expected export or import")
+            throw ConfigurationError(
+                variable: "usage", problem: "siwa accounts transfer export --target-team TEAMID [--client-id ID] > file | siwa accounts transfer import [--client-id ID] < file")
         }
         try source.rejectUnknownFlags(variables + options)
         let databaseURL = try CommonSettings.databaseURL(source)
@@ -165,8 +166,8 @@ enum AccountsTransferCommand {
             calls.rate = rate
         }
         calls.concurrency = try flags.integer("CONCURRENCY", default: calls.concurrency, range: 1...64)
-        var targetTeam: String?
-        if let text = flags.option("target-team") {
+        var targetTeam: String?  // set exactly when exporting
+        if action == "export", let text = flags.option("target-team") {
             guard text.count == 10, text.allSatisfy({ $0.isASCII && ($0.isUppercase || $0.isNumber) }) else {
                 throw ConfigurationError(variable: "--target-team", problem: "expected a Team ID (10 characters, A-Z and 0-9), got \"\(text)\"")
             }
@@ -174,6 +175,8 @@ enum AccountsTransferCommand {
                 throw ConfigurationError(variable: "--target-team", problem: "is this team (SIWA_TEAM_ID); name the recipient team")
             }
             targetTeam = text
+        } else if action == "export" {
+            throw ConfigurationError(variable: "--target-team", problem: "is required (the recipient team's ID)")
         }
         var clientID = flags.option("client-id")
         if clientID == nil, action == "import", let ids = try source.list("SIWA_CLIENT_IDS"), ids.count == 1 { clientID = ids[0] }

@@ -24,7 +24,7 @@ enum DevCommand: CLICommand {
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_OPS_LISTEN", "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS",
         "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY", "SIWA_RETENTION_DAYS", "SIWA_DEV_EXIT_AFTER",
-        "SIWA_DEV_READY_TIMEOUT",
+        "SIWA_DEV_READY_TIMEOUT", "SIWA_APP_API_LISTEN", "SIWA_APP_API_TOKENS",
     ]
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
@@ -47,6 +47,11 @@ struct DevSettings {
     var listenGiven: Bool
     var opsListen: ListenAddress
     var opsListenGiven: Bool
+    /// The app API's listener (served by the worker when it can call Apple).
+    var apiListen: ListenAddress
+    var apiListenGiven: Bool
+    /// `SIWA_APP_API_TOKENS` when given; else a fresh dev token, printed.
+    var apiToken: String
     var notificationPath: String
     var appleBaseURL: URL?
     var useFakeApple: Bool
@@ -69,6 +74,10 @@ struct DevSettings {
         listen = try source.listenAddress("SIWA_LISTEN", default: "127.0.0.1:8080")
         opsListenGiven = try source.string("SIWA_OPS_LISTEN") != nil
         opsListen = try source.listenAddress("SIWA_OPS_LISTEN", default: "127.0.0.1:9090")
+        apiListenGiven = try source.string("SIWA_APP_API_LISTEN") != nil
+        apiListen = try source.listenAddress("SIWA_APP_API_LISTEN", default: "127.0.0.1:8081")
+        apiToken = try source.list("SIWA_APP_API_TOKENS")?.first
+            ?? "dev_" + SecureRandom.bytes(count: 24).map { String(format: "%02x", $0) }.joined()
         notificationPath = try source.string("SIWA_NOTIFICATION_PATH") ?? "/apple/notifications"
         let common = try CommonSettings(source)
         logLevel = common.logLevel
@@ -154,6 +163,8 @@ final class DevStack: @unchecked Sendable {
         var receiver: String
         var endpoint: String
         var workerOps: String
+        /// The app API, when the worker serves it.
+        var appAPI: String?
         var fakeApple: String?
         var appleBase: String
     }
@@ -243,6 +254,18 @@ final class DevStack: @unchecked Sendable {
 
         var workerEnvironment = environment
         workerEnvironment["SIWA_OPS_LISTEN"] = opsListen.description
+        var apiListen = settings.apiListen
+        if !settings.apiListenGiven && !DevPorts.isFree(host: apiListen.host, port: apiListen.port) {
+            apiListen.port = DevPorts.free() ?? 0
+        }
+        let servesAPI = settings.startWorker && (settings.hasAppleCredentials || throwawayCredentials != nil)
+        if servesAPI {
+            workerEnvironment["SIWA_APP_API_LISTEN"] = apiListen.description
+            workerEnvironment["SIWA_APP_API_TOKENS"] = settings.apiToken
+            workerEnvironment["SIWA_APP_API_TOKENS_FILE"] = nil
+        } else {
+            workerEnvironment["SIWA_APP_API_LISTEN"] = nil
+        }
         if !settings.startWorker {
         } else if settings.hasAppleCredentials {
             say("worker uses the Apple credentials from the environment")
@@ -261,9 +284,13 @@ final class DevStack: @unchecked Sendable {
 
         let receiver = "http://\(Self.dialHost(listen.host)):\(listen.port)"
         try await waitForReady(url: receiver + "/readyz", what: "receiver")
+        let appAPI = servesAPI ? "http://\(Self.dialHost(apiListen.host)):\(apiListen.port)" : nil
+        if let appAPI {
+            try await waitForReady(url: appAPI + "/v1/changes?limit=1", what: "app API", bearer: settings.apiToken)
+        }
         return URLs(
             database: databaseURL, receiver: receiver, endpoint: receiver + settings.notificationPath,
-            workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", fakeApple: fakeApple,
+            workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", appAPI: appAPI, fakeApple: fakeApple,
             appleBase: appleBase)
     }
 
@@ -333,7 +360,7 @@ final class DevStack: @unchecked Sendable {
     }
 
     /// Polls `url` until it answers 200, a child dies, or the timeout passes.
-    private func waitForReady(url: String, what: String) async throws {
+    private func waitForReady(url: String, what: String, bearer: String? = nil) async throws {
         say("waiting for the \(what) (\(url))...")
         let deadline = ContinuousClock.now + .seconds(settings.readyTimeout)
         var lastAnswer = "no answer"
@@ -344,6 +371,7 @@ final class DevStack: @unchecked Sendable {
             }
             var request = URLRequest(url: URL(string: url)!)
             request.timeoutInterval = 2
+            if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
             if let (data, response) = try? await URLSession.shared.data(for: request),
                 let http = response as? HTTPURLResponse
             {
@@ -370,6 +398,10 @@ final class DevStack: @unchecked Sendable {
                   worker metrics         \(urls.workerOps)/metrics
 
                 """ : "  worker                 not started (--no-worker)\n")\
+            \(urls.appAPI.map { """
+                  app API                \($0)  (Authorization: Bearer \(settings.apiToken))
+
+                """ } ?? "")\
               Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
               DATABASE_URL           \(urls.database)
 
@@ -382,6 +414,15 @@ final class DevStack: @unchecked Sendable {
                 --receiver-url \(urls.endpoint) --fake-apple-url \(fake)
 
                 """
+            if let appAPI = urls.appAPI {
+                text += """
+
+                    Sign in (app API nonce, the fake Apple's identity token for its hash, sign-in with the code):
+                      \(siwa) simulate sign-in --client-id \(clientID) --sub 000456.def.0001 \
+                    --api-url \(appAPI) --api-token \(settings.apiToken) --fake-apple-url \(fake)
+
+                    """
+            }
         }
         text += "  \(siwa) status --database-url '\(urls.database)'\n"
         output.line(text)

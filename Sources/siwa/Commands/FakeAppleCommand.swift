@@ -5,7 +5,8 @@ import Logging
 import SiwaCore
 
 /// `siwa fake-apple [--listen 127.0.0.1:9443] [--verify-key-file KEY.pem|.p8] [--team-id T]
-/// [--signing-key-file rsa.pem]`: a local stand-in for Apple (TEST ONLY). Prints its base URL.
+/// [--recipient-team-id T2 [--recipient-verify-key-file KEY2.p8]] [--signing-key-file rsa.pem]`: a
+/// local stand-in for Apple (TEST ONLY). Prints its base URL.
 enum FakeAppleCommand: CLICommand {
     static let name = "fake-apple"
     static let summary = "run a local stand-in for Apple's token/revoke/keys endpoints (test only)"
@@ -18,22 +19,16 @@ enum FakeAppleCommand: CLICommand {
             let flags = source.withoutEnvironment()
             logLevel = try CommonSettings(source).logLevel
             let listen = try flags.listenAddress("LISTEN", default: "127.0.0.1:9443")
-            var verifyKey: P256.Signing.PublicKey?
-            if let path = try flags.string("VERIFY_KEY_FILE") {
-                guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else {
-                    throw ConfigurationError(variable: "--verify-key-file", problem: "cannot read \(path)")
-                }
-                if let key = try? P256.Signing.PublicKey(pemRepresentation: pem) {
-                    verifyKey = key
-                } else if let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) {
-                    verifyKey = key.publicKey
-                } else {
-                    throw ConfigurationError(variable: "--verify-key-file", problem: "not a P-256 public key or .p8")
-                }
-            }
+            let verifyKey = try loadVerifyKey(flags, "VERIFY_KEY_FILE")
             signingKey = try loadOrCreateSigningKey(try flags.string("SIGNING_KEY_FILE"))
+            var otherTeams: [FakeApple.Team] = []
+            // A second team, so a team transfer (`siwa accounts transfer`) can be rehearsed here.
+            if let recipient = try flags.string("RECIPIENT_TEAM_ID") {
+                otherTeams.append(.init(id: recipient, verifyKey: try loadVerifyKey(flags, "RECIPIENT_VERIFY_KEY_FILE")))
+            }
             configuration = FakeApple.Configuration(
-                host: listen.host, port: listen.port, verifyKey: verifyKey, teamID: try flags.string("TEAM_ID"))
+                host: listen.host, port: listen.port, verifyKey: verifyKey, teamID: try flags.string("TEAM_ID"),
+                otherTeams: otherTeams)
         } catch {
             FileHandle.standardError.write(Data("siwa fake-apple: \(error)\n".utf8))
             return 2
@@ -56,6 +51,18 @@ enum FakeAppleCommand: CLICommand {
             FileHandle.standardError.write(Data("siwa fake-apple: \(error)\n".utf8))
             return 1
         }
+    }
+
+    /// The P-256 public key (or `.p8`) at the path the flag names, if it names one.
+    static func loadVerifyKey(_ flags: ConfigurationSource, _ variable: String) throws -> P256.Signing.PublicKey? {
+        let flag = "--" + ConfigurationSource.flagName(for: variable)
+        guard let path = try flags.string(variable) else { return nil }
+        guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else {
+            throw ConfigurationError(variable: flag, problem: "cannot read \(path)")
+        }
+        if let key = try? P256.Signing.PublicKey(pemRepresentation: pem) { return key }
+        if let key = try? P256.Signing.PrivateKey(pemRepresentation: pem) { return key.publicKey }
+        throw ConfigurationError(variable: flag, problem: "not a P-256 public key or .p8")
     }
 
     /// Reuses the RSA key at `path` (so restarts keep the receiver's cached key valid), or creates it.

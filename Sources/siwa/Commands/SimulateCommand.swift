@@ -6,6 +6,8 @@ import SiwaCore
     import FoundationNetworking
 #endif
 
+/// `siwa simulate sign-in ...` runs a whole sign-in against the app API (SimulateSignIn.swift).
+///
 /// `siwa simulate TYPE --sub SUB --client-id ID [--email E] [--private-email true|false]
 /// [--event-time MS] [--jti J] [--receiver-url URL] [--fake-apple-url URL]`: signs a notification
 /// with the fake Apple's key and posts it to the receiver. Exit 0 on 200, 1 otherwise.
@@ -14,7 +16,7 @@ import SiwaCore
 /// jti, sub `P<i>`) and writes one request body per line instead of posting.
 enum SimulateCommand: CLICommand {
     static let name = "simulate"
-    static let summary = "sign test notifications with the fake Apple's key; post them to the receiver or write them out"
+    static let summary = "sign test notifications with the fake Apple's key and post them; or `simulate sign-in` against the app API"
 
     private struct Request {
         var type: String
@@ -31,7 +33,10 @@ enum SimulateCommand: CLICommand {
         var fakeAppleURL: URL
     }
 
+    static let switches: Set<String> = ["no-code"]
+
     static func run(_ source: ConfigurationSource) async -> Int32 {
+        if source.positional.first == "sign-in" { return await SimulateSignIn.run(source) }
         let request: Request
         do {
             request = try parse(source.withoutEnvironment(), type: source.positional.first)

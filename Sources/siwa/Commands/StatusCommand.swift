@@ -2,6 +2,7 @@ import Foundation
 import JobQueue
 import Postgres
 import SiwaCore
+import WorkerCore
 
 /// `siwa status [--json]`: the queue, pending deletions, paused client IDs and the last hour's
 /// traffic, readable in five seconds. Exit 0, or 1 with one line when the database is unreachable.
@@ -46,6 +47,9 @@ struct StatusReport {
     var pausedClients: [PausedClient]
     var notificationsLastHour: Int
     var rejectionsLastHour: [String: Int]
+    /// The registered webhook endpoint (nil: webhooks off) and the delivery backlog.
+    var webhookRegistration: WebhookQueue.Registration?
+    var webhookBacklog: WebhookQueue.Backlog
 
     var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
 
@@ -107,6 +111,9 @@ struct StatusReport {
             rejections[try row.decode(String.self, column: "reason")] = try row.decode(Int.self, column: "n")
         }
 
+        let webhookRegistration = try await WebhookQueue.registration(on: connection)
+        let webhookBacklog = try await WebhookQueue.backlog(on: connection)
+
         let oldestDeletion = try deletions.first.map {
             (clientID: try $0.decode(String.self, column: "client_id"), sub: try $0.decode(String.self, column: "sub"))
         }
@@ -126,7 +133,7 @@ struct StatusReport {
                     nextProbeAt: try row.decode(Date.self, column: "next_probe_at"))
             },
             notificationsLastHour: try received.decode(Int.self, column: "n"),
-            rejectionsLastHour: rejections)
+            rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog)
     }
 
     // MARK: Rendering
@@ -168,6 +175,7 @@ struct StatusReport {
                 .map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")"
         }
         facts.append(["rejected, last hour", rejectedText])
+        facts += webhookFacts
         out += CLI.table(facts)
         for client in pausedClients {
             out +=
@@ -175,6 +183,35 @@ struct StatusReport {
                 + "next probe \(CLI.iso8601(client.nextProbeAt)))"
         }
         return out
+    }
+
+    /// Webhooks: the endpoint, the backlog and its oldest change, failing and discarded deliveries.
+    private var webhookFacts: [[String]] {
+        let backlog = webhookBacklog
+        var facts: [[String]] = []
+        if let registration = webhookRegistration {
+            facts.append([
+                "webhooks",
+                "\(registration.endpoint) (since \(CLI.iso8601(registration.registeredAt)); a worker with the URL seen "
+                    + "\(CLI.age(generatedAt.timeIntervalSince(registration.seenAt))) ago)",
+            ])
+        } else {
+            facts.append(["webhooks", "off (no worker has registered SIWA_WEBHOOK_URL; changes are not queued)"])
+        }
+        guard webhookRegistration != nil || backlog.undelivered + backlog.discarded > 0 else { return facts }
+        facts.append([
+            "webhook backlog",
+            backlog.undelivered == 0
+                ? "0" : "\(backlog.undelivered) undelivered, oldest change \(CLI.age(backlog.oldestSeconds ?? 0)) old",
+        ])
+        var failing = "\(backlog.failing) retrying after a failure"
+        if backlog.discarded > 0 {
+            failing +=
+                "; \(backlog.discarded) discarded, holding back \(backlog.blockedByDiscarded) later change"
+                + "\(backlog.blockedByDiscarded == 1 ? "" : "s") (siwa jobs list --kind webhook --state discarded; siwa jobs retry ID)"
+        }
+        facts.append(["failing deliveries", failing])
+        return facts
     }
 
     /// Stable keys for scripts; ages in seconds (null when there is nothing waiting).
@@ -202,6 +239,16 @@ struct StatusReport {
                     "next_probe_at": CLI.iso8601($0.nextProbeAt),
                 ]
             },
+            "webhooks": [
+                "endpoint": webhookRegistration.map { $0.endpoint as Any } ?? NSNull(),
+                "registered_at": webhookRegistration.map { CLI.iso8601($0.registeredAt) as Any } ?? NSNull(),
+                "worker_seen_at": webhookRegistration.map { CLI.iso8601($0.seenAt) as Any } ?? NSNull(),
+                "undelivered": webhookBacklog.undelivered,
+                "oldest_undelivered_seconds": webhookBacklog.oldestSeconds.map { $0 as Any } ?? NSNull(),
+                "failing": webhookBacklog.failing,
+                "discarded": webhookBacklog.discarded,
+                "blocked_by_discarded": webhookBacklog.blockedByDiscarded,
+            ] as [String: Any],
             "last_hour": [
                 "notifications_received": notificationsLastHour,
                 "rejected": rejected,

@@ -25,12 +25,14 @@ final class LifecycleHarness: Sendable {
     let logger: Logger
     let tokenKeys: String
     let keyDirectory: URL
+    /// What the handlers were built from (a test may build more handlers, e.g. with another timeout).
+    let settings: AppleSettings
 
     /// `timeout` bounds each Apple call; `hang` is how long an injected `.timeout` holds its answer,
     /// far longer than `timeout`, so only a working client-side bound can end the call in time.
     init(
         timeout: Duration = .seconds(5), hang: Duration = .seconds(30), tokenKeys: String? = nil,
-        logger: Logger? = nil
+        logger: Logger? = nil, poolSize: Int = 2
     ) async throws {
         let logger = logger ?? Logger(label: "lifecycle-test", level: .warning)
         self.logger = logger
@@ -48,8 +50,9 @@ final class LifecycleHarness: Sendable {
             teamID: Self.teamID, keyID: "TESTKEY", privateKeyPEMPath: keyPath, tokenKeys: self.tokenKeys,
             baseURL: fake.baseURL, timeout: timeout)
         try settings.validate()
+        self.settings = settings
         connection = try await database.connect()
-        pool = PostgresPool(conninfo: database.url, size: 2, logger: logger)
+        pool = PostgresPool(conninfo: database.url, size: poolSize, logger: logger)
         context = try makeAppleJobContext(settings: settings, pool: pool, logger: logger)
         exchange = ExchangeJobHandler(context: context)
         revoke = RevokeJobHandler(context: context)
@@ -92,9 +95,9 @@ final class LifecycleHarness: Sendable {
     // MARK: Queue
 
     /// Claims job `id` the way the executor does: running, attempt + 1, leased.
-    func claim(_ id: Int64) async throws -> Job {
+    func claim(_ id: Int64, on connection: PostgresConnection? = nil) async throws -> Job {
         // The same columns and decoding as the worker's claim.
-        let rows = try await connection.query(
+        let rows = try await (connection ?? self.connection).query(
             """
             UPDATE siwa.jobs j SET state = 'running', attempt = attempt + 1, locked_by = 'test',
                    locked_until = now() + interval '5 minutes'
@@ -114,7 +117,7 @@ final class LifecycleHarness: Sendable {
             case .exchange: exchange
             case .revoke: revoke
             case .reconcile: reconcile
-            case .notification: fatalError("not an Apple job")
+            case .notification, .webhook: fatalError("not an Apple job")
             }
         let result = await handler.run(job, logger: logger)
         switch result {

@@ -38,8 +38,12 @@ final class TransferHarness: Sendable {
 
     /// The variables a team's operator sets for the command.
     func environment(team: String, database: MigratedDatabase) -> [String: String] {
+        environment(team: team, databaseURL: database.url)
+    }
+
+    func environment(team: String, databaseURL: String) -> [String: String] {
         [
-            "DATABASE_URL": database.url, "SIWA_APPLE_BASE_URL": fake.baseURL.absoluteString, "SIWA_TEAM_ID": team,
+            "DATABASE_URL": databaseURL, "SIWA_APPLE_BASE_URL": fake.baseURL.absoluteString, "SIWA_TEAM_ID": team,
             "SIWA_KEY_ID": Self.keyID, "SIWA_PRIVATE_KEY_FILE": directory.appendingPathComponent("\(team).p8").path,
             "SIWA_CLIENT_IDS": Self.clientID, "SIWA_RETRY_BASE": "10ms", "SIWA_LOG_LEVEL": "warn",
         ]

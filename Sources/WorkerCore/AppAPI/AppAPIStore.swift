@@ -1,0 +1,200 @@
+import Foundation
+import Postgres
+import SiwaCore
+
+/// The app API's database side: one method per statement, each through the functions of
+/// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is
+/// bounded: the pool's lease wait, then `timeout` for the statement (cancelled at the server when
+/// it runs out), so no request waits on the database without end.
+struct AppAPIStore: Sendable {
+    let pool: PostgresPool
+    var timeout: Duration = .seconds(5)
+
+    /// An account as `siwa.account(...)` shows it: no token, only whether there is one.
+    struct Account: Sendable {
+        var clientID: String
+        var sub: String
+        var appUserID: String?
+        var status: String
+        var email: String?
+        var isPrivateEmail: Bool?
+        var emailForwarding: String?
+        var sessionsRevokedAt: Date?
+        var linkedAt: Date?
+        var updatedAt: Date?
+        var hasRefreshToken: Bool
+        /// Set by `signIn` only: no row existed before it.
+        var isNew = false
+
+        init(_ row: PostgresRow) throws {
+            clientID = try row.decode(String.self, column: "client_id")
+            sub = try row.decode(String.self, column: "sub")
+            appUserID = try row.decode(String?.self, column: "app_user_id")
+            status = try row.decode(String.self, column: "status")
+            email = try row.decode(String?.self, column: "email")
+            isPrivateEmail = try row.decode(Bool?.self, column: "is_private_email")
+            emailForwarding = try row.decode(String?.self, column: "email_forwarding")
+            sessionsRevokedAt = try row.decode(Date?.self, column: "sessions_revoked_at")
+            linkedAt = try row.decode(Date?.self, column: "linked_at")
+            updatedAt = try row.decode(Date?.self, column: "updated_at")
+            hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
+        }
+    }
+
+    struct Change: Sendable {
+        var id: Int64
+        var clientID: String
+        var sub: String
+        var appUserID: String?
+        var change: String
+        var status: String?
+        var reason: String?
+        var createdAt: Date
+    }
+
+
+    private func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        let pool = pool
+        return try await withDeadline(timeout) { try await pool.withConnection { try await body($0) } }
+    }
+
+    /// Stores a nonce by its SHA-256; returns when it expires.
+    func issueNonce(hash: [UInt8], lifetime: Duration) async throws -> Date {
+        try await run { connection in
+            try await connection.query(
+                "SELECT siwa.issue_nonce(\(hash), make_interval(secs => \(lifetime.seconds)))"
+            )[0].decode(Date.self, at: 0)
+        }
+    }
+
+    /// Spends the nonce with this hash: true when it existed and had not expired.
+    func consumeNonce(hash: [UInt8]) async throws -> Bool {
+        try await run { connection in
+            try await connection.query("SELECT siwa.consume_nonce(\(hash))")[0].decode(Bool.self, at: 0)
+        }
+    }
+
+    func pruneNonces(limit: Int = 10_000) async throws -> Int {
+        try await run { connection in
+            try await connection.query("SELECT siwa.prune_nonces(\(limit))")[0].decode(Int.self, at: 0)
+        }
+    }
+
+    /// `siwa.account(...)`: the account without its tokens.
+    func account(clientID: String, sub: String) async throws -> Account? {
+        try await run { connection in
+            try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+        }
+    }
+
+    /// What a sign-in needs to know before calling Apple, and when it looked (the database's clock,
+    /// which `siwa.sign_in` compares with a deletion requested meanwhile).
+    struct SignInState: Sendable {
+        var status: String?
+        var hasRefreshToken: Bool
+        var checkedAt: Date
+    }
+
+    func signInState(clientID: String, sub: String) async throws -> SignInState {
+        try await run { connection in
+            let row = try await connection.query(
+                """
+                SELECT now() AS checked_at, a.status, coalesce(a.has_refresh_token, false) AS has_refresh_token
+                  FROM (SELECT 1) AS one LEFT JOIN siwa.account(\(clientID), \(sub)) AS a ON true
+                """)[0]
+            return SignInState(
+                status: try row.decode(String?.self, column: "status"),
+                hasRefreshToken: try row.decode(Bool.self, column: "has_refresh_token"),
+                checkedAt: try row.decode(Date.self, column: "checked_at"))
+        }
+    }
+
+    /// The sign-in event (`siwa.sign_in`): the account after it; its status is not `active` when a
+    /// deletion was requested after `checkedAt` (the token is then kept for that deletion).
+    func signIn(
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?, checkedAt: Date
+    ) async throws -> Account {
+        try await run { connection in
+            let row = try await connection.query(
+                """
+                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(checkedAt))
+                """)[0]
+            var account = try Account(row)
+            account.isNew = try row.decode(Bool.self, column: "is_new")
+            return account
+        }
+    }
+
+    /// Team transfer (`sql/functions/transfer.sql`): a sign-in whose token carries `transfer_sub` of an
+    /// imported line lands on that line's `app_user_id`; nil when no line matches.
+    func claimTransfer(clientID: String, transferSub: String, sub: String, email: String?, isPrivateEmail: Bool?)
+        async throws -> String?
+    {
+        try await run { connection in
+            try await connection.query(
+                "SELECT siwa.claim_transfer(\(clientID), \(transferSub), \(sub), \(email), \(isPrivateEmail))"
+            )[0].decode(String?.self, at: 0)
+        }
+    }
+
+    /// Returns the updated account, or nil when there is none.
+    func setAppUserID(clientID: String, sub: String, appUserID: String?) async throws -> Account? {
+        try await run { connection in
+            try await connection.withTransaction { connection in
+                let found = try await connection.query(
+                    "SELECT siwa.set_app_user_id(\(clientID), \(sub), \(appUserID))")[0].decode(Bool.self, at: 0)
+                guard found else { return nil }
+                return try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+            }
+        }
+    }
+
+    /// `siwa.request_deletion`: the revoke job's id (the same one on a repeat).
+    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> Int64 {
+        try await run { connection in
+            let rows =
+                if let authorizationCode {
+                    try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub), \(authorizationCode))")
+                } else {
+                    try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub))")
+                }
+            return try rows[0].decode(Int64.self, at: 0)
+        }
+    }
+
+    func changes(after: Int64, limit: Int) async throws -> [Change] {
+        try await run { connection in
+            try await connection.query(
+                """
+                SELECT id, client_id, sub, app_user_id, change, status, reason, created_at FROM siwa.account_changes
+                 WHERE id > \(after) ORDER BY id LIMIT \(limit)
+                """
+            ).map { row in
+                Change(
+                    id: try row.decode(Int64.self, column: "id"), clientID: try row.decode(String.self, column: "client_id"),
+                    sub: try row.decode(String.self, column: "sub"), appUserID: try row.decode(String?.self, column: "app_user_id"),
+                    change: try row.decode(String.self, column: "change"), status: try row.decode(String?.self, column: "status"),
+                    reason: try row.decode(String?.self, column: "reason"), createdAt: try row.decode(Date.self, column: "created_at"))
+            }
+        }
+    }
+}
+
+/// A bounded wait ran out; the work was cancelled.
+struct DeadlineExceeded: Error, CustomStringConvertible {
+    var description: String { "deadline exceeded" }
+}
+
+/// Runs `body`, cancelling it (a running statement is cancelled at the server) when `limit` passes.
+func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            throw DeadlineExceeded()
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next() else { throw DeadlineExceeded() }
+        return first
+    }
+}

@@ -1,0 +1,187 @@
+import AppleClient
+import CryptoCore
+import Foundation
+import JSON
+import Logging
+import Postgres
+
+/// `POST /v1/sign-in`: seed 000's steps 3–4, checked in the contract's order. Each step either
+/// answers with its error or hands on to the next:
+///   1. the nonce is spent (one DELETE ... RETURNING), whatever happens after;
+///   2. the identity token: RS256 with Apple's keys, `iss`, `aud` = `client_id` ∈ SIWA_CLIENT_IDS,
+///      `exp`, and its `nonce` claim = hex SHA-256 of the raw nonce;
+///   3. a pending deletion refuses the sign-in (403);
+///   4. with no stored refresh token and a code, the code is exchanged now (codes live 5 minutes);
+///      nothing is written before the exchange has succeeded, so a failed exchange creates no account;
+///   then the account effect, one call to `siwa.sign_in`.
+/// No identity token, nonce, code or refresh token reaches a log or an error.
+struct SignIn: Sendable {
+    /// Largest identity token accepted (Apple's are about 1 KB).
+    static let maximumTokenBytes = 8 * 1024
+    /// Largest raw nonce accepted (ours are 43 characters).
+    static let maximumNonceBytes = 512
+
+    struct Request: Sendable {
+        var clientID: String
+        var identityToken: String
+        var nonce: String
+        var authorizationCode: String?
+
+        /// The body as the contract shapes it; nil when it is not (400 `bad_request`).
+        init?(body: [UInt8]) {
+            guard let object = JSONValue.object(body),
+                let clientID = object["client_id"]?.stringValue, !clientID.isEmpty,
+                let identityToken = object["identity_token"]?.stringValue, !identityToken.isEmpty,
+                identityToken.utf8.count <= SignIn.maximumTokenBytes,
+                let nonce = object["nonce"]?.stringValue, !nonce.isEmpty, nonce.utf8.count <= SignIn.maximumNonceBytes
+            else { return nil }
+            switch object["authorization_code"] {
+            case nil, .null?: authorizationCode = nil
+            case .string(let code)?: authorizationCode = code.isEmpty ? nil : code
+            default: return nil
+            }
+            self.clientID = clientID
+            self.identityToken = identityToken
+            self.nonce = nonce
+        }
+    }
+
+    let store: AppAPIStore
+    let verifier: IdentityTokenVerifier
+    /// The exchange handler's client (same signer, same code), over an HTTP session bounded at 5 s.
+    let client: AppleAuthClient
+    let tokenBox: TokenBox
+    let clientIDs: Set<String>
+    let metrics: AppAPIMetrics
+    let logger: Logger
+
+    func run(_ request: Request) async -> Result<[String: Any], AppAPIError> {
+        // 1. The nonce.
+        do {
+            guard try await store.consumeNonce(hash: SHA256.hash(Array(request.nonce.utf8))) else {
+                return .failure(.nonceInvalid)
+            }
+        } catch {
+            logger.warning("sign-in: could not consume the nonce", metadata: ["error": "\(error)"])
+            return .failure(.databaseUnavailable)
+        }
+
+        // 2. The identity token.
+        guard clientIDs.contains(request.clientID) else { return .failure(.tokenInvalid) }
+        let identity: AppleIdentity
+        do {
+            identity = try await verifier.verify(request.identityToken, clientID: request.clientID, rawNonce: request.nonce)
+        } catch .keysUnavailable {
+            return .failure(.keysUnavailable)
+        } catch {
+            logger.debug("sign-in: identity token refused", metadata: ["client_id": .string(request.clientID), "reason": .string(error.rawValue)])
+            return .failure(.tokenInvalid)
+        }
+
+        // A user moved from another team (TN3159): the imported line's account, before anything else.
+        var transferred = false
+        if let transferSub = identity.transferSub {
+            do {
+                transferred =
+                    try await store.claimTransfer(
+                        clientID: request.clientID, transferSub: transferSub, sub: identity.sub, email: identity.email,
+                        isPrivateEmail: identity.isPrivateEmail) != nil
+            } catch {
+                logger.warning("sign-in: could not claim a team transfer", metadata: ["error": "\(error)"])
+                return .failure(.databaseUnavailable)
+            }
+        }
+
+        // 3. The account's state.
+        let state: AppAPIStore.SignInState
+        do {
+            state = try await store.signInState(clientID: request.clientID, sub: identity.sub)
+        } catch {
+            logger.warning("sign-in: could not read the account", metadata: ["error": "\(error)"])
+            return .failure(.databaseUnavailable)
+        }
+        if state.status == "pending_deletion" { return .failure(.accountDeleting) }
+
+        // 4. The exchange, before anything is written.
+        var refreshToken: String?
+        if !state.hasRefreshToken, let code = request.authorizationCode {
+            switch await exchange(code: code, clientID: request.clientID, sub: identity.sub) {
+            case .success(let token): refreshToken = token
+            case .failure(let error): return .failure(error)
+            }
+        }
+
+        // The account effect.
+        do {
+            let sealed = try refreshToken.map { try tokenBox.seal($0, clientID: request.clientID, sub: identity.sub) }
+            let account = try await store.signIn(
+                clientID: request.clientID, sub: identity.sub, email: identity.email,
+                isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed, checkedAt: state.checkedAt)
+            // A deletion requested while Apple was asked: it stands, and holds the token to revoke it.
+            guard account.status == "active" else { return .failure(.accountDeleting) }
+            return .success([
+                "client_id": account.clientID, "sub": account.sub, "email": AppAPIJSON.value(account.email),
+                "email_verified": AppAPIJSON.value(identity.emailVerified),
+                "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status,
+                "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew && !transferred,
+                "has_refresh_token": account.hasRefreshToken,
+            ])
+        } catch {
+            logger.warning("sign-in: could not record the sign-in", metadata: ["error": "\(error)"])
+            await revokeUnkept(refreshToken, clientID: request.clientID)
+            return .failure(.databaseUnavailable)
+        }
+    }
+
+    /// Exchanges `code`; the refresh token on success (its `id_token` verified and about `sub`).
+    private func exchange(code: String, clientID: String, sub: String) async -> Result<String, AppAPIError> {
+        let outcome = await client.exchange(code: code, clientID: clientID)
+        switch outcome {
+        case .success(let response):
+            guard let refreshToken = response.refreshToken, !refreshToken.isEmpty, let idToken = response.idToken,
+                !idToken.isEmpty
+            else {
+                metrics.exchangeFailed("incomplete_response")
+                await revokeUnkept(response.refreshToken, clientID: clientID)
+                return .failure(.tokenExchangeFailed)
+            }
+            do {
+                _ = try await verifier.verify(idToken, clientID: clientID, expectedSub: sub)
+                return .success(refreshToken)
+            } catch {
+                // Never kept, so revoked: a grant for another user (or an unverifiable one) stays closed.
+                metrics.exchangeFailed(error == .subMismatch ? "sub_mismatch" : "id_token_invalid")
+                logger.warning("sign-in: the exchange's id_token was refused", metadata: ["client_id": .string(clientID), "reason": .string(error.rawValue)])
+                await revokeUnkept(refreshToken, clientID: clientID)
+                return .failure(error == .keysUnavailable ? .tokenExchangeFailed : .codeInvalid)
+            }
+        case .invalidGrant:
+            metrics.exchangeFailed("invalid_grant")
+            return .failure(.codeInvalid)
+        case .configurationFault(let error):
+            metrics.exchangeFailed("configuration")
+            logger.error(
+                "sign-in: Apple rejected the client credentials. Check SIWA_TEAM_ID, SIWA_KEY_ID, SIWA_PRIVATE_KEY_FILE and the client ID",
+                metadata: ["client_id": .string(clientID), "apple.error": .string(error)])
+            return .failure(.tokenExchangeFailed)
+        case .otherClientError(let status, let error):
+            metrics.exchangeFailed("apple_\(status)")
+            logger.warning("sign-in: Apple refused the exchange", metadata: ["http.status": .int(status), "apple.error": .string(error ?? "")])
+            return .failure(.tokenExchangeFailed)
+        case .retryable(let reason):
+            metrics.exchangeFailed("unavailable")
+            logger.warning("sign-in: Apple's token endpoint failed", metadata: ["client_id": .string(clientID), "apple.reason": .string(reason)])
+            return .failure(.tokenExchangeFailed)
+        case .rateLimited:
+            metrics.exchangeFailed("rate_limited")
+            return .failure(.tokenExchangeFailed)
+        }
+    }
+
+    /// Best effort, bounded by the client's 5 s: a token this sign-in obtained but will not store.
+    private func revokeUnkept(_ refreshToken: String?, clientID: String) async {
+        guard let refreshToken, !refreshToken.isEmpty else { return }
+        if case .success = await client.revoke(refreshToken: refreshToken, clientID: clientID) { return }
+        logger.error("sign-in: could not revoke a refresh token it did not keep", metadata: ["client_id": .string(clientID)])
+    }
+}

@@ -1,0 +1,178 @@
+import AppleClient
+import Foundation
+import Locking
+import SiwaCore
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// `siwa simulate sign-in --client-id ID --sub SUB [--api-url URL] [--api-token T]
+/// [--fake-apple-url URL] [--email E] [--no-code]`: the whole sign-in of seed 000 against the app
+/// API, with the fake Apple standing in for the device's Apple ID sheet:
+///   1. `POST {api}/v1/nonces` → the raw nonce;
+///   2. its SHA-256 hex goes to the fake Apple (`POST /fake/identity-tokens`), as an app hands it to
+///      Apple, which answers an identity token carrying it and an authorization code;
+///   3. `POST {api}/v1/sign-in` with the token, the raw nonce and the code; the answer is printed.
+/// Exit 0 on 200, 1 otherwise.
+///
+/// Load, for benchmarks: `--count N --concurrency C` runs N sign-ins (sub `SUB-<i>`), C at a time,
+/// and prints sign-ins per second and the sign-in request's p50/p99 instead of each answer.
+enum SimulateSignIn {
+    struct Request {
+        var clientID: String
+        var sub: String
+        var email: String?
+        var withCode: Bool
+        var apiURL: URL
+        var apiToken: String
+        var fakeAppleURL: URL
+        var count: Int
+        var concurrency: Int
+    }
+
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        let request: Request
+        do {
+            request = try parse(source.withoutEnvironment(), environment: source)
+        } catch {
+            FileHandle.standardError.write(Data("siwa simulate sign-in: \(error)\n".utf8))
+            return 2
+        }
+        let session = makeSession(connections: request.concurrency)
+        if request.count == 1 {
+            do {
+                let (status, body, _) = try await signIn(request, sub: request.sub, session: session)
+                print("\(status) \(body)")
+                return status == 200 ? 0 : 1
+            } catch {
+                FileHandle.standardError.write(Data("siwa simulate sign-in: \(error)\n".utf8))
+                return 1
+            }
+        }
+        return await load(request, session: session)
+    }
+
+    static let options = ["CLIENT_ID", "SUB", "EMAIL", "API_URL", "API_TOKEN", "FAKE_APPLE_URL", "COUNT", "CONCURRENCY"]
+
+    private static func parse(_ flags: ConfigurationSource, environment: ConfigurationSource) throws -> Request {
+        try flags.rejectUnknownFlags(options)
+        func url(_ name: String, _ fallback: String) throws -> URL {
+            let text = try flags.string(name) ?? fallback
+            guard let url = URL(string: text.hasSuffix("/") ? String(text.dropLast()) : text), url.host != nil else {
+                throw ConfigurationError(variable: "--\(ConfigurationSource.flagName(for: name))", problem: "not a URL")
+            }
+            return url
+        }
+        // The token may come from SIWA_APP_API_TOKENS (its first) so it need not be typed.
+        let token = try flags.string("API_TOKEN") ?? environment.list("SIWA_APP_API_TOKENS")?.first
+        guard let token else {
+            throw ConfigurationError(variable: "--api-token", problem: "is required (a token of SIWA_APP_API_TOKENS)")
+        }
+        return Request(
+            clientID: try flags.require("CLIENT_ID"), sub: try flags.require("SUB"), email: try flags.string("EMAIL"),
+            withCode: !flags.isSet(switch: "no-code"), apiURL: try url("API_URL", "http://127.0.0.1:8081"), apiToken: token,
+            fakeAppleURL: try url("FAKE_APPLE_URL", "http://127.0.0.1:9443"),
+            count: try flags.integer("COUNT", default: 1, range: 1...10_000_000),
+            concurrency: try flags.integer("CONCURRENCY", default: 1, range: 1...1024))
+    }
+
+    private static func makeSession(connections: Int) -> URLSession {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 30
+        configuration.httpMaximumConnectionsPerHost = max(connections, 1)
+        return URLSession(configuration: configuration)
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// One sign-in; returns the answer and how long the sign-in request took.
+    static func signIn(_ request: Request, sub: String, session: URLSession) async throws -> (Int, String, Duration) {
+        let (nonceStatus, nonceBody) = try await post(
+            request.apiURL.appendingPathComponent("v1/nonces"), json: [:], bearer: request.apiToken, session: session)
+        guard nonceStatus == 201, let nonce = object(nonceBody)?["nonce"] as? String else {
+            throw Failure(description: "POST \(request.apiURL)/v1/nonces answered \(nonceStatus) \(nonceBody)")
+        }
+        var appleRequest: [String: Any] = [
+            "client_id": request.clientID, "sub": sub, "nonce": IdentityTokenVerifier.nonceClaim(rawNonce: nonce),
+        ]
+        if let email = request.email {
+            appleRequest["email"] = email
+            appleRequest["is_private_email"] = email.hasSuffix("@privaterelay.appleid.com")
+        }
+        let (appleStatus, appleBody) = try await post(
+            request.fakeAppleURL.appendingPathComponent("fake/identity-tokens"), json: appleRequest, bearer: nil, session: session)
+        guard appleStatus == 200, let apple = object(appleBody), let token = apple["identity_token"] as? String,
+            let code = apple["authorization_code"] as? String
+        else {
+            throw Failure(description: "the fake Apple at \(request.fakeAppleURL) answered \(appleStatus) to /fake/identity-tokens")
+        }
+        var body: [String: Any] = ["client_id": request.clientID, "identity_token": token, "nonce": nonce]
+        if request.withCode { body["authorization_code"] = code }
+        let started = ContinuousClock.now
+        let (status, answer) = try await post(
+            request.apiURL.appendingPathComponent("v1/sign-in"), json: body, bearer: request.apiToken, session: session)
+        return (status, answer, ContinuousClock.now - started)
+    }
+
+    /// `--count N --concurrency C`: prints `sign-ins/s`, the sign-in request's p50/p99, failures.
+    private static func load(_ request: Request, session: URLSession) async -> Int32 {
+        let started = ContinuousClock.now
+        let results = Locked<(latencies: [Double], failures: Int, firstFailure: String?)>(([], 0, nil))
+        await withTaskGroup(of: Void.self) { group in
+            let next = Locked(0)
+            for _ in 0..<request.concurrency {
+                group.addTask {
+                    while true {
+                        let index = next.withLock { value -> Int? in
+                            guard value < request.count else { return nil }
+                            value += 1
+                            return value - 1
+                        }
+                        guard let index else { return }
+                        do {
+                            let (status, body, took) = try await signIn(request, sub: "\(request.sub)-\(index)", session: session)
+                            results.withLock { results in
+                                if status == 200 { results.latencies.append(took.seconds) } else {
+                                    results.failures += 1
+                                    if results.firstFailure == nil { results.firstFailure = "\(status) \(body)" }
+                                }
+                            }
+                        } catch {
+                            results.withLock { results in
+                                results.failures += 1
+                                if results.firstFailure == nil { results.firstFailure = "\(error)" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let elapsed = (ContinuousClock.now - started).seconds
+        let (latencies, failures, first) = results.withLock { ($0.latencies.sorted(), $0.failures, $0.firstFailure) }
+        func percentile(_ p: Double) -> Double {
+            latencies.isEmpty ? .nan : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] * 1000
+        }
+        print(
+            String(
+                format: "RESULT sign_ins=%d failures=%d seconds=%.2f rate=%.1f p50_ms=%.2f p99_ms=%.2f", latencies.count, failures,
+                elapsed, Double(latencies.count) / elapsed, percentile(0.50), percentile(0.99)))
+        if let first { FileHandle.standardError.write(Data("siwa simulate sign-in: first failure: \(first)\n".utf8)) }
+        return failures == 0 ? 0 : 1
+    }
+
+    private static func object(_ body: String) -> [String: Any]? {
+        (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any]
+    }
+
+    private static func post(_ url: URL, json: [String: Any], bearer: String?, session: URLSession) async throws -> (Int, String) {
+        var request = URLRequest(url: url)
+        request.httpMethod = "POST"
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
+        request.httpBody = try JSONSerialization.data(withJSONObject: json)
+        let (body, response) = try await session.data(for: request)
+        return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+    }
+}

@@ -1,0 +1,137 @@
+import Foundation
+import HTTPServer
+import Locking
+import Logging
+import SiwaCore
+import WorkerCore
+
+/// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet]`: a local receiver to try the worker
+/// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
+/// 204 at once, prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
+/// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
+/// (`POST /stats/reset` starts over).
+enum WebhookSinkCommand {
+    static func run(_ source: ConfigurationSource) async -> Int32 {
+        let flags = source.withoutEnvironment()
+        let listen: ListenAddress
+        let secret: WebhookSecret
+        do {
+            if let unknown = source.unknownFlags(known: ["LISTEN", "SIWA_WEBHOOK_SECRET", "SIWA_WEBHOOK_SECRET_FILE", "SIWA_LOG_LEVEL"])
+                .first
+            {
+                throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
+            }
+            listen = try flags.listenAddress("LISTEN", default: "127.0.0.1:9099")
+            secret = try WebhookSecret(try source.require("SIWA_WEBHOOK_SECRET"))
+        } catch {
+            CLI.error("webhooks sink", "\(error)")
+            return 2
+        }
+        let quiet = source.isSet(switch: "quiet")
+        let books = SinkBooks()
+        let server = HTTPServer(
+            configuration: .init(host: listen.host, port: listen.port, connectionLimit: 4096, connectionTimeout: .seconds(30)),
+            handler: ClosureHTTPHandler(synchronous: { request in
+                switch (request.method, request.path) {
+                case ("GET", "/stats"): return .json(books.statsJSON())
+                case ("POST", "/stats/reset"):
+                    books.reset()
+                    return .json(#"{"reset":true}"#)
+                case ("POST", _):
+                    let line = books.record(request, secret: secret)
+                    if !quiet { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
+                    return .empty(status: 204)
+                default: return .json(status: 405, #"{"error":"method_not_allowed"}"#)
+                }
+            }),
+            logger: Logger(label: "webhook-sink", level: .warning))
+        do {
+            try server.start()
+        } catch {
+            CLI.error("webhooks sink", "cannot listen on \(listen): \(error)")
+            return 1
+        }
+        FileHandle.standardOutput.write(Data("webhook sink listening on http://\(listen.host):\(server.port)/\n".utf8))
+        _ = await Termination.wait()
+        server.stop()
+        FileHandle.standardOutput.write(Data((books.statsJSON() + "\n").utf8))
+        return 0
+    }
+}
+
+/// What the sink saw. Delays are kept (up to a million) for percentiles.
+final class SinkBooks: Sendable {
+    private struct State {
+        var received = 0
+        var verified = 0
+        var badSignature = 0
+        var repeats = 0
+        var outOfOrder = 0
+        var lastID: [String: Int64] = [:]
+        var delays: [Double] = []
+        var first: Date?
+        var last: Date?
+    }
+
+    private let state = Locked(State())
+
+    func reset() { state.withLock { $0 = State() } }
+
+    /// Records one delivery and returns its line.
+    func record(_ request: HTTPRequest, secret: WebhookSecret) -> String {
+        let now = Date()
+        let verified = WebhookSignature.isValid(
+            id: request.header("webhook-id") ?? "", timestamp: request.header("webhook-timestamp") ?? "", body: request.body,
+            signatures: request.header("webhook-signature") ?? "", secret: secret, now: now)
+        let object = (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any]
+        let id = (object?["id"] as? NSNumber)?.int64Value
+        let account = "\(object?["client_id"] as? String ?? "") \(object?["sub"] as? String ?? "")"
+        let delay = (object?["created_at"] as? String).flatMap(Self.parseTimestamp).map { now.timeIntervalSince($0) }
+        let verdict = state.withLock { state -> String in
+            state.received += 1
+            state.first = state.first ?? now
+            state.last = now
+            guard verified else {
+                state.badSignature += 1
+                return "BAD SIGNATURE"
+            }
+            state.verified += 1
+            if let id, id > 0 {
+                if let last = state.lastID[account], id <= last {
+                    if id == last { state.repeats += 1 } else { state.outOfOrder += 1 }
+                    return id == last ? "verified, REPEAT (dedupe on webhook-id)" : "verified, OUT OF ORDER"
+                }
+                state.lastID[account] = id
+            }
+            if let delay, state.delays.count < 1_000_000 { state.delays.append(delay) }
+            return "verified"
+        }
+        let change = object?["change"] as? String ?? "?"
+        return "webhook-id \(request.header("webhook-id") ?? "-") \(account) \(change): \(verdict)"
+    }
+
+    func statsJSON() -> String {
+        let snapshot = state.withLock { $0 }
+        let sorted = snapshot.delays.sorted()
+        func percentile(_ p: Double) -> Double {
+            guard !sorted.isEmpty else { return 0 }
+            return sorted[min(sorted.count - 1, Int((Double(sorted.count - 1) * p).rounded()))] * 1000
+        }
+        let span = snapshot.first.flatMap { first in snapshot.last.map { $0.timeIntervalSince(first) } } ?? 0
+        return """
+            {"received":\(snapshot.received),"verified":\(snapshot.verified),"bad_signature":\(snapshot.badSignature),\
+            "repeats":\(snapshot.repeats),"out_of_order":\(snapshot.outOfOrder),"span_seconds":\(span),\
+            "delay_ms":{"count":\(sorted.count),"p50":\(percentile(0.5)),"p99":\(percentile(0.99)),"max":\(percentile(1))}}
+            """
+    }
+
+    /// `2026-12-01T01:02:03.456789Z` (the change object's `created_at`).
+    static func parseTimestamp(_ text: String) -> Date? {
+        let parts = text.dropLast().split(separator: ".", maxSplits: 1)
+        guard text.hasSuffix("Z"), let whole = parts.first,
+            let base = try? Date(String(whole) + "Z", strategy: .iso8601)
+        else { return nil }
+        let fraction = parts.count > 1 ? Double("0." + parts[1]) ?? 0 : 0
+        return base.addingTimeInterval(fraction)
+    }
+}

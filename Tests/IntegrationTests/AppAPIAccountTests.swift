@@ -1,0 +1,70 @@
+import Foundation
+import Postgres
+import Testing
+
+/// The app API's account endpoints: state, app user id, deletion, the change feed.
+@Suite(.serialized) struct AppAPIAccountTests {
+    static let clientID = LifecycleHarness.clientID
+
+    @Test func accountStateAndAppUserID() async throws {
+        try await withAppAPI { api in
+            let missing = try await api.request("GET", "/v1/accounts/\(Self.clientID)/001.nobody")
+            #expect(missing.status == 404 && missing.error == "account_not_found")
+            let patchMissing = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.nobody", body: ["app_user_id": "x"])
+            #expect(patchMissing.status == 404 && patchMissing.error == "account_not_found")
+
+            try await api.signedIn(sub: "001.acct")
+            let account = try await api.request("GET", "/v1/accounts/\(Self.clientID)/001.acct")
+            #expect(account.status == 200)
+            #expect(account.json["status"] as? String == "active" && account.json["has_refresh_token"] as? Bool == true)
+            #expect(account.json["refresh_token_enc"] == nil && !account.body.contains("\"refresh_token"))
+            #expect(account.json["app_user_id"] is NSNull && account.json["linked_at"] is String)
+
+            let patched = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["app_user_id": "user-7"])
+            #expect(patched.status == 200 && patched.json["app_user_id"] as? String == "user-7")
+            #expect(try await api.lifecycle.scalar(String.self, "SELECT app_user_id FROM siwa.accounts WHERE sub = '001.acct'") == "user-7")
+            #expect(try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["app_user_id": 7]).status == 400)
+            #expect(try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["other": "x"]).status == 400)
+        }
+    }
+
+    @Test func deletionIsQueuedOnceAndSignInIsRefusedMeanwhile() async throws {
+        try await withAppAPI { api in
+            try await api.signedIn(sub: "001.gone")
+            let first = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.gone/deletion")
+            #expect(first.status == 202 && first.json["status"] as? String == "pending_deletion")
+            let job = try #require(first.json["job_id"] as? Int)
+            let again = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.gone/deletion", body: [:])
+            #expect(again.status == 202 && again.json["job_id"] as? Int == job, "a repeat returns the same job")
+            #expect(try await api.signIn(sub: "001.gone").error == "account_deleting")
+            try await api.lifecycle.run(Int64(job))
+            let account = try await api.request("GET", "/v1/accounts/\(Self.clientID)/001.gone")
+            #expect(account.json["status"] as? String == "deleted" && account.json["has_refresh_token"] as? Bool == false)
+            #expect(try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.gone/deletion", rawBody: Data("[".utf8)).status == 400)
+            #expect(try await api.request("GET", "/v1/accounts/\(Self.clientID)/001.gone/deletion").status == 405)
+        }
+    }
+
+    @Test func changeFeedPagesInOrder() async throws {
+        try await withAppAPI { api in
+            for sub in ["001.c1", "001.c2", "001.c3"] { try await api.signedIn(sub: sub) }
+            _ = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.c2/deletion")
+            let page = try await api.request("GET", "/v1/changes?limit=2")
+            #expect(page.status == 200)
+            let changes = try #require(page.json["changes"] as? [[String: Any]])
+            #expect(changes.map { $0["sub"] as? String } == ["001.c1", "001.c2"])
+            #expect(changes.allSatisfy { $0["change"] as? String == "linked" && $0["status"] as? String == "active" })
+            let next = try #require(page.json["next"] as? Int)
+            #expect(next == changes.last?["id"] as? Int)
+            let rest = try await api.request("GET", "/v1/changes?after=\(next)")
+            let more = try #require(rest.json["changes"] as? [[String: Any]])
+            #expect(more.map { $0["change"] as? String } == ["linked", "deletion_requested"])
+            #expect(more.last?["status"] as? String == "pending_deletion" && more.last?["created_at"] is String)
+            let end = try await api.request("GET", "/v1/changes?after=\(try #require(rest.json["next"] as? Int))")
+            #expect((end.json["changes"] as? [Any])?.isEmpty == true && end.json["next"] as? Int == rest.json["next"] as? Int)
+            for bad in ["limit=0", "limit=1001", "after=-1", "after=x", "limit=ten"] {
+                #expect(try await api.request("GET", "/v1/changes?\(bad)").status == 400, "\(bad)")
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+import FakeApple
+import Foundation
+import Postgres
+
+/// The invariants a quiescent account must satisfy, whatever the order of what happened to it.
+extension ModelRun {
+    private struct Change {
+        var id: Int64
+        var change: String
+        var status: String?
+        var reason: String?
+        var notificationJTI: String?
+    }
+
+    private struct StoredNotification {
+        var jti: String
+        var type: String
+        var eventTime: Date
+        var processed: Bool
+    }
+
+    func check() async throws {
+        let account = try await connection.query(
+            """
+            SELECT status, email_forwarding, linked_at, refresh_token_enc IS NOT NULL AS has_token
+              FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)
+            """
+        ).first.map {
+            (
+                status: try $0.decode(String.self, column: "status"),
+                forwarding: try $0.decode(String?.self, column: "email_forwarding"),
+                linkedAt: try $0.decode(Date?.self, column: "linked_at"), hasToken: try $0.decode(Bool.self, column: "has_token")
+            )
+        }
+        let changes = try await connection.query(
+            """
+            SELECT id, change, status, reason, notification_jti FROM siwa.account_changes
+             WHERE client_id = \(clientID) AND sub = \(sub) ORDER BY id
+            """
+        ).map {
+            Change(
+                id: try $0.decode(Int64.self, column: "id"), change: try $0.decode(String.self, column: "change"),
+                status: try $0.decode(String?.self, column: "status"), reason: try $0.decode(String?.self, column: "reason"),
+                notificationJTI: try $0.decode(String?.self, column: "notification_jti"))
+        }
+        let notifications = try await connection.query(
+            """
+            SELECT jti, event_type, event_time, processed_at IS NOT NULL AS processed FROM siwa.notifications
+             WHERE client_id = \(notificationClientID) AND sub = \(sub) ORDER BY event_time, jti
+            """
+        ).map {
+            StoredNotification(
+                jti: try $0.decode(String.self, column: "jti"), type: try $0.decode(String.self, column: "event_type"),
+                eventTime: try $0.decode(Date.self, column: "event_time"), processed: try $0.decode(Bool.self, column: "processed"))
+        }
+        let jobs = try await connection.query(
+            """
+            SELECT id, kind, state, outcome, notification_jti,
+                   coalesce((SELECT string_agg(coalesce(e->>'error', e #>> '{}'), ',') FROM jsonb_array_elements(errors) e), '')
+                       AS errors
+              FROM siwa.jobs WHERE client_id IN (\(clientID), \(notificationClientID)) ORDER BY id
+            """
+        ).map {
+            (
+                id: try $0.decode(Int64.self, column: "id"), kind: try $0.decode(String.self, column: "kind"),
+                state: try $0.decode(String.self, column: "state"), outcome: try $0.decode(String?.self, column: "outcome"),
+                jti: try $0.decode(String?.self, column: "notification_jti"),
+                errors: "[" + (try $0.decode(String.self, column: "errors")) + "]"
+            )
+        }
+        let tokens = world.fake.issuedTokens(clientID: clientID, sub: sub)
+        trace.append(
+            "end: account \(account?.status ?? "absent"); changes told to the app: "
+                + changes.map { "\($0.change)→\($0.status ?? "-")" + ($0.reason.map { " (\($0))" } ?? "") }.joined(separator: ", "))
+        let status = account?.status
+        exercised["account ended \(status ?? "absent")", default: 0] += 1
+
+        // Every requested deletion ends deleted.
+        if status == "pending_deletion" {
+            violations.append(.init(.deletionEndsDeleted, "pending_deletion at quiescence", "the account never left pending_deletion"))
+        }
+        if let last = committed.lastIndex(where: { if case .requestDeletion = $0.call { true } else { false } }),
+            !committed[(last + 1)...].contains(where: { $0.call.isLink }), status != "deleted"
+        {
+            violations.append(
+                .init(
+                    .deletionEndsDeleted, "ends \(status ?? "without a row") with no link after the deletion",
+                    "the last app call to commit was a deletion; the account ends \(status ?? "without a row")"))
+        }
+        for call in committed where !call.call.isLink && call.statusBefore != "deleted" {
+            if !changes.contains(where: { $0.change == "deleted" && $0.id > call.changeMark }) {
+                violations.append(
+                    .init(
+                        .deletionEndsDeleted, "no deleted change after the request",
+                        "request_deletion committed (change mark \(call.changeMark)) but no `deleted` change follows it"))
+            }
+        }
+
+        // No refresh token outlives a deletion unrevoked: every token from a code given before a
+        // committed deletion (the deletion's own included) is dead at Apple by the end.
+        for (position, call) in committed.enumerated() where !call.call.isLink {
+            let codes = Set(committed[...position].compactMap(\.code))
+            for token in tokens where token.code.map(codes.contains) == true && !token.dead {
+                violations.append(
+                    .init(
+                        .tokensRevoked,
+                        "token from a code before the deletion still live at Apple ("
+                            + (everStored.contains(token.token) ? "it was stored)" : "never stored)"),
+                        "a token issued \(token.issuedAt) (stored by us: \(everStored.contains(token.token))) was never revoked; account ends \(status ?? "-")"
+                    ))
+            }
+        }
+        // ...nor can a later deletion revoke a token the account no longer holds: one that was
+        // replaced or discarded must be dead at Apple.
+        let held = try await heldTokens()
+        for token in tokens where everStored.contains(token.token) && !held.contains(token.token) && !token.dead {
+            violations.append(
+                .init(
+                    .tokensRevoked, "stored token dropped while live at Apple (by the \(dropped[token.token] ?? "?"))",
+                    "a token issued \(token.issuedAt) was stored, then replaced or discarded unrevoked; account ends \(status ?? "-")"))
+        }
+        if status == "deleted", account?.hasToken == true {
+            violations.append(.init(.tokensRevoked, "deleted account keeps a token", "refresh_token_enc is set on a deleted account"))
+        }
+        for change in changes where change.change == "deleted" && !["revoked", "no_token"].contains(change.reason ?? "") {
+            violations.append(
+                .init(.tokensRevoked, "deleted change reason \(change.reason ?? "NULL")", "change \(change.id) reason \(change.reason ?? "NULL")"))
+        }
+
+        // A successful exchange is never lost: each token Apple issued was stored, or is dead.
+        for token in tokens where !token.dead && !everStored.contains(token.token) {
+            let job = committed.first { $0.code != nil && $0.code == token.code }.flatMap { call in jobs.first { $0.id == call.jobID } }
+            let ended = job.map {
+                "\($0.kind) job ended \($0.outcome ?? $0.state)"
+                    + ($0.errors.contains("database_error") ? " after a database error" : " with no local error recorded")
+            } ?? "no job"
+            violations.append(
+                .init(
+                    .exchangeNeverLost, "token issued by Apple neither stored nor revoked (\(ended))",
+                    "a token issued \(token.issuedAt) was never stored and is live at Apple"))
+        }
+
+        checkChanges(changes, notifications: notifications, finalStatus: status)
+
+        // No notification applied twice, and every one processed by exactly one completed job.
+        for (jti, count) in Dictionary(grouping: changes.compactMap(\.notificationJTI), by: { $0 }).mapValues(\.count) where count > 1 {
+            violations.append(.init(.notificationOnce, "notification with \(count) changes", "\(jti) has \(count) change rows"))
+        }
+        for notification in notifications {
+            let mine = jobs.filter { $0.jti == notification.jti }
+            if !notification.processed || mine.count != 1 || mine.first?.state != "completed" {
+                violations.append(
+                    .init(
+                        .notificationOnce, "notification not processed exactly once",
+                        "\(notification.jti): processed \(notification.processed), jobs \(mine.map(\.state))"))
+            }
+        }
+
+        // Email forwarding ends at the newest email event of the account's current life.
+        if let account, ["active", "consent_revoked"].contains(account.status) {
+            let current = notifications.filter { notification in
+                notification.type.hasPrefix("email-") && account.linkedAt.map { notification.eventTime >= $0 } ?? true
+            }
+            if let newest = current.last, current.filter({ $0.eventTime == newest.eventTime }).count == 1 {
+                let expected = newest.type == "email-enabled" ? "enabled" : "disabled"
+                if account.forwarding != expected {
+                    violations.append(
+                        .init(
+                            .emailNewest, "forwarding not at the newest event",
+                            "newest email event \(newest.jti) is \(newest.type); forwarding is \(account.forwarding ?? "NULL")"))
+                }
+            }
+        }
+
+        // Apple's consent-revoked and account-deleted end the account's life: an account still active
+        // at the end has seen none newer than its link (with an app group: whatever the `aud`).
+        if let account, account.status == "active" {
+            for notification in notifications
+            where ["consent-revoked", "account-deleted"].contains(notification.type)
+                && account.linkedAt.map({ notification.eventTime >= $0 }) ?? true
+            {
+                violations.append(
+                    .init(
+                        .endingEventsApply, "active after a newer \(notification.type)",
+                        "\(notification.jti) (\(notification.type)) is newer than the link, yet the account ends active"))
+            }
+        }
+
+        for job in jobs where job.state == "discarded" {
+            violations.append(.init(.quiescence, "\(job.kind) job discarded", "job \(job.id) was discarded"))
+        }
+    }
+
+    /// The change rows tell a story the account could have lived: each status fits its change,
+    /// a deletion once requested is never undone before it completes, `deleted` is only left by a
+    /// new link and only notifications no older than the last applied one change the email
+    /// forwarding, and the last row says the status the account has.
+    private func checkChanges(_ changes: [Change], notifications: [StoredNotification], finalStatus: String?) {
+        let allowed: [String: Set<String>] = [
+            "linked": ["active", "pending_deletion"], "deletion_requested": ["pending_deletion"], "deleted": ["deleted"],
+            "consent_revoked": ["consent_revoked", "pending_deletion"],
+            "apple_account_deleted": ["apple_account_deleted", "pending_deletion"],
+            "email_enabled": ["active", "consent_revoked"], "email_disabled": ["active", "consent_revoked"],
+        ]
+        let eventTimes = Dictionary(notifications.map { ($0.jti, $0.eventTime) }, uniquingKeysWith: { first, _ in first })
+        var deletionOpen = false
+        var deleted = false
+        var lastEmailEvent: Date?
+        for change in changes {
+            if let statuses = allowed[change.change], !statuses.contains(change.status ?? "") {
+                violations.append(
+                    .init(
+                        .causalChanges, "\(change.change) with status \(change.status ?? "NULL")",
+                        "change \(change.id): \(change.change) leaves the account \(change.status ?? "NULL")"))
+            }
+            let newLife = change.change == "linked" && change.status == "active"
+            if newLife { lastEmailEvent = nil }
+            if deleted && !newLife && change.notificationJTI != nil {
+                violations.append(
+                    .init(
+                        .deletedStaysDeleted, "\(change.change) applied to a deleted account",
+                        "change \(change.id) (\(change.notificationJTI ?? "")) after `deleted`"))
+            }
+            if deletionOpen && change.status == "active" {
+                violations.append(
+                    .init(
+                        .deletionEndsDeleted, "deletion undone: \(change.change) sets active",
+                        "change \(change.id): \(change.change) sets active before the requested deletion completed"))
+                deletionOpen = false
+            }
+            switch change.change {
+            case "deletion_requested":
+                deletionOpen = true
+                deleted = false
+            case "deleted":
+                if !deletionOpen {
+                    violations.append(
+                        .init(.causalChanges, "deleted without a request", "change \(change.id): deleted with no deletion_requested before it"))
+                }
+                deletionOpen = false
+                deleted = true
+            case "email_enabled", "email_disabled":
+                if let jti = change.notificationJTI, let time = eventTimes[jti] {
+                    if let last = lastEmailEvent, time < last {
+                        violations.append(
+                            .init(.causalChanges, "older email event applied after a newer one", "change \(change.id) (\(jti))"))
+                    }
+                    lastEmailEvent = max(lastEmailEvent ?? time, time)
+                }
+            default:
+                if newLife { deleted = false }
+            }
+        }
+        if let last = changes.last(where: { $0.status != nil }), let finalStatus, last.status != finalStatus {
+            violations.append(
+                .init(
+                    .causalChanges, "last change says \(last.status ?? "") but the account is \(finalStatus)",
+                    "change \(last.id) (\(last.change)) says \(last.status ?? ""); the account is \(finalStatus)"))
+        }
+    }
+}

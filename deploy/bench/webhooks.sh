@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Webhook deliveries on this machine, against a throwaway PostgreSQL on 127.0.0.1 (fsync on,
+# synchronous_commit on) and a local sink (`siwa webhooks sink`: checks every signature, answers
+# 204 at once, records commit-to-delivery delays and per-account order). Stops everything it
+# started on exit.
+#
+#   1. burn-down: CHANGES account changes over ACCOUNTS accounts (several per account, so the
+#      per-account ordering is exercised), delivered by 1 and then 2 siwa-worker processes
+#   2. delay: RATE changes/s for SECONDS_AT_RATE s (pgbench --rate), one worker listening;
+#      p50/p99 of sink receipt - change created_at (the change's transaction)
+#   3. peer: pgbench running the workers' own claim + finish SQL (siwa.claim_webhook_deliveries,
+#      siwa.finish_webhook_deliveries, 32 a claim) with no HTTP at all, at 1 and 2 connections: the
+#      database's ceiling for the same queue work
+#
+# Targets: >= 1,000 deliveries/s per worker; delay p50 <= 20 ms at 200 changes/s.
+# Usage: deploy/bench/webhooks.sh   (env: CHANGES=20000, ACCOUNTS=5000, RATE=200, SECONDS_AT_RATE=10)
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+changes=${CHANGES:-20000}
+accounts=${ACCOUNTS:-5000}
+rate=${RATE:-200}
+rate_seconds=${SECONDS_AT_RATE:-10}
+
+# shellcheck source=../scripts/throwaway-postgres.sh
+source "$root/deploy/scripts/throwaway-postgres.sh"
+if [[ -z "$(pg_throwaway_find_bin)" && $(id -u) -eq 0 ]]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q postgresql postgresql-contrib >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql postgresql-contrib >/dev/null 2>&1; }
+fi
+
+echo "bench: building siwa-worker and siwa (release)"
+(cd "$root" && swift build -c release --product siwa-worker >/tmp/siwa-bench-build.log 2>&1 \
+    && swift build -c release --product siwa >>/tmp/siwa-bench-build.log 2>&1) \
+    || { tail -20 /tmp/siwa-bench-build.log >&2; exit 1; }
+bin=$(cd "$root" && swift build -c release --show-bin-path)
+
+pg_throwaway_start fsync=on synchronous_commit=on || exit 1
+pgbench=$PG_BIN/pgbench
+[[ -x "$pgbench" ]] || pgbench=$(command -v pgbench)
+[[ -x "$pgbench" ]] || { echo "bench: pgbench not found" >&2; exit 1; }
+url="postgresql://postgres@127.0.0.1:$PG_PORT/siwa"
+psql() { command psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"; }
+psql -d postgres -c "CREATE DATABASE siwa"
+DATABASE_URL=$url "$bin/siwa" migrate >"$PG_DIR/migrate.log" 2>&1 || { cat "$PG_DIR/migrate.log" >&2; exit 1; }
+echo "bench: PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}') on 127.0.0.1:$PG_PORT, fsync=on synchronous_commit=on, $(nproc) CPUs"
+
+secret="whsec_$(head -c32 /dev/urandom | base64)"
+workers=()
+sink_pid=
+cleanup() {
+    for pid in "${workers[@]}"; do kill -9 "$pid" 2>/dev/null; done
+    [[ -n "$sink_pid" ]] && kill -9 "$sink_pid" 2>/dev/null
+    pg_throwaway_stop
+}
+trap cleanup EXIT
+
+SIWA_WEBHOOK_SECRET=$secret "$bin/siwa" webhooks sink --listen 127.0.0.1:0 --quiet >"$PG_DIR/sink.log" 2>&1 &
+sink_pid=$!
+for _ in $(seq 100); do grep -q "listening on" "$PG_DIR/sink.log" && break; sleep 0.05; done
+sink=$(grep -o 'http://[0-9.:]*' "$PG_DIR/sink.log" | head -1)
+[[ -n "$sink" ]] || { echo "bench: the sink did not start" >&2; cat "$PG_DIR/sink.log" >&2; exit 1; }
+hook="$sink/hooks/siwa"
+# Registered by hand so changes are queued before any worker runs (a worker's start does the same).
+psql -d siwa -c "INSERT INTO siwa.webhook_endpoint (endpoint) VALUES ('$hook')"
+
+stats() { curl -s "$sink/stats"; }
+field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(eval(sys.argv[2], {}, d))" "$1" "$2"; }
+reset() {
+    psql -d siwa -c "TRUNCATE siwa.jobs, siwa.account_changes"
+    psql -d siwa -c "ANALYZE siwa.jobs"
+    curl -s -X POST "$sink/stats/reset" >/dev/null
+}
+queue() {  # queue N changes over ACCOUNTS accounts in one INSERT (the trigger queues a delivery each)
+    psql -d siwa -c "INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status)
+        SELECT 'com.example.app', 'sub-' || (i % $accounts), 'user-' || (i % $accounts),
+               (ARRAY['email_enabled','email_disabled','consent_revoked'])[1 + i % 3], 'active'
+          FROM generate_series(1, $1) AS i ORDER BY i"
+}
+start_worker() {
+    SIWA_LOG_LEVEL=warn DATABASE_URL=$url SIWA_CLIENT_IDS=com.example.app SIWA_APPLE_CALLS=disabled \
+        SIWA_OPS_LISTEN=127.0.0.1:0 SIWA_WEBHOOK_URL=$hook SIWA_WEBHOOK_SECRET=$secret \
+        "$bin/siwa-worker" 2>>"$PG_DIR/worker.log" &
+    workers+=($!)
+}
+stop_workers() {
+    for pid in "${workers[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in "${workers[@]}"; do wait "$pid" 2>/dev/null; done
+    workers=()
+}
+now() { date +%s.%N; }
+undelivered() { psql -d siwa -c "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state <> 'completed'"; }
+check_books() {  # check_books EXPECTED: every delivery verified, none out of order, none repeated
+    local s; s=$(stats)
+    local verified bad disorder repeats
+    verified=$(field "$s" verified); bad=$(field "$s" bad_signature)
+    disorder=$(field "$s" out_of_order); repeats=$(field "$s" repeats)
+    [[ "$verified" == "$1" && "$bad" == 0 && "$disorder" == 0 && "$repeats" == 0 ]] \
+        || { echo "bench: sink books wrong: expected $1 verified, got $s" >&2; exit 1; }
+}
+
+burn_down() {  # burn_down WORKERS -> deliveries/s
+    reset; queue "$changes"
+    local began; began=$(now)
+    for _ in $(seq "$1"); do start_worker; done
+    local deadline=$((SECONDS + 180))
+    until [[ $(undelivered) == 0 ]]; do
+        (( SECONDS > deadline )) && { echo "bench: burn-down timed out ($(undelivered) left)" >&2; exit 1; }
+        sleep 0.05
+    done
+    local ended; ended=$(now)
+    stop_workers
+    check_books "$changes"
+    python3 -c "print(round($changes / ($ended - $began)))"
+}
+
+raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
+    reset; queue "$changes"
+    cat >"$PG_DIR/raw.sql" <<'SQL'
+SELECT coalesce(array_agg(job_id), '{}') AS ids, coalesce(array_agg(attempt::bigint), '{}') AS attempts
+  FROM siwa.claim_webhook_deliveries('pgbench', 32, 60) \gset
+SELECT count(*) FROM siwa.finish_webhook_deliveries(':ids'::bigint[], ':attempts'::bigint[],
+    array_fill('completed'::text, ARRAY[cardinality(':ids'::bigint[])]),
+    array_fill('delivered 204'::text, ARRAY[cardinality(':ids'::bigint[])]),
+    array_fill(0::bigint, ARRAY[cardinality(':ids'::bigint[])]));
+SQL
+    local began; began=$(now)
+    local per=$(( changes / 32 / $1 + 10 ))
+    until [[ $(undelivered) == 0 ]]; do
+        "$pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$1" -j "$1" -t "$per" -f "$PG_DIR/raw.sql" siwa \
+            >"$PG_DIR/pgbench.log" 2>&1 || { tail -5 "$PG_DIR/pgbench.log" >&2; exit 1; }
+        per=20
+    done
+    local ended; ended=$(now)
+    python3 -c "print(round($changes / ($ended - $began)))"
+}
+
+delay() {  # -> "p50_ms p99_ms count"
+    reset
+    start_worker
+    for _ in $(seq 100); do
+        [[ $(psql -d siwa -c "SELECT count(*) FROM siwa.webhook_endpoint WHERE seen_at > now() - interval '5 seconds'") == 1 ]] && break
+        sleep 0.05
+    done
+    sleep 0.5
+    cat >"$PG_DIR/insert.sql" <<'SQL'
+INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status)
+VALUES ('com.example.app', 'sub-' || (random() * 100000)::int, 'user', 'consent_revoked', 'consent_revoked');
+SQL
+    "$pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c 4 -j 2 -R "$rate" -T "$rate_seconds" -f "$PG_DIR/insert.sql" siwa \
+        >"$PG_DIR/pgbench.log" 2>&1
+    local deadline=$((SECONDS + 30))
+    until [[ $(undelivered) == 0 ]]; do (( SECONDS > deadline )) && break; sleep 0.05; done
+    stop_workers
+    local total; total=$(psql -d siwa -c "SELECT count(*) FROM siwa.account_changes")
+    check_books "$total"
+    local s; s=$(stats)
+    echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total"
+}
+
+echo "bench: $changes changes over $accounts accounts each burn-down run"
+(changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
+one=$(burn_down 1);  echo "  burn-down, 1 worker process:   $one deliveries/s"
+two=$(burn_down 2);  echo "  burn-down, 2 worker processes: $two deliveries/s"
+raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1 connection:  $raw1 deliveries/s"
+raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
+read -r p50 p99 count < <(delay)
+echo "  delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
+echo
+python3 - "$one" "$two" "$raw1" "$raw2" "$p50" <<'PY'
+import sys
+one, two, raw1, raw2, p50 = (float(x) for x in sys.argv[1:])
+def line(name, value, target, ok):
+    print(f"  {name:<46} {value:>12}   target {target:<22} {'OK' if ok else 'BELOW TARGET'}")
+line("1 worker", f"{one:.0f}/s", ">= 1000/s", one >= 1000)
+line("2 workers, per worker", f"{two/2:.0f}/s", ">= 1000/s", two / 2 >= 1000)
+line("1 worker / SQL-only peer, 1 connection", f"{one/raw1:.0%}", "(information)", True)
+line("2 workers / SQL-only peer, 2 connections", f"{two/raw2:.0%}", "(information)", True)
+line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
+PY

@@ -1,0 +1,94 @@
+-- Functions of the app API (siwa-worker, SIWA_APP_API_LISTEN). The worker's own role calls them;
+-- none is granted to siwa_app (apps that share the database call siwa.link_account and friends).
+
+-- Stores a new nonce (by its SHA-256) valid for p_ttl; returns when it expires.
+CREATE OR REPLACE FUNCTION siwa.issue_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS timestamptz
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
+    RETURNING expires_at;
+$$;
+
+-- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
+-- number of concurrent callers with the same nonce at most one gets true; an expired row found
+-- here is deleted as well (spent either way).
+CREATE OR REPLACE FUNCTION siwa.consume_nonce(p_nonce_hash bytea) RETURNS boolean
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH consumed AS (
+        DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() AS valid)
+    SELECT coalesce((SELECT valid FROM consumed), false);
+$$;
+
+-- Deletes up to p_limit expired nonces; returns how many.
+CREATE OR REPLACE FUNCTION siwa.prune_nonces(p_limit integer) RETURNS integer
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.sign_in_nonces
+         WHERE nonce_hash IN (SELECT nonce_hash FROM siwa.sign_in_nonces WHERE expires_at <= now()
+                               ORDER BY expires_at LIMIT p_limit)
+        RETURNING 1)
+    SELECT count(*)::integer FROM pruned;
+$$;
+
+-- The account effect of a verified sign-in: one event of the account state machine
+-- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
+-- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
+-- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
+-- and found no deletion pending, before its exchange; a deletion requested since then is not undone
+-- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
+-- the caller answers 403).
+DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+CREATE OR REPLACE FUNCTION siwa.sign_in(
+    p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+    p_checked_at timestamptz
+) RETURNS TABLE (
+    client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+    email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+    has_refresh_token boolean, is_new boolean
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    outcome record;
+BEGIN
+    IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
+        RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO outcome
+      FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
+    RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
+                        v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
+                   FROM siwa.account(p_client_id, p_sub) v;
+END
+$$;
+
+-- Sets the app's own user id on an account; false when there is no such account.
+CREATE OR REPLACE FUNCTION siwa.set_app_user_id(p_client_id text, p_sub text, p_app_user_id text) RETURNS boolean
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH updated AS (
+        UPDATE siwa.accounts SET app_user_id = p_app_user_id, updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM updated);
+$$;
+
+-- Privileges: the worker (which serves the app API) calls these; nobody else.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+                                  siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                  siwa.set_app_user_id(text, text, text)
+           TO siwa_worker;
+    END IF;
+END
+$$;

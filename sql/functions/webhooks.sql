@@ -1,0 +1,184 @@
+-- Webhook deliveries: queueing, claim, results, leases, backlog. Applied after the numbered
+-- migrations whenever this file changes; sql/007_webhooks.sql holds the table, indexes and trigger.
+
+-- Queues one `webhook` job per new change, in change order, while an endpoint is registered.
+-- SECURITY DEFINER: whichever role records a change (worker, app functions), its delivery is
+-- queued; the caller needs no rights on siwa.jobs or siwa.webhook_endpoint for it.
+CREATE OR REPLACE FUNCTION siwa.queue_webhook_deliveries() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM siwa.webhook_endpoint) THEN
+        -- max_attempts: deliveries end by time (WebhookRetryRule: retried for 24 h), not by count.
+        INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+        SELECT 'webhook', 3, c.client_id, c.sub, jsonb_build_object('change_id', c.id), 2147483647
+          FROM new_changes c
+         ORDER BY c.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
+-- keys in the contract's order, created_at in RFC 3339 UTC with microseconds. Built in one place
+-- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
+CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT '{"id":' || c.id
+        || ',"client_id":' || coalesce(to_json(c.client_id)::text, 'null')
+        || ',"sub":' || coalesce(to_json(c.sub)::text, 'null')
+        || ',"app_user_id":' || coalesce(to_json(c.app_user_id)::text, 'null')
+        || ',"change":' || coalesce(to_json(c.change)::text, 'null')
+        || ',"status":' || coalesce(to_json(c.status)::text, 'null')
+        || ',"reason":' || coalesce(to_json(c.reason)::text, 'null')
+        || ',"created_at":"' || to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"}'
+$$;
+
+-- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
+-- account whose earlier change is still available, running or discarded is skipped: order per
+-- account), leased to p_worker. Returns what the sender needs: the body, how many failures and
+-- since when (the retry window), and the database's clock.
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(
+    p_worker text, p_limit integer, p_lease_seconds double precision
+) RETURNS TABLE (
+    job_id bigint, attempt integer, change_id bigint, failures integer, first_failed_at timestamptz,
+    body text, change_created_at timestamptz, claimed_at timestamptz
+)
+-- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
+-- is planned again on every call).
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH due AS (
+        SELECT j.id FROM siwa.jobs j
+         WHERE j.state = 'available' AND j.kind = 'webhook' AND j.run_at <= now()
+           AND NOT EXISTS (
+               SELECT 1 FROM siwa.jobs e
+                WHERE e.kind = 'webhook' AND e.state IN ('available', 'running', 'discarded')
+                  AND e.client_id = j.client_id AND e.sub = j.sub AND e.id < j.id)
+         ORDER BY j.run_at, j.id
+         LIMIT p_limit
+           FOR UPDATE OF j SKIP LOCKED
+    ), claimed AS (
+        UPDATE siwa.jobs j
+           SET state = 'running', attempt = j.attempt + 1, locked_by = p_worker,
+               locked_until = now() + make_interval(secs => p_lease_seconds)
+          FROM due
+         WHERE j.id = due.id
+        RETURNING j.id, j.attempt, (j.args ->> 'change_id')::bigint AS change_id,
+                  jsonb_array_length(j.errors) AS failures, (j.errors -> 0 ->> 'at')::timestamptz AS first_failed_at
+    )
+    SELECT c.id, c.attempt, c.change_id, c.failures, c.first_failed_at,
+           CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at, now()
+      FROM claimed c
+      LEFT JOIN siwa.account_changes a ON a.id = c.change_id
+     ORDER BY c.id;
+END
+$$;
+
+-- Records what the sender decided for each claimed delivery, fenced by (id, attempt):
+-- p_actions[i] is `completed` (p_texts[i] the outcome), `retry` (p_texts[i] the error, due again in
+-- p_retry_ms[i] ms) or `discard` (p_texts[i] the error). A retried delivery's later changes wait
+-- with it (their run_at follows), so the claim does not walk past them while their head waits.
+-- Returns the state each job got; a job whose lease was lost is absent.
+CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
+    p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
+) RETURNS TABLE (job_id bigint, state text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH r AS (
+        SELECT * FROM unnest(p_ids, p_attempts, p_actions, p_texts, p_retry_ms)
+                      AS r(id, attempt, action, text, retry_ms)
+    ), finished AS (
+        UPDATE siwa.jobs j
+           SET state = CASE r.action WHEN 'completed' THEN 'completed' WHEN 'discard' THEN 'discarded'
+                                     ELSE 'available' END,
+               outcome = CASE WHEN r.action = 'completed' THEN r.text END,
+               errors = CASE WHEN r.action = 'completed' THEN j.errors
+                             ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'error', r.text)) END,
+               run_at = CASE WHEN r.action = 'retry' THEN now() + make_interval(secs => r.retry_ms / 1000.0)
+                             ELSE j.run_at END,
+               finalized_at = CASE WHEN r.action = 'retry' THEN NULL ELSE now() END,
+               locked_by = NULL, locked_until = NULL
+          FROM r
+         -- `available` with the same attempt: rescued after the lease ran out (database down while the
+         -- result waited) and not claimed again since; the result still stands.
+         WHERE j.id = r.id AND j.state IN ('running', 'available') AND j.attempt = r.attempt
+        RETURNING j.id, j.state, j.client_id, j.sub, j.run_at
+    ), held AS (
+        UPDATE siwa.jobs s SET run_at = f.run_at
+          FROM finished f
+         WHERE f.state = 'available' AND s.kind = 'webhook' AND s.state = 'available'
+           AND s.client_id = f.client_id AND s.sub = f.sub AND s.id > f.id AND s.run_at < f.run_at
+    )
+    SELECT f.id, f.state FROM finished f;
+END
+$$;
+
+-- Heartbeat of the deliveries a worker holds, and their hand-back at shutdown (no error counted).
+CREATE OR REPLACE FUNCTION siwa.extend_webhook_leases(p_ids bigint[], p_attempts bigint[], p_lease_seconds double precision)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH extended AS (
+        UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => p_lease_seconds)
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM extended
+$$;
+
+CREATE OR REPLACE FUNCTION siwa.release_webhook_deliveries(p_ids bigint[], p_attempts bigint[])
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH released AS (
+        UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- What `siwa status` and the gauges show: undelivered (available or running) deliveries and the
+-- age of the oldest change among them, deliveries that failed at least once and are still
+-- retried, discarded ones (kept; they hold back their account's later changes), and how many
+-- wait behind a discarded one.
+CREATE OR REPLACE FUNCTION siwa.webhook_backlog()
+RETURNS TABLE (undelivered bigint, oldest_seconds double precision, failing bigint, discarded bigint,
+               blocked_by_discarded bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT count(*) FILTER (WHERE j.state IN ('available', 'running')),
+           extract(epoch FROM now() - min(j.created_at) FILTER (WHERE j.state IN ('available', 'running')))::float8,
+           count(*) FILTER (WHERE j.state IN ('available', 'running') AND jsonb_array_length(j.errors) > 0),
+           count(*) FILTER (WHERE j.state = 'discarded'),
+           count(*) FILTER (WHERE j.state = 'available' AND EXISTS (
+               SELECT 1 FROM siwa.jobs d
+                WHERE d.kind = 'webhook' AND d.state = 'discarded'
+                  AND d.client_id = j.client_id AND d.sub = j.sub AND d.id < j.id))
+      FROM siwa.jobs j
+     WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
+$$;
+
+-- Privileges: the worker delivers; nobody else (see queue.sql on PUBLIC). The trigger function runs
+-- as its owner whoever records a change.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        -- The trigger function too, as 003 grants every function of the schema to the worker (a
+        -- trigger's EXECUTE is not checked when it fires; this keeps 003 re-runnable unchanged).
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.queue_webhook_deliveries() TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.change_object(siwa.account_changes) TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision) TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[])
+                 TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.extend_webhook_leases(bigint[], bigint[], double precision) TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.release_webhook_deliveries(bigint[], bigint[]) TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.webhook_backlog() TO siwa_worker';
+    END IF;
+END
+$$;
