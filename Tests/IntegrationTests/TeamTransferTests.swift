@@ -17,7 +17,8 @@ import WorkerCore
 
     /// The issue's "Done when": 1,000 linked accounts move from team A to team B through both
     /// commands, with 5xx, 429 and a timeout injected on the way and each command interrupted
-    /// (SIGKILL) once and resumed; a sign-in carrying `transfer_sub` lands on the right app_user_id.
+    /// (SIGKILL) once and resumed; sign-ins through the app API carrying `transfer_sub` (one before
+    /// the import reached the user, one after) land on the right app_user_id.
     @Test func thousandLinkedAccountsMoveToAnotherTeam() async throws {
         let harness = try Harness()
         defer { harness.stop() }
@@ -82,13 +83,17 @@ import WorkerCore
                 firstImport.kill()
                 #expect(try await count(b, done) < 1000, "the interruption came too late to prove anything")
 
-                // A user signs in before the import reached them: their token carries transfer_sub.
+                // A user signs in (app API, POST /v1/sign-in) before the import reached them: Apple's
+                // identity token carries their new sub and transfer_sub.
+                let api = try await TransferSignIn(harness: harness, database: recipient)
                 let waiting = try await b.query(
                     "SELECT transfer_sub, app_user_id FROM siwa.transfer_imports WHERE state = 'pending' ORDER BY transfer_sub DESC LIMIT 1")[0]
                 let waitingTransferSub = try waiting.decode(String.self, column: "transfer_sub")
                 let waitingUser = try waiting.decode(String.self, column: "app_user_id")
-                let claimed = try await signIn(b, transferSub: waitingTransferSub, originalSub: "sub-" + waitingUser.dropFirst(5))
-                #expect(claimed == waitingUser)
+                let early = try await api.signIn(originalSub: "sub-" + waitingUser.dropFirst(5), transferSub: waitingTransferSub)
+                #expect(early.status == 200, "\(early.body)")
+                #expect(early.body["app_user_id"] as? String == waitingUser)
+                #expect(early.body["new"] as? Bool == false)
 
                 let secondImport = try await harness.run(importing, team: Harness.teamB, database: recipient, stdin: resumed.stdout)
                 #expect(secondImport.status == 0, "\(secondImport.stderr)")
@@ -123,23 +128,16 @@ import WorkerCore
                 #expect(harness.fake.migrationAnswers[waitingTransferSub] == nil)
 
                 // After both commands, a returning user's token still carries transfer_sub (60 days):
-                // the sign-in lands on the account the import made, nothing changes.
-                let returning = try await signIn(
-                    b, transferSub: expected["user-0001"]!, originalSub: "sub-0001")
-                #expect(returning == "user-0001")
+                // the sign-in lands on the account the import made.
+                let returning = try await api.signIn(originalSub: "sub-0001", transferSub: expected["user-0001"]!)
+                await api.stop()
+                #expect(returning.status == 200, "\(returning.body)")
+                #expect(returning.body["app_user_id"] as? String == "user-0001")
+                #expect(returning.body["new"] as? Bool == false)
                 #expect(try await count(b, "SELECT count(*) FROM siwa.account_changes WHERE change = 'transferred'") == 1000)
+                #expect(try await count(b, "SELECT count(*) FROM siwa.accounts") == 1000)
             }
         }
-    }
-
-    /// What the app API's sign-in does with an identity token carrying `transfer_sub`.
-    private func signIn(_ connection: PostgresConnection, transferSub: String, originalSub: some StringProtocol) async throws -> String? {
-        let identity = FakeApple.migratedIdentity(of: String(originalSub), fromTeam: Harness.teamA, toTeam: Harness.teamB)
-        return try await connection.query(
-            """
-            SELECT siwa.claim_transfer(\(Harness.clientID), \(transferSub), \(identity.sub), \(identity.email),
-                                       \(identity.isPrivateEmail))
-            """)[0].decode(String?.self, at: 0)
     }
 
     // MARK: Failures

@@ -94,7 +94,7 @@ final class ModelWorld: Sendable {
         switch kind {
         case .exchange, .reconcile: ["token"]
         case .revoke: ["revoke", "token"]
-        case .notification: []
+        case .notification, .webhook: []
         }
     }
 

@@ -1,8 +1,15 @@
+import AppleClient
 import CryptoCore
 import FakeApple
 import Foundation
 import Logging
 import Postgres
+import SiwaCore
+import WorkerCore
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
 
 /// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
 /// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,
@@ -123,4 +130,70 @@ final class CommandRun: @unchecked Sendable {
     }
 
     deinit { if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) } }
+}
+
+/// The app API (`POST /v1/sign-in`) served in process as the recipient team would run it: over
+/// `database`, with team B's credentials and the fake's keys.
+final class TransferSignIn: Sendable {
+    static let token = "transfer-test-api-token-0123456789abcdef"
+    let harness: TransferHarness
+    let pool: PostgresPool
+    let server: AppAPIServer
+    let serving: Task<Void, any Error>
+
+    init(harness: TransferHarness, database: MigratedDatabase) async throws {
+        self.harness = harness
+        let logger = Logger(label: "transfer-sign-in", level: .warning)
+        let key = try P256.Signing.PrivateKey(
+            pemRepresentation: String(
+                contentsOf: harness.directory.appendingPathComponent("\(TransferHarness.teamB).p8"), encoding: .utf8))
+        let apple = AppleHTTP(baseURL: harness.fake.baseURL)
+        pool = PostgresPool(conninfo: database.url, size: 2, acquireTimeout: .seconds(60), logger: logger)
+        let context = AppleJobContext(
+            pool: pool,
+            client: AppleAuthClient(
+                http: apple, signer: ClientSecretSigner(teamID: TransferHarness.teamB, keyID: TransferHarness.keyID, privateKey: key)),
+            tokenBox: try TokenBox(configuration: "t1:" + Data(SecureRandom.bytes(count: 32)).base64EncodedString()),
+            identityVerifier: IdentityTokenVerifier(keys: AppleKeySet(http: apple, logger: logger)))
+        server = AppAPIServer(
+            configuration: AppAPIConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), tokens: [Self.token]),
+            clientIDs: [TransferHarness.clientID], apple: context, pool: pool, registry: MetricsRegistry(), logger: logger,
+            appleTimeout: .seconds(20), databaseTimeout: .seconds(60))
+        let server = server
+        serving = Task { try await server.run() }
+        let deadline = ContinuousClock.now + .seconds(20)
+        while server.port == 0 {
+            guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "the app API did not start") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    func stop() async {
+        serving.cancel()
+        _ = try? await serving.value
+        pool.close()
+    }
+
+    /// A returning user of team A signs in under team B: Apple's token carries the new `sub` and,
+    /// for 60 days, `transfer_sub`. Answers the sign-in's status and JSON body.
+    func signIn(originalSub: String, transferSub: String) async throws -> (status: Int, body: [String: Any]) {
+        let identity = FakeApple.migratedIdentity(of: originalSub, fromTeam: TransferHarness.teamA, toTeam: TransferHarness.teamB)
+        let nonce = try await post("/v1/nonces", [:]).body["nonce"] as? String ?? ""
+        let identityToken = harness.fake.signIDToken(
+            clientID: TransferHarness.clientID, sub: identity.sub, email: identity.email, isPrivateEmail: identity.isPrivateEmail,
+            transferSub: transferSub, nonce: IdentityTokenVerifier.nonceClaim(rawNonce: nonce))
+        return try await post(
+            "/v1/sign-in", ["client_id": TransferHarness.clientID, "identity_token": identityToken, "nonce": nonce])
+    }
+
+    private func post(_ path: String, _ body: [String: Any]) async throws -> (status: Int, body: [String: Any]) {
+        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(server.port)\(path)")!)
+        request.httpMethod = "POST"
+        request.setValue("Bearer \(Self.token)", forHTTPHeaderField: "Authorization")
+        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        request.httpBody = try JSONSerialization.data(withJSONObject: body)
+        let (data, response) = try await HTTP.session.data(for: request)
+        let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] ?? [:]
+        return ((response as! HTTPURLResponse).statusCode, object)
+    }
 }
