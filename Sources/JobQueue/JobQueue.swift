@@ -248,12 +248,19 @@ package struct JobQueue: Sendable {
         """
     }
 
-    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`).
+    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`),
+    /// except those whose webhook delivery is still owed (queued, in flight, or discarded and
+    /// waiting for `siwa jobs retry`): pruning them would turn the delivery into a lost change.
     package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
         """
         DELETE FROM siwa.account_changes WHERE id IN (
-            SELECT id FROM siwa.account_changes
-             WHERE created_at < now() - make_interval(secs => \(age.seconds))
+            SELECT c.id FROM siwa.account_changes c
+             WHERE c.created_at < now() - make_interval(secs => \(age.seconds))
+               AND NOT EXISTS (
+                   SELECT 1 FROM siwa.jobs j
+                    WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
+                      AND j.client_id = c.client_id AND j.sub = c.sub
+                      AND (j.args->>'change_id')::bigint = c.id)
              LIMIT \(batch))
         """
     }
