@@ -60,7 +60,8 @@ package final class Receiver: Sendable {
 
     package var port: Int { server.port }
 
-    /// Runs until SIGTERM/SIGINT: stop accepting, finish in-flight commits, stop.
+    /// Runs until cancelled (the executable cancels it on SIGTERM/SIGINT): then stops accepting,
+    /// finishes in-flight commits, and returns.
     package func run() async throws {
         store.start()
         try server.start()
@@ -72,8 +73,8 @@ package final class Receiver: Sendable {
             ])
         await withTaskGroup(of: Void.self) { group in
             group.addTask { [keys] in await keys.run() }
-            let signal = await Termination.wait()
-            logger.info("siwa-receiver stopping", metadata: ["signal": .string(signal)])
+            await Termination.untilCancelled()
+            logger.info("siwa-receiver stopping")
             server.stop()
             store.stop()
             group.cancelAll()

@@ -29,6 +29,7 @@ package final class Worker: Sendable {
     private let notificationBell = Doorbell()
     private let callBell = Doorbell()
     private let maintenanceBell = Doorbell()
+    private let shutdownBell = Doorbell()
     /// Deliveries to `SIWA_WEBHOOK_URL`, when set.
     private let webhooks: WebhookDispatcher?
 
@@ -40,6 +41,7 @@ package final class Worker: Sendable {
 
     private struct State {
         var stopping = false
+        var shutdownRequested = false
         var inFlight: [Int64: Job] = [:]
     }
 
@@ -111,7 +113,15 @@ package final class Worker: Sendable {
 
     private var stopping: Bool { state.withLock { $0.stopping } }
 
-    /// Runs until SIGTERM or SIGINT, then shuts down gracefully and returns.
+    /// Asks `run()` to stop: no new claims, jobs in flight get `SIWA_SHUTDOWN_GRACE`, then `run()`
+    /// returns. The executable calls it on SIGTERM/SIGINT (signals belong to `main`, not to this
+    /// library); cancelling the task that runs `run()` does the same, without the grace.
+    package func shutdown() {
+        state.withLock { $0.shutdownRequested = true }
+        shutdownBell.ringAll()
+    }
+
+    /// Runs until `shutdown()` or cancellation, then shuts down gracefully and returns.
     package func run() async throws {
         try server.start()
         logger.info(
@@ -128,8 +138,12 @@ package final class Worker: Sendable {
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
             if let webhooks { group.addTask { await webhooks.run() } }
-            let signal = await Termination.wait()
-            logger.info("siwa-worker stopping", metadata: ["signal": .string(signal)])
+            await withTaskCancellationHandler {
+                while !state.withLock({ $0.shutdownRequested }) { await shutdownBell.wait(timeout: .seconds(60)) }
+            } onCancel: {
+                shutdown()
+            }
+            logger.info("siwa-worker stopping")
             state.withLock { $0.stopping = true }
             notificationBell.ringAll()
             callBell.ring()

@@ -57,7 +57,14 @@ do {
             group.addTask { await ReconcileScheduler(pool: applePool, logger: logger).run() }
         }
         if let api { group.addTask { try await api.run() } }
-        // The worker returns after SIGTERM/SIGINT and its graceful shutdown; then stop the rest.
+        // main owns the signals: SIGTERM/SIGINT asks the worker for its graceful shutdown; when
+        // run() returns (after it, or failing), everything else is cancelled, the wait included.
+        group.addTask {
+            if let signal = await Termination.signal() {
+                logger.info("siwa-worker signalled", metadata: ["signal": .string(signal)])
+                worker.shutdown()
+            }
+        }
         try await worker.run()
         group.cancelAll()
     }
