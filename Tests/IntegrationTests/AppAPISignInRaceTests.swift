@@ -14,11 +14,8 @@ import Testing
     @Test func aDeletionWhoseTransactionBeganBeforeTheReadStillWins() async throws {
         try await withAppAPI { api in
             let sub = "001.race.begun-first"
-            let app = try await api.lifecycle.database.connect()
+            let (app, revokeJob) = try await beginDeletion(api, sub: sub)
             defer { app.close() }
-            try await app.simpleQuery("BEGIN")
-            let revokeJob = try await app.query("SELECT siwa.request_deletion(\(Self.clientID), \(sub))")[0]
-                .decode(Int64.self, at: 0)
 
             let exchange = api.fake.holdNextCall(endpoint: "token", clientID: Self.clientID)
             let signIn = Task { try await api.signIn(sub: sub) }
@@ -47,11 +44,8 @@ import Testing
         try await withAppAPI { api in
             let sub = "001.race.no-exchange"
             try await api.signedIn(sub: sub)
-            let app = try await api.lifecycle.database.connect()
+            let (app, revokeJob) = try await beginDeletion(api, sub: sub)
             defer { app.close() }
-            try await app.simpleQuery("BEGIN")
-            let revokeJob = try await app.query("SELECT siwa.request_deletion(\(Self.clientID), \(sub))")[0]
-                .decode(Int64.self, at: 0)
             let read = try await api.connection.query(
                 "SELECT status, deletion_requests FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub)")[0]
             #expect(try read.decode(String.self, column: "status") == "active", "the deletion is not visible yet")
@@ -102,11 +96,8 @@ import Testing
         try await withAppAPI { api in
             let sub = "001.race.old-worker"
             try await api.signedIn(sub: sub)
-            let app = try await api.lifecycle.database.connect()
+            let (app, revokeJob) = try await beginDeletion(api, sub: sub)
             defer { app.close() }
-            try await app.simpleQuery("BEGIN")
-            let revokeJob = try await app.query("SELECT siwa.request_deletion(\(Self.clientID), \(sub))")[0]
-                .decode(Int64.self, at: 0)
             let readAt = try await api.connection.query("SELECT now()")[0].decode(Date.self, at: 0)
             try await app.simpleQuery("COMMIT")
             try await api.lifecycle.run(revokeJob)
@@ -114,6 +105,14 @@ import Testing
                 "SELECT status FROM siwa.sign_in(\(Self.clientID), \(sub), NULL, NULL, NULL, \(readAt))")[0]
             #expect(try outcome.decode(String.self, column: "status") == "deleted", "the finished deletion was undone")
         }
+    }
+
+    /// The app's deletion of `sub` in a transaction of its own, left open: the caller commits it.
+    private func beginDeletion(_ api: AppAPIHarness, sub: String) async throws -> (PostgresConnection, Int64) {
+        let app = try await api.lifecycle.database.connect()
+        try await app.simpleQuery("BEGIN")
+        let job = try await app.query("SELECT siwa.request_deletion(\(Self.clientID), \(sub))")[0].decode(Int64.self, at: 0)
+        return (app, job)
     }
 
     /// Runs the revoke the late token queued (after the deletion's job `after`) and checks every
