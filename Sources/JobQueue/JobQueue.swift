@@ -283,16 +283,4 @@ package struct JobQueue: Sendable {
     package static func pruneRejectionsQuery(olderThan age: Duration) -> PostgresQuery {
         "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))"
     }
-
-    package func pruneCompleted(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneCompletedQuery(olderThan: age)) }
-    }
-
-    package func pruneNotifications(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneNotificationsQuery(olderThan: age)) }
-    }
-
-    package func pruneRejections(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneRejectionsQuery(olderThan: age)) }
-    }
 }

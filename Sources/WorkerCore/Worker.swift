@@ -301,12 +301,10 @@ package final class Worker: Sendable {
         await withDiscardingTaskGroup { group in
             while !stopping {
                 let free = configuration.concurrency - state.withLock { $0.inFlight.count }
-                var claimedAll = false
                 if free > 0 {
                     do {
                         let jobs = try await queue.claim(
                             worker: configuration.workerID, limit: free, lease: configuration.jobLease)
-                        claimedAll = !jobs.isEmpty && jobs.count == free
                         if !jobs.isEmpty {
                             state.withLock { state in for job in jobs { state.inFlight[job.id] = job } }
                             metrics.inFlight.set(Double(state.withLock { $0.inFlight.count }))
@@ -323,7 +321,6 @@ package final class Worker: Sendable {
                 }
                 if stopping { break }
                 // A full claim may leave more due jobs: go again as soon as a slot frees (the bell).
-                _ = claimedAll
                 await callBell.wait(timeout: configuration.pollInterval)
             }
             // Shutdown: no more claims; give in-flight jobs the grace period, then hand them back.
