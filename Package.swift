@@ -83,7 +83,7 @@ let package = Package(
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore"], swiftSettings: strict),
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres"], swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",

@@ -952,7 +952,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.record_change(
                 p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
             ) RETURNS bigint
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 account siwa.accounts;
                 change_id bigint;
@@ -981,7 +981,7 @@ extension FunctionDefinitions {
             -- Locks the account row (FOR UPDATE), creating it in `p_status` when missing. Returns whether it
             -- was created; the caller reads the row.
             CREATE OR REPLACE FUNCTION siwa.lock_account(p_client_id text, p_sub text, p_status text) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 created boolean;
             BEGIN
@@ -1011,7 +1011,7 @@ extension FunctionDefinitions {
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
                 p_for_deletion boolean, p_queued_before_deletion boolean, p_job_id bigint,
                 OUT result_status text, OUT result_created boolean, OUT result_change text)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 a siwa.accounts;
                 event text;
@@ -1068,7 +1068,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.account_imported(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
             ) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 created boolean;
                 a siwa.accounts;
@@ -1106,7 +1106,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.exchange_succeeded(
                 p_job_id bigint, p_token_enc bytea, p_email text, p_is_private_email boolean
             ) RETURNS text
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 result record;
@@ -1136,7 +1136,7 @@ extension FunctionDefinitions {
             -- it was lost, and nothing is written. The code is removed; the account is untouched; a link
             -- records `link_failed` with the reason.
             CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integer, p_reason text) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
             BEGIN
@@ -1169,7 +1169,7 @@ extension FunctionDefinitions {
             --   `superseded` the account is no longer pending deletion (completed).
             CREATE OR REPLACE FUNCTION siwa.revoke_step(p_job_id bigint, p_attempt integer)
             RETURNS TABLE (action text, token_enc bytea, wait_seconds double precision)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 a siwa.accounts;
@@ -1232,7 +1232,7 @@ extension FunctionDefinitions {
             -- whoever holds the lease now, so it leaves the account (current or retired) and counts for the
             -- deletion's reason. Returns whether the token was still stored.
             CREATE OR REPLACE FUNCTION siwa.revoke_succeeded(p_job_id bigint, p_token_enc bytea) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 removed integer;
@@ -1260,7 +1260,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.reconcile_result(
                 p_job_id bigint, p_attempt integer, p_token_enc bytea, p_answer text
             ) RETURNS text
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 a siwa.accounts;
@@ -1302,7 +1302,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
                 p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 deletion_after boolean;
                 result record;
