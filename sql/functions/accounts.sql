@@ -386,10 +386,16 @@ END
 $$;
 
 -- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
--- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller checked the
--- account was not pending deletion, before its exchange; a deletion requested since then is not
--- undone (the token is kept for it, the status stays). Returns the status after it and whether the
--- account row is new.
+-- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller read the
+-- account and found no deletion pending, before its exchange; a deletion that read did not see is
+-- not undone (the token is kept for it, or revoked if it finished; the status stays). Returns the
+-- status after it and whether the account row is new.
+--
+-- "Not seen by the read" is judged by when the deletion's revoke job finished, not when it was
+-- created: created_at is its transaction's start, and an app transaction that began before the
+-- read can commit the deletion after it (then the deletion can even finish before this write).
+-- A deletion the read saw pending was refused there; one finished before the read is a past life.
+-- Revokes of stray tokens (`late_token`) are not deletions.
 CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
     p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
@@ -400,7 +406,8 @@ DECLARE
 BEGIN
     SELECT EXISTS (SELECT 1 FROM siwa.jobs r
                     WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
-                      AND r.created_at > p_checked_at)
+                      AND NOT r.args ? 'late_token'
+                      AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
       INTO deletion_after;
     SELECT * INTO result
       FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
