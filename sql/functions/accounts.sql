@@ -154,8 +154,9 @@ $$;
 
 -- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
 -- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
--- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
--- the account was imported.
+-- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
+-- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
+-- was imported.
 CREATE OR REPLACE FUNCTION siwa.account_imported(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
 ) RETURNS boolean
@@ -182,9 +183,14 @@ BEGIN
         PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
         RETURN true;
     END IF;
-    IF a.status = 'pending_deletion' THEN
+    IF a.status IN ('pending_deletion', 'deleted') THEN
         UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
+        -- A finished deletion never saw this token: revoke it now, as for a late link.
+        IF a.status = 'deleted' THEN
+            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+        END IF;
     END IF;
     RETURN false;
 END

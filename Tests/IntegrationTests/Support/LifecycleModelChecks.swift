@@ -127,6 +127,16 @@ extension ModelRun {
                     .tokensRevoked, "stored token dropped while live at Apple (by the \(dropped[token.token] ?? "?"))",
                     "a token issued \(token.issuedAt) was stored, then replaced or discarded unrevoked; account ends \(status ?? "-")"))
         }
+        // An account that ends deleted has no live grant at Apple: whatever issued a token (a code
+        // before the deletion, a late exchange, a sign-in that lost to it), it was revoked.
+        if status == "deleted" {
+            for token in tokens where !token.dead {
+                violations.append(
+                    .init(
+                        .tokensRevoked, "deleted account with a live token at Apple",
+                        "a token issued \(token.issuedAt) (stored by us: \(everStored.contains(token.token))) is live; the account ends deleted"))
+            }
+        }
         if status == "deleted", account?.hasToken == true {
             violations.append(.init(.tokensRevoked, "deleted account keeps a token", "refresh_token_enc is set on a deleted account"))
         }
