@@ -899,6 +899,17 @@ extension Migration {
             END
             $$;
             """####),
+        Migration(
+            version: 14, name: "014_deletion_requests",
+            sql: ####"""
+            -- How many times a deletion was requested for the account (siwa.request_deletion, repeats
+            -- included). A sign-in reads it before asking Apple and hands it back when it writes: a larger
+            -- count then means a deletion was requested after its read, which must win, even when that
+            -- request changed nothing visible (the account was already deleted) or its transaction began
+            -- before the read (timestamps give start order, a counter gives commit order).
+            -- A constant default: no table rewrite on a live database.
+            ALTER TABLE siwa.accounts ADD COLUMN deletion_requests bigint NOT NULL DEFAULT 0;
+            """####),
     ]
 }
 
@@ -1063,8 +1074,9 @@ extension FunctionDefinitions {
 
             -- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
             -- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
-            -- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
-            -- the account was imported.
+            -- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
+            -- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
+            -- was imported.
             CREATE OR REPLACE FUNCTION siwa.account_imported(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
             ) RETURNS boolean
@@ -1091,9 +1103,14 @@ extension FunctionDefinitions {
                     PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
                     RETURN true;
                 END IF;
-                IF a.status = 'pending_deletion' THEN
+                IF a.status IN ('pending_deletion', 'deleted') THEN
                     UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
                      WHERE client_id = p_client_id AND sub = p_sub;
+                    -- A finished deletion never saw this token: revoke it now, as for a late link.
+                    IF a.status = 'deleted' THEN
+                        INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+                        VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+                    END IF;
                 END IF;
                 RETURN false;
             END
@@ -1294,35 +1311,34 @@ extension FunctionDefinitions {
             END
             $$;
 
-            -- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
-            -- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller read the
-            -- account and found no deletion pending, before its exchange; a deletion that read did not see is
-            -- not undone (the token is kept for it, or revoked if it finished; the status stays). Returns the
-            -- status after it and whether the account row is new.
-            --
-            -- "Not seen by the read" is judged by when the deletion's revoke job finished, not when it was
-            -- created: created_at is its transaction's start, and an app transaction that began before the
-            -- read can commit the deletion after it (then the deletion can even finish before this write).
-            -- A deletion the read saw pending was refused there; one finished before the read is a past life.
-            -- Revokes of stray tokens (`late_token`) are not deletions.
+            -- Its predecessor judged by timestamps (a deletion's start time), which is not commit order.
+            DROP FUNCTION IF EXISTS siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz);
+
+            -- The app API's sign-in (siwa.sign_in): a verified identity token for (p_client_id, p_sub), with
+            -- the token of the code it exchanged (sealed for the row) or NULL. The caller read the account's
+            -- `deletion_requests` (p_deletion_requests_seen) when it found no deletion pending, before its
+            -- exchange; any request counted since wins: the sign-in then keeps the token for that deletion
+            -- (pending), has it revoked (finished), or leaves it with a newer life, and the status stays. A
+            -- counter follows commit order whatever the transactions' start times, and it sees a repeated
+            -- request on a deleted account, which changes nothing else. Returns the status after it and whether
+            -- the account row is new.
             CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
-                p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
+                p_deletion_requests_seen bigint, OUT status text, OUT created boolean)
             LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 deletion_after boolean;
                 result record;
             BEGIN
-                SELECT EXISTS (SELECT 1 FROM siwa.jobs r
-                                WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
-                                  AND NOT r.args ? 'late_token'
-                                  AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
-                  INTO deletion_after;
+                -- The count is judged under the account's lock, so no request can slip in before the write.
+                created := siwa.lock_account(p_client_id, p_sub, 'active');
+                SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after
+                  FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 SELECT * INTO result
                   FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
                                            false, deletion_after, NULL);
                 status := result.result_status;
-                created := result.result_created;
+                created := created OR result.result_created;
             END
             $$;
 
@@ -1377,8 +1393,11 @@ extension FunctionDefinitions {
                     RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
                 END IF;
                 PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
-                SELECT * INTO a FROM siwa.accounts
-                 WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub;
+                -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
+                -- siwa.sign_in_succeeded) and must lose to any request made after its read.
+                UPDATE siwa.accounts SET deletion_requests = accounts.deletion_requests + 1
+                 WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub
+                RETURNING * INTO a;
 
                 IF a.status IN ('pending_deletion', 'deleted') THEN
                     SELECT j.id INTO job_id FROM siwa.jobs j
@@ -1453,7 +1472,7 @@ extension FunctionDefinitions {
                         siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
                         siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
                         siwa.reconcile_result(bigint, integer, bytea, text),
-                        siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
+                        siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
                         siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
                         siwa.request_deletion(text, text), siwa.account(text, text)
                        TO siwa_worker;
@@ -1509,14 +1528,13 @@ extension FunctionDefinitions {
             -- The account effect of a verified sign-in: one event of the account state machine
             -- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
             -- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
-            -- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
-            -- and found no deletion pending, before its exchange; a deletion requested since then is not undone
-            -- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
-            -- the caller answers 403).
-            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            -- sign-in exchanged (sealed for the row), or NULL. p_deletion_requests_seen: the account's
+            -- `deletion_requests` when the caller read it and found no deletion pending, before its exchange; a
+            -- deletion requested since then is not undone (the status stays pending_deletion or deleted, the
+            -- token is kept for the deletion to revoke, and the caller answers 403).
             CREATE OR REPLACE FUNCTION siwa.sign_in(
                 p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
-                p_checked_at timestamptz
+                p_deletion_requests_seen bigint
             ) RETURNS TABLE (
                 client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
                 email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
@@ -1532,11 +1550,36 @@ extension FunctionDefinitions {
                     RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
                 END IF;
                 SELECT * INTO outcome
-                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
-                RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
-                                    v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
-                               FROM siwa.account(p_client_id, p_sub) v;
+                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
+                                              p_deletion_requests_seen);
+                RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
             END
+            $$;
+
+            -- The same for workers of the previous release during an upgrade, which pass when they read the
+            -- account (`p_checked_at`) instead of the count: a deletion whose revoke had not finished by then
+            -- counts as requested after the read (that release's rule, without its clock skew), so the count
+            -- handed on is one short of the account's.
+            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            CREATE OR REPLACE FUNCTION siwa.sign_in(
+                p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+                p_checked_at timestamptz
+            ) RETURNS TABLE (
+                client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+                email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+                has_refresh_token boolean, is_new boolean
+            )
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                SELECT * FROM siwa.sign_in(p_client_id, p_sub, p_email, p_is_private_email, p_refresh_token_enc,
+                    (SELECT coalesce(max(a.deletion_requests), 0)
+                            - CASE WHEN EXISTS (SELECT 1 FROM siwa.jobs r
+                                                 WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
+                                                   AND NOT r.args ? 'late_token'
+                                                   AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
+                                   THEN 1 ELSE 0 END
+                       FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub))
             $$;
 
             -- Sets the app's own user id on an account; false when there is no such account.
@@ -1558,6 +1601,7 @@ extension FunctionDefinitions {
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
                     GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                               siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                              siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                               siwa.set_app_user_id(text, text, text)
                        TO siwa_worker;
                 END IF;

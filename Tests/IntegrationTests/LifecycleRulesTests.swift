@@ -514,4 +514,26 @@ extension LifecycleRulesTests {
             #expect(h.fake.isRevoked(refreshToken: "rtok-imported") == true)
         }
     }
+
+    /// A token imported after the deletion finished (a legacy store exported before it) was never
+    /// seen by that deletion: it is revoked by a job of its own, and the account stays deleted.
+    @Test func importAfterTheDeletionFinishedIsRevoked() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.imp-late")
+            let deletion = try await h.requestDeletion(sub: "001.imp-late")
+            #expect(try await h.run(deletion) == .completedByHandler)
+            #expect(try await h.status("001.imp-late") == "deleted")
+            h.fake.registerRefreshToken("rtok-imported-late", clientID: Self.client, sub: "001.imp-late")
+            let summary = try await AccountImporter(connection: h.connection, tokenBox: h.tokenBox)
+                .run(lines: ["\(Self.client),001.imp-late,user-i,rtok-imported-late"])
+            #expect(summary.imported == 0 && summary.skipped == 1)
+            let late = try #require(
+                try await h.scalar(
+                    Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'revoke' AND sub = '001.imp-late' AND id > \(deletion)"))
+            #expect(try await h.run(late) == .completedByHandler)
+            #expect(h.fake.isRevoked(refreshToken: "rtok-imported-late") == true)
+            #expect(try await h.status("001.imp-late") == "deleted")
+            #expect(try await h.storedToken("001.imp-late") == nil)
+        }
+    }
 }

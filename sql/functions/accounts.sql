@@ -154,8 +154,9 @@ $$;
 
 -- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
 -- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
--- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
--- the account was imported.
+-- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
+-- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
+-- was imported.
 CREATE OR REPLACE FUNCTION siwa.account_imported(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
 ) RETURNS boolean
@@ -182,9 +183,14 @@ BEGIN
         PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
         RETURN true;
     END IF;
-    IF a.status = 'pending_deletion' THEN
+    IF a.status IN ('pending_deletion', 'deleted') THEN
         UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
+        -- A finished deletion never saw this token: revoke it now, as for a late link.
+        IF a.status = 'deleted' THEN
+            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+        END IF;
     END IF;
     RETURN false;
 END
@@ -385,35 +391,34 @@ BEGIN
 END
 $$;
 
--- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
--- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller read the
--- account and found no deletion pending, before its exchange; a deletion that read did not see is
--- not undone (the token is kept for it, or revoked if it finished; the status stays). Returns the
--- status after it and whether the account row is new.
---
--- "Not seen by the read" is judged by when the deletion's revoke job finished, not when it was
--- created: created_at is its transaction's start, and an app transaction that began before the
--- read can commit the deletion after it (then the deletion can even finish before this write).
--- A deletion the read saw pending was refused there; one finished before the read is a past life.
--- Revokes of stray tokens (`late_token`) are not deletions.
+-- Its predecessor judged by timestamps (a deletion's start time), which is not commit order.
+DROP FUNCTION IF EXISTS siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz);
+
+-- The app API's sign-in (siwa.sign_in): a verified identity token for (p_client_id, p_sub), with
+-- the token of the code it exchanged (sealed for the row) or NULL. The caller read the account's
+-- `deletion_requests` (p_deletion_requests_seen) when it found no deletion pending, before its
+-- exchange; any request counted since wins: the sign-in then keeps the token for that deletion
+-- (pending), has it revoked (finished), or leaves it with a newer life, and the status stays. A
+-- counter follows commit order whatever the transactions' start times, and it sees a repeated
+-- request on a deleted account, which changes nothing else. Returns the status after it and whether
+-- the account row is new.
 CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
-    p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
+    p_deletion_requests_seen bigint, OUT status text, OUT created boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     deletion_after boolean;
     result record;
 BEGIN
-    SELECT EXISTS (SELECT 1 FROM siwa.jobs r
-                    WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
-                      AND NOT r.args ? 'late_token'
-                      AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
-      INTO deletion_after;
+    -- The count is judged under the account's lock, so no request can slip in before the write.
+    created := siwa.lock_account(p_client_id, p_sub, 'active');
+    SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after
+      FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
     SELECT * INTO result
       FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
                                false, deletion_after, NULL);
     status := result.result_status;
-    created := result.result_created;
+    created := created OR result.result_created;
 END
 $$;
 
@@ -468,8 +473,11 @@ BEGIN
         RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
     PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
-    SELECT * INTO a FROM siwa.accounts
-     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub;
+    -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
+    -- siwa.sign_in_succeeded) and must lose to any request made after its read.
+    UPDATE siwa.accounts SET deletion_requests = accounts.deletion_requests + 1
+     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub
+    RETURNING * INTO a;
 
     IF a.status IN ('pending_deletion', 'deleted') THEN
         SELECT j.id INTO job_id FROM siwa.jobs j
@@ -544,7 +552,7 @@ BEGIN
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
             siwa.reconcile_result(bigint, integer, bytea, text),
-            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
+            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_worker;
