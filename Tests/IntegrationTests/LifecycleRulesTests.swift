@@ -422,15 +422,6 @@ extension LifecycleRulesTests {
             #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.account_changes WHERE sub = '001.both'") == 3)
         }
     }
-
-    @Test func appGroupsSettingIsChecked() throws {
-        let ids = ["a.app", "a.web", "b.app", "b.web"]
-        #expect(try WorkerConfiguration.parseAppGroups("a.app,a.web;b.app, b.web", clientIDs: ids) == [["a.app", "a.web"], ["b.app", "b.web"]])
-        #expect(try WorkerConfiguration.parseAppGroups("", clientIDs: ids) == [])
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,c.web", clientIDs: ids) }
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,a.web;a.app,b.web", clientIDs: ids) }
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app", clientIDs: ids) }
-    }
 }
 
 /// The retention gaps of issue 10: the change feed, discarded exchanges' codes, discarded
