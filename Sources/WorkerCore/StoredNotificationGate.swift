@@ -1,6 +1,7 @@
 import AppleClient
 import Foundation
 import JOSE
+import JobQueue
 import Logging
 import Postgres
 import SiwaCore
@@ -71,7 +72,7 @@ struct StoredNotificationGate: Sendable {
                     }
                 }
                 if !genuine.isEmpty {
-                    try await connection.execute("UPDATE siwa.jobs SET run_at = now() WHERE id = ANY(\(genuine))")
+                    try await JobQueue.releaseHeldNotifications(genuine, on: connection)
                 }
                 if !refused.isEmpty {
                     let jobs = refused.map(\.job)
@@ -81,11 +82,7 @@ struct StoredNotificationGate: Sendable {
                         UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
                          WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
                         """)
-                    try await connection.execute(
-                        """
-                        UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
-                         WHERE id = ANY(\(jobs))
-                        """)
+                    try await JobQueue.completeForgedNotifications(jobs, on: connection)
                     for item in refused {
                         logger.error(
                             "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
