@@ -524,6 +524,31 @@ extension LifecycleRulesTests {
         }
     }
 
+    /// Found by the lifecycle model: the user's grant ended (so the old store's token is dead), the
+    /// user linked again, then the old store was imported. The linked token stays current; the
+    /// imported one is only held for a deletion. Made current, the dead token failed the next
+    /// reconciliation and the live account was taken for consent withdrawn, its live token dropped.
+    @Test func importOntoALinkedAccountKeepsTheNewerToken() async throws {
+        try await withLifecycle { h in
+            h.fake.registerRefreshToken("rtok-old-store", clientID: Self.client, sub: "001.imp-linked", issuedAt: Date(timeIntervalSinceNow: -3600))
+            h.fake.userEndedGrants(clientID: Self.client, sub: "001.imp-linked", issuedBefore: Date())
+            try await h.linkAccount(sub: "001.imp-linked")
+            let linked = try #require(try await h.storedToken("001.imp-linked"))
+            let summary = try await AccountImporter(connection: h.connection, tokenBox: h.tokenBox)
+                .run(lines: ["\(Self.client),001.imp-linked,user-i,rtok-old-store"])
+            #expect(summary.imported == 1)
+            #expect(try await h.storedToken("001.imp-linked") == linked, "the newer token stays current")
+            #expect(try await h.heldTokenCount("001.imp-linked") == 2, "the imported one is held for a deletion")
+
+            _ = try await h.connection.execute("UPDATE siwa.accounts SET token_checked_at = now() - interval '25 hours'")
+            #expect(try await ReconcileScheduler(pool: h.pool, logger: h.logger, batchSize: 10).queueBatch() == 1)
+            let check = try #require(try await h.scalar(Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'reconcile'"))
+            #expect(try await h.run(check) == .completedByHandler)
+            #expect(try await h.jobRow(check).outcome == "token_valid")
+            #expect(try await h.status("001.imp-linked") == "active")
+        }
+    }
+
     /// A token imported after the deletion finished (a legacy store exported before it) was never
     /// seen by that deletion: it is revoked by a job of its own, and the account stays deleted.
     @Test func importAfterTheDeletionFinishedIsRevoked() async throws {
