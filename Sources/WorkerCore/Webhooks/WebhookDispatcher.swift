@@ -56,6 +56,10 @@ package final class WebhookDispatcher: Sendable {
         var held: [Int64: WebhookQueue.Delivery] = [:]
         /// Requests not answered yet: the slots in use.
         var sending = 0
+        /// The last claim filled every free slot, so more may be due and a freed slot is worth a claim.
+        /// Otherwise only a written result (the account's next change), a NOTIFY or the poll can
+        /// bring due work: an answer alone does not, and claiming on it would cost a round trip each.
+        var moreDue = false
         var finished: [Finished] = []
     }
 
@@ -157,12 +161,13 @@ package final class WebhookDispatcher: Sendable {
                 do {
                     let deliveries = try await queue.claim(worker: options.workerID, limit: free, lease: options.lease)
                     failures = 0
+                    let count = state.withLock { state in
+                        for delivery in deliveries { state.held[delivery.jobID] = delivery }
+                        state.sending += deliveries.count
+                        state.moreDue = deliveries.count == free
+                        return state.sending
+                    }
                     if !deliveries.isEmpty {
-                        let count = state.withLock { state in
-                            for delivery in deliveries { state.held[delivery.jobID] = delivery }
-                            state.sending += deliveries.count
-                            return state.sending
-                        }
                         metrics.inFlight.set(Double(count))
                         for delivery in deliveries { group.addTask { await self.send(delivery) } }
                         if deliveries.count == free { continue }  // maybe more due: claim again once a slot frees
@@ -203,14 +208,14 @@ package final class WebhookDispatcher: Sendable {
 
     /// The answer is in: the slot is free (the claim loop may fill it) and the result waits for the writer.
     private func enqueue(_ finished: Finished) {
-        let sending = state.withLock { state in
+        let (sending, moreDue) = state.withLock { state in
             state.finished.append(finished)
             state.sending -= 1
-            return state.sending
+            return (state.sending, state.moreDue)
         }
         metrics.inFlight.set(Double(sending))
         writeBell.ring()
-        claimBell.ring()
+        if moreDue { claimBell.ring() }
     }
 
     // MARK: Writing results
@@ -267,7 +272,7 @@ package final class WebhookDispatcher: Sendable {
         state.withLock { state in
             for item in batch { state.held[item.delivery.jobID] = nil }
         }
-        claimBell.ring()  // under the cap on unwritten results again
+        claimBell.ring()  // the accounts' next changes are claimable now, and the cap on unwritten results has room
         for item in batch {
             let delivery = item.delivery
             if let reason = item.reason { metrics.failures[reason]?.increment() }
