@@ -269,6 +269,48 @@ struct WebhookDeliveryTests {
         }
     }
 
+    /// A slot is free once its request is answered, before the result is written (the writer may
+    /// wait on the database), yet an account's next change is not sent before the earlier one's
+    /// 2xx is written: the claim sees it `running` until then.
+    @Test func slotsFreeAtTheAnswerWhileTheAccountsNextChangeWaitsForTheWrite() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let sink = try WebhookSink(secret: Self.secret) { request, _ in
+                request.body.contains(#""reason":"f-1""#) ? WebhookSink.Answer(held: true) : .ok
+            }
+            defer { sink.stop() }
+            let running = try await RunningDispatcher.start(database, sink: sink, on: connection)  // 8 slots
+            try await recordChanges(["first"], count: 2, tag: "f", on: connection)
+            let ids = try await changeIDs("first", on: connection)
+            try await sink.waitUntil(timeout: .seconds(60)) { _ in sink.arrived.contains { $0.changeID == ids[0] } }
+
+            // Another session holds the first change's job row: its result cannot be written.
+            let holder = try await database.connect()
+            defer { holder.close() }
+            try await holder.simpleQuery(
+                "BEGIN; SELECT 1 FROM siwa.jobs WHERE kind = 'webhook' AND args ->> 'change_id' = '\(ids[0])' FOR UPDATE")
+            sink.openGate()
+            let others = (0..<12).map { "other-\($0)" }
+            try await recordChanges(others, count: 1, tag: "o", on: connection)
+            // More than the 7 slots left over if a slot lasted until its result was written.
+            try await sink.waitUntil(timeout: .seconds(30)) { _ in
+                sink.delivered.filter { $0.sub?.hasPrefix("other-") == true }.count == 12
+            }
+            #expect(!sink.arrived.contains { $0.changeID == ids[1] }, "sent before the earlier change's 2xx was written")
+
+            try await holder.simpleQuery("COMMIT")
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state = 'completed'", timeout: .seconds(60)
+            ) { $0 == 14 }
+            await running.stop()
+            let answered = try #require(sink.delivered.first { $0.changeID == ids[0] }).answeredAt
+            let sent = try #require(sink.arrived.first { $0.changeID == ids[1] }).arrivedAt
+            #expect(answered < sent)
+            try await expectNoUnexplainedRepeats(sink, on: connection)
+        }
+    }
+
     // MARK: Helpers
 
     /// Records `count` changes for each sub, interleaved, in one statement (as an effect batch does).

@@ -12,7 +12,9 @@
 #      siwa.finish_webhook_deliveries, 32 a claim) with no HTTP at all, at 1 and 2 connections: the
 #      database's ceiling for the same queue work
 #
-# Targets: >= 1,000 deliveries/s per worker; delay p50 <= 20 ms at 200 changes/s.
+# Targets: >= 1,000 deliveries/s per worker; delay p50 <= 20 ms at 200 changes/s (p99 shown beside it).
+# Each run starts from a queue analyzed while empty, then filled (as after a quiet night): the claim
+# must not depend on autovacuum having analyzed the backlog.
 # Usage: deploy/bench/webhooks.sh   (env: CHANGES=20000, ACCOUNTS=5000, RATE=200, SECONDS_AT_RATE=10)
 set -uo pipefail
 
@@ -160,7 +162,7 @@ SQL
     echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total"
 }
 
-echo "bench: $changes changes over $accounts accounts each burn-down run"
+echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
 (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
 one=$(burn_down 1);  echo "  burn-down, 1 worker process:   $one deliveries/s"
 two=$(burn_down 2);  echo "  burn-down, 2 worker processes: $two deliveries/s"
@@ -169,14 +171,18 @@ raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2
 read -r p50 p99 count < <(delay)
 echo "  delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
 echo
-python3 - "$one" "$two" "$raw1" "$raw2" "$p50" <<'PY'
+echo "bench: load at end:$(uptime | sed 's/.*load average://')"
+python3 - "$one" "$two" "$raw1" "$raw2" "$p50" "$p99" <<'PY'
 import sys
-one, two, raw1, raw2, p50 = (float(x) for x in sys.argv[1:])
+one, two, raw1, raw2, p50, p99 = (float(x) for x in sys.argv[1:])
 def line(name, value, target, ok):
     print(f"  {name:<46} {value:>12}   target {target:<22} {'OK' if ok else 'BELOW TARGET'}")
+def info(name, value, note):
+    print(f"  {name:<46} {value:>12}   {note}")
 line("1 worker", f"{one:.0f}/s", ">= 1000/s", one >= 1000)
+info("  SQL-only peer, 1 connection", f"{raw1:.0f}/s", f"(the database's ceiling; the worker reaches {one/raw1:.0%})")
 line("2 workers, per worker", f"{two/2:.0f}/s", ">= 1000/s", two / 2 >= 1000)
-line("1 worker / SQL-only peer, 1 connection", f"{one/raw1:.0%}", "(information)", True)
-line("2 workers / SQL-only peer, 2 connections", f"{two/raw2:.0%}", "(information)", True)
+info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the workers reach {two/raw2:.0%})")
 line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
+info("delay p99 at steady rate", f"{p99:.2f} ms", "(information: no target)")
 PY

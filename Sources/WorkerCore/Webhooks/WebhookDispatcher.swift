@@ -7,12 +7,15 @@ import Locking
 
 /// Delivers account changes to the app's webhook: registers the endpoint (so the database queues a
 /// delivery per change), claims each account's oldest undelivered change, sends it signed, and
-/// records the result, up to `settings.concurrency` deliveries in flight.
+/// records the result, up to `settings.concurrency` requests in flight.
 ///
-/// Each delivery holds one slot from its claim until its result is committed, so a slow or failing
-/// account takes one slot, never the others'. Results are written in batches by one writer (one
-/// round trip and one commit for whatever finished meanwhile); a result that cannot be written
-/// (database down) stays buffered and is written when it comes back, its lease kept alive meanwhile.
+/// Each request holds one slot until it is answered, so a slow or failing account takes one slot,
+/// never the others'. The slot is free before the result is written: the account's next change
+/// stays unclaimable until then anyway (its delivery is `running` in the database), and the next
+/// request need not wait for a commit. Claimed deliveries whose result is not written yet are
+/// capped at twice the slots. Results are written in batches by one writer (one round trip and one
+/// commit for whatever finished meanwhile); a result that cannot be written (database down) stays
+/// buffered and is written when it comes back, its lease kept alive meanwhile.
 /// `run()` returns after `stop()`: no more claims, in-flight deliveries get the grace period, the
 /// rest are handed back.
 package final class WebhookDispatcher: Sendable {
@@ -49,8 +52,14 @@ package final class WebhookDispatcher: Sendable {
         var stopping = false
         /// No more results will be written (after the grace period).
         var closed = false
-        /// Claimed and not yet written, by job id: the slots in use and the leases to keep alive.
+        /// Claimed and not yet written, by job id: the leases to keep alive.
         var held: [Int64: WebhookQueue.Delivery] = [:]
+        /// Requests not answered yet: the slots in use.
+        var sending = 0
+        /// The last claim filled every free slot, so more may be due and a freed slot is worth a claim.
+        /// Otherwise only a written result (the account's next change), a NOTIFY or the poll can
+        /// bring due work: an answer alone does not, and claiming on it would cost a round trip each.
+        var moreDue = false
         var finished: [Finished] = []
     }
 
@@ -141,22 +150,24 @@ package final class WebhookDispatcher: Sendable {
 
     private func claimLoop(group: inout DiscardingTaskGroup) async {
         var failures = 0
-        // With deliveries in flight, claim only once a quarter of the slots is free: one claim
+        // With requests in flight, claim only once a quarter of the slots is free: one claim
         // (and one result write) then carries many deliveries, instead of each freed slot costing
         // a round trip of its own.
         let refill = max(1, settings.concurrency / 4)
         while !stopping {
-            let held = state.withLock { $0.held.count }
-            let free = settings.concurrency - held
-            if free > 0, held == 0 || free >= refill {
+            let (sending, held) = state.withLock { ($0.sending, $0.held.count) }
+            let free = min(settings.concurrency - sending, 2 * settings.concurrency - held)
+            if free > 0, sending == 0 || free >= refill {
                 do {
                     let deliveries = try await queue.claim(worker: options.workerID, limit: free, lease: options.lease)
                     failures = 0
+                    let count = state.withLock { state in
+                        for delivery in deliveries { state.held[delivery.jobID] = delivery }
+                        state.sending += deliveries.count
+                        state.moreDue = deliveries.count == free
+                        return state.sending
+                    }
                     if !deliveries.isEmpty {
-                        let count = state.withLock { state in
-                            for delivery in deliveries { state.held[delivery.jobID] = delivery }
-                            return state.held.count
-                        }
                         metrics.inFlight.set(Double(count))
                         for delivery in deliveries { group.addTask { await self.send(delivery) } }
                         if deliveries.count == free { continue }  // maybe more due: claim again once a slot frees
@@ -195,9 +206,16 @@ package final class WebhookDispatcher: Sendable {
         enqueue(Finished(delivery: delivery, finish: finish, reason: result.failureReason, answeredAt: Date()))
     }
 
+    /// The answer is in: the slot is free (the claim loop may fill it) and the result waits for the writer.
     private func enqueue(_ finished: Finished) {
-        state.withLock { $0.finished.append(finished) }
+        let (sending, moreDue) = state.withLock { state in
+            state.finished.append(finished)
+            state.sending -= 1
+            return (state.sending, state.moreDue)
+        }
+        metrics.inFlight.set(Double(sending))
         writeBell.ring()
+        if moreDue { claimBell.ring() }
     }
 
     // MARK: Writing results
@@ -240,23 +258,21 @@ package final class WebhookDispatcher: Sendable {
         }
     }
 
-    /// The results waiting to be written, whether the dispatcher is closed, and how many held
+    /// The results waiting to be written, whether the dispatcher is closed, and how many
     /// deliveries are still being sent.
     private func takeFinished() -> (batch: [Finished], closed: Bool, sending: Int) {
         state.withLock { state in
             let batch = state.finished
             state.finished = []
-            return (batch, state.closed, state.held.count - batch.count)
+            return (batch, state.closed, state.sending)
         }
     }
 
     private func record(_ batch: [Finished], states: [Int64: String]) {
-        let count = state.withLock { state -> Int in
+        state.withLock { state in
             for item in batch { state.held[item.delivery.jobID] = nil }
-            return state.held.count
         }
-        metrics.inFlight.set(Double(count))
-        claimBell.ring()
+        claimBell.ring()  // the accounts' next changes are claimable now, and the cap on unwritten results has room
         for item in batch {
             let delivery = item.delivery
             if let reason = item.reason { metrics.failures[reason]?.increment() }
