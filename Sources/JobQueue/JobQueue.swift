@@ -81,29 +81,44 @@ package struct JobQueue: Sendable {
     /// Claims, applies and completes up to `limit` notification jobs in one statement (one
     /// transaction). The fast path uses no subtransactions; if any job raises, the batch is rolled
     /// back and run again with one subtransaction per job, so only the failing job is retried.
+    ///
+    /// `verifyHeld`, when given, runs first in the same transaction: it locks and verifies up to
+    /// `limit` held jobs and returns the genuine ones, which the batch takes before any due job
+    /// (one commit for both; a rollback leaves them held). It runs again for the isolated retry.
     package func runNotificationBatch(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
+        verifyHeld: (@Sendable (PostgresConnection, Int) async throws -> [Int64])? = nil
     ) async throws -> [NotificationResult] {
         try await pool.withConnection { connection in
+            func run(isolate: Bool) async throws -> [NotificationResult] {
+                guard let verifyHeld else {
+                    return try await Self.runNotificationBatch(
+                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate)
+                }
+                return try await connection.withTransaction { connection in
+                    let verified = try await verifyHeld(connection, limit)
+                    return try await Self.runNotificationBatch(
+                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate,
+                        verified: verified)
+                }
+            }
             do {
-                return try await Self.runNotificationBatch(
-                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: false)
+                return try await run(isolate: false)
             } catch let error as PostgresError where error.code == .queryFailed {
-                return try await Self.runNotificationBatch(
-                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: true)
+                return try await run(isolate: true)
             }
         }
     }
 
     package static func runNotificationBatch(
         on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
-        isolate: Bool
+        isolate: Bool, verified: [Int64] = []
     ) async throws -> [NotificationResult] {
         let rows = try await connection.query(
             """
             SELECT job_id, jti, outcome, error, state, delay_seconds
               FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
-                                                \(policy.base.seconds), \(policy.cap.seconds))
+                                                \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[])
             """)
         return try rows.map { row in
             NotificationResult(
