@@ -39,7 +39,7 @@ let package = Package(
         // sql/ embedded, and the migrator that applies it (the only building block over libpq).
         .target(name: "Migrations", dependencies: ["Logging", "Postgres"], swiftSettings: strict),
         .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON"], swiftSettings: strict),
-        .target(name: "JobQueue", dependencies: ["Postgres", "Logging", "SiwaCore"], swiftSettings: strict),
+        .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
@@ -53,13 +53,16 @@ let package = Package(
                 swiftSettings: strict),
 
         // Executables: load configuration, run.
+        // Every dependency list here is exact: each module a target's files import, and no other
+        // (`--explicit-target-dependency-import-check error` enforces the first half only; see
+        // deploy/check/package-deps.sh for the second).
         .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "SiwaCore", "Logging"],
                           swiftSettings: strict),
-        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Logging"],
+        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Postgres", "Logging"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "JOSE", "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer"],
+                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
@@ -72,7 +75,7 @@ let package = Package(
         .testTarget(name: "MigrationsTests", dependencies: ["Migrations"], swiftSettings: strict),
         .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
-        .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore"], swiftSettings: strict),
+        .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
@@ -80,11 +83,11 @@ let package = Package(
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore"], swiftSettings: strict),
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres"], swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
                                    "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore"],
                     swiftSettings: strict),
     ]

@@ -11,10 +11,13 @@ echo "==> building"
 # STYLE.md §8's checks: warnings fail the build (they are how Swift 6 reports most concurrency
 # mistakes), every Sendable conformance is explicit, and a module may only import what its target
 # declares.
+# The log is this run's own (two runs at once, or another user's file, never mix).
+build_log=$(mktemp "${TMPDIR:-/tmp}/siwa-build.XXXXXX")
+trap 'rm -f "$build_log"' EXIT
 if ! swift build --build-tests -Xswiftc -warnings-as-errors -Xswiftc -require-explicit-sendable \
-    --explicit-target-dependency-import-check error >/tmp/siwa-build.log 2>&1; then
-  grep -E "error|warning" /tmp/siwa-build.log | sort -u | head -50
-  tail -20 /tmp/siwa-build.log
+    --explicit-target-dependency-import-check error >"$build_log" 2>&1; then
+  grep -E "error|warning" "$build_log" | sort -u | head -50
+  tail -20 "$build_log"
   exit 1
 fi
 
@@ -24,12 +27,15 @@ swift test --skip-build --disable-xctest "$@"
 # The deployment files and the database roles, checked for real (they print "N passed, N failed").
 # Skipped when the call narrows the Swift tests (arguments given).
 check() {  # check NAME SCRIPT: run it, show its summary line, or everything when it fails
-  local log
+  local log status=0
   log=$(mktemp)
   echo "==> checking $1 ($2)"
-  if bash "$2" >"$log" 2>&1; then tail -1 "$log"; else cat "$log"; return 1; fi
+  if bash "$2" >"$log" 2>&1; then tail -1 "$log"; else cat "$log"; status=1; fi
+  rm -f "$log"
+  return $status
 }
 if [ $# -eq 0 ]; then
+  check "the package's dependency lists" deploy/check/package-deps.sh
   check "the database roles" deploy/check/roles-check.sh
   check "the deployment files" deploy/check/deploy-check.sh
 fi

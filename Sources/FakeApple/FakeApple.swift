@@ -183,6 +183,21 @@ package final class FakeApple: Sendable {
         for hold in holds where !hold.hasArrived { hold.release() }
     }
 
+    /// Lets `calls` more calls to `endpoint` through, then parks every further one unanswered until
+    /// `openGate(endpoint:)`: a long run (an export, an import) stopped at a known point.
+    package func closeGate(endpoint: String, after calls: Int) {
+        state.withLock { $0.gates[endpoint] = .init(remaining: calls) }
+    }
+
+    /// How many calls the gate of `endpoint` holds now.
+    package func parkedCalls(endpoint: String) -> Int { state.withLock { $0.gates[endpoint]?.parked.count ?? 0 } }
+
+    /// Answers every parked call (for real) and lets later ones through.
+    package func openGate(endpoint: String) {
+        let parked = state.withLock { $0.gates.removeValue(forKey: endpoint)?.parked ?? [] }
+        for call in parked { call() }
+    }
+
     /// Holds the next call of `clientID` to `endpoint` (`token` or `revoke`) until the returned
     /// hold is released: Apple answering slowly while other work goes on.
     package func holdNextCall(endpoint: String, clientID: String) -> FakeAppleHeldCall {
@@ -293,7 +308,17 @@ package final class FakeApple: Sendable {
             answer(injected, endpoint: endpoint, clientID: clientID, grantType: grantType, form: form, respond: respond, body)
         }
         if let hold, hold.arrive(proceed) { return }
-        proceed(nil)
+        let parked = state.withLock { state -> Bool in
+            guard var gate = state.gates[endpoint] else { return false }
+            defer { state.gates[endpoint] = gate }
+            if gate.remaining > 0 {
+                gate.remaining -= 1
+                return false
+            }
+            gate.parked.append { proceed(nil) }
+            return true
+        }
+        if !parked { proceed(nil) }
     }
 
     private func answer(

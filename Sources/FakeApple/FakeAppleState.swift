@@ -122,6 +122,14 @@ struct FakeAppleState {
     var failures: [String: Injected] = [:]
     /// Calls to hold until the test releases them, keyed like `failures` (one client ID).
     var holds: [String: FakeAppleHeldCall] = [:]
+    /// Per endpoint: after `remaining` more calls pass, every further call is parked unanswered
+    /// until the gate opens (a job interrupted at a known point, whatever the machine's speed).
+    var gates: [String: Gate] = [:]
+
+    struct Gate {
+        var remaining: Int
+        var parked: [@Sendable () -> Void] = []
+    }
     var calls: [FakeAppleCall] = []
 
     static func failureKey(_ endpoint: String, _ clientID: String?) -> String {

@@ -1,5 +1,4 @@
 internal import CryptoCore
-internal import Foundation
 internal import JSON
 
 /// A parsed (not yet verified) JWS in compact serialization: `header.payload.signature`.
@@ -65,10 +64,6 @@ package struct CompactJWS: Sendable {
         self.payloadBytes = payload
         self.signatureBytes = signature
         self.signingInput = Array(bytes[..<secondDot])
-    }
-
-    package func decodePayload<T: Decodable>(as type: T.Type) throws -> T {
-        try JSONDecoder().decode(T.self, from: Data(payloadBytes))
     }
 
     private static func optionalString(_ object: [String: JSONValue], _ name: String) throws -> String? {

@@ -63,6 +63,29 @@ package struct JobQueue: Sendable {
             createdAt: try row.decode(Date.self, column: "created_at"))
     }
 
+    // MARK: Queueing
+
+    /// Queues `reconcile` jobs for up to `limit` active accounts whose token was not checked in the
+    /// last 24 hours, least recently checked first, never two open reconciles for one account.
+    /// Returns how many it queued. (The other kinds are queued by the SQL functions of their
+    /// effects, in `sql/functions/`: the notification trigger, `siwa.request_deletion`, the webhook trigger.)
+    package func queueReconciles(limit: Int) async throws -> Int {
+        try await pool.withConnection { connection in
+            try await connection.execute(
+                """
+                INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
+                SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
+                 WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
+                   AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
+                   AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
+                                    WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
+                                      AND j.state IN ('available', 'running'))
+                 ORDER BY a.token_checked_at NULLS FIRST
+                 LIMIT \(limit)
+                """)
+        }
+    }
+
     // MARK: Notifications (the hot path)
 
     /// One claimed notification job, as `siwa.run_notification_batch` reports it.
@@ -191,6 +214,17 @@ package struct JobQueue: Sendable {
         }
     }
 
+    // MARK: Held notifications (StoredNotificationGate)
+
+    /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.
+    package static func completeForgedNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
+        try await connection.execute(
+            """
+            UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
+             WHERE id = ANY(\(ids))
+            """)
+    }
+
     // MARK: Leases
 
     /// Heartbeat: pushes `locked_until` to now + `lease` for jobs this worker still holds.
@@ -232,82 +266,5 @@ package struct JobQueue: Sendable {
     }
 
     // Operator actions (list, retry, cancel) are JobAdministration's: they run by hand, never hold a lease.
-
-    // MARK: Retention
-
-    /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows.
-    package static func pruneCompletedQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        DELETE FROM siwa.jobs WHERE id IN (
-            SELECT id FROM siwa.jobs
-             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
-               AND state IN ('completed', 'cancelled')
-             LIMIT \(batch))
-        """
-    }
-
-    /// Deletes notifications processed before now - `age` (at most `batch`), with their completed or
-    /// cancelled jobs, in one statement. Discarded jobs are kept (an operator may still retry them;
-    /// the effect then reports `missing`).
-    package static func pruneNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        WITH victims AS (
-            SELECT jti FROM siwa.notifications
-             WHERE processed_at < now() - make_interval(secs => \(age.seconds))
-             LIMIT \(batch)
-        ), jobs AS (
-            DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
-               AND state IN ('completed', 'cancelled')
-        )
-        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
-        """
-    }
-
-    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`),
-    /// except those whose webhook delivery is still owed (queued, in flight, or discarded and
-    /// waiting for `siwa jobs retry`): pruning them would turn the delivery into a lost change.
-    package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        DELETE FROM siwa.account_changes WHERE id IN (
-            SELECT c.id FROM siwa.account_changes c
-             WHERE c.created_at < now() - make_interval(secs => \(age.seconds))
-               AND NOT EXISTS (
-                   SELECT 1 FROM siwa.jobs j
-                    WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
-                      AND j.client_id = c.client_id AND j.sub = c.sub
-                      AND (j.args->>'change_id')::bigint = c.id)
-             LIMIT \(batch))
-        """
-    }
-
-    /// Notifications whose job was discarded more than `age` ago stay (an operator may still retry
-    /// them) without their personal data: email, the signed token, the events claim.
-    package static func scrubDiscardedNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
-          FROM (SELECT j.notification_jti FROM siwa.jobs j
-                 WHERE j.finalized_at < now() - make_interval(secs => \(age.seconds))
-                   AND j.state = 'discarded' AND j.kind = 'notification'
-                 LIMIT \(batch)) d
-         WHERE n.jti = d.notification_jti
-           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
-        """
-    }
-
-    /// Per-minute rejection counters older than `age`.
-    package static func pruneRejectionsQuery(olderThan age: Duration) -> PostgresQuery {
-        "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))"
-    }
-
-    package func pruneCompleted(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneCompletedQuery(olderThan: age)) }
-    }
-
-    package func pruneNotifications(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneNotificationsQuery(olderThan: age)) }
-    }
-
-    package func pruneRejections(olderThan age: Duration) async throws -> Int {
-        try await pool.withConnection { try await $0.execute(Self.pruneRejectionsQuery(olderThan: age)) }
-    }
+    // What is deleted when, and by whom: Retention.
 }

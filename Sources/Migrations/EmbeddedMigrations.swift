@@ -899,6 +899,17 @@ extension Migration {
             END
             $$;
             """####),
+        Migration(
+            version: 14, name: "014_deletion_requests",
+            sql: ####"""
+            -- How many times a deletion was requested for the account (siwa.request_deletion, repeats
+            -- included). A sign-in reads it before asking Apple and hands it back when it writes: a larger
+            -- count then means a deletion was requested after its read, which must win, even when that
+            -- request changed nothing visible (the account was already deleted) or its transaction began
+            -- before the read (timestamps give start order, a counter gives commit order).
+            -- A constant default: no table rewrite on a live database.
+            ALTER TABLE siwa.accounts ADD COLUMN deletion_requests bigint NOT NULL DEFAULT 0;
+            """####),
     ]
 }
 
@@ -952,7 +963,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.record_change(
                 p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
             ) RETURNS bigint
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 account siwa.accounts;
                 change_id bigint;
@@ -981,7 +992,7 @@ extension FunctionDefinitions {
             -- Locks the account row (FOR UPDATE), creating it in `p_status` when missing. Returns whether it
             -- was created; the caller reads the row.
             CREATE OR REPLACE FUNCTION siwa.lock_account(p_client_id text, p_sub text, p_status text) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 created boolean;
             BEGIN
@@ -1011,7 +1022,7 @@ extension FunctionDefinitions {
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
                 p_for_deletion boolean, p_queued_before_deletion boolean, p_job_id bigint,
                 OUT result_status text, OUT result_created boolean, OUT result_change text)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 a siwa.accounts;
                 event text;
@@ -1063,12 +1074,13 @@ extension FunctionDefinitions {
 
             -- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
             -- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
-            -- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
-            -- the account was imported.
+            -- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
+            -- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
+            -- was imported.
             CREATE OR REPLACE FUNCTION siwa.account_imported(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
             ) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 created boolean;
                 a siwa.accounts;
@@ -1091,9 +1103,14 @@ extension FunctionDefinitions {
                     PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
                     RETURN true;
                 END IF;
-                IF a.status = 'pending_deletion' THEN
+                IF a.status IN ('pending_deletion', 'deleted') THEN
                     UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
                      WHERE client_id = p_client_id AND sub = p_sub;
+                    -- A finished deletion never saw this token: revoke it now, as for a late link.
+                    IF a.status = 'deleted' THEN
+                        INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+                        VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+                    END IF;
                 END IF;
                 RETURN false;
             END
@@ -1106,7 +1123,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.exchange_succeeded(
                 p_job_id bigint, p_token_enc bytea, p_email text, p_is_private_email boolean
             ) RETURNS text
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 result record;
@@ -1136,7 +1153,7 @@ extension FunctionDefinitions {
             -- it was lost, and nothing is written. The code is removed; the account is untouched; a link
             -- records `link_failed` with the reason.
             CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integer, p_reason text) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
             BEGIN
@@ -1169,7 +1186,7 @@ extension FunctionDefinitions {
             --   `superseded` the account is no longer pending deletion (completed).
             CREATE OR REPLACE FUNCTION siwa.revoke_step(p_job_id bigint, p_attempt integer)
             RETURNS TABLE (action text, token_enc bytea, wait_seconds double precision)
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 a siwa.accounts;
@@ -1232,7 +1249,7 @@ extension FunctionDefinitions {
             -- whoever holds the lease now, so it leaves the account (current or retired) and counts for the
             -- deletion's reason. Returns whether the token was still stored.
             CREATE OR REPLACE FUNCTION siwa.revoke_succeeded(p_job_id bigint, p_token_enc bytea) RETURNS boolean
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 removed integer;
@@ -1260,7 +1277,7 @@ extension FunctionDefinitions {
             CREATE OR REPLACE FUNCTION siwa.reconcile_result(
                 p_job_id bigint, p_attempt integer, p_token_enc bytea, p_answer text
             ) RETURNS text
-            LANGUAGE plpgsql AS $$
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 j siwa.jobs;
                 a siwa.accounts;
@@ -1294,28 +1311,34 @@ extension FunctionDefinitions {
             END
             $$;
 
-            -- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
-            -- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller checked the
-            -- account was not pending deletion, before its exchange; a deletion requested since then is not
-            -- undone (the token is kept for it, the status stays). Returns the status after it and whether the
-            -- account row is new.
+            -- Its predecessor judged by timestamps (a deletion's start time), which is not commit order.
+            DROP FUNCTION IF EXISTS siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz);
+
+            -- The app API's sign-in (siwa.sign_in): a verified identity token for (p_client_id, p_sub), with
+            -- the token of the code it exchanged (sealed for the row) or NULL. The caller read the account's
+            -- `deletion_requests` (p_deletion_requests_seen) when it found no deletion pending, before its
+            -- exchange; any request counted since wins: the sign-in then keeps the token for that deletion
+            -- (pending), has it revoked (finished), or leaves it with a newer life, and the status stays. A
+            -- counter follows commit order whatever the transactions' start times, and it sees a repeated
+            -- request on a deleted account, which changes nothing else. Returns the status after it and whether
+            -- the account row is new.
             CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
                 p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
-                p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
-            LANGUAGE plpgsql AS $$
+                p_deletion_requests_seen bigint, OUT status text, OUT created boolean)
+            LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
                 deletion_after boolean;
                 result record;
             BEGIN
-                SELECT EXISTS (SELECT 1 FROM siwa.jobs r
-                                WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
-                                  AND r.created_at > p_checked_at)
-                  INTO deletion_after;
+                -- The count is judged under the account's lock, so no request can slip in before the write.
+                created := siwa.lock_account(p_client_id, p_sub, 'active');
+                SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after
+                  FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 SELECT * INTO result
                   FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
                                            false, deletion_after, NULL);
                 status := result.result_status;
-                created := result.result_created;
+                created := created OR result.result_created;
             END
             $$;
 
@@ -1370,8 +1393,11 @@ extension FunctionDefinitions {
                     RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
                 END IF;
                 PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
-                SELECT * INTO a FROM siwa.accounts
-                 WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub;
+                -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
+                -- siwa.sign_in_succeeded) and must lose to any request made after its read.
+                UPDATE siwa.accounts SET deletion_requests = accounts.deletion_requests + 1
+                 WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub
+                RETURNING * INTO a;
 
                 IF a.status IN ('pending_deletion', 'deleted') THEN
                     SELECT j.id INTO job_id FROM siwa.jobs j
@@ -1446,7 +1472,7 @@ extension FunctionDefinitions {
                         siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
                         siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
                         siwa.reconcile_result(bigint, integer, bytea, text),
-                        siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
+                        siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
                         siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
                         siwa.request_deletion(text, text), siwa.account(text, text)
                        TO siwa_worker;
@@ -1502,14 +1528,13 @@ extension FunctionDefinitions {
             -- The account effect of a verified sign-in: one event of the account state machine
             -- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
             -- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
-            -- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
-            -- and found no deletion pending, before its exchange; a deletion requested since then is not undone
-            -- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
-            -- the caller answers 403).
-            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            -- sign-in exchanged (sealed for the row), or NULL. p_deletion_requests_seen: the account's
+            -- `deletion_requests` when the caller read it and found no deletion pending, before its exchange; a
+            -- deletion requested since then is not undone (the status stays pending_deletion or deleted, the
+            -- token is kept for the deletion to revoke, and the caller answers 403).
             CREATE OR REPLACE FUNCTION siwa.sign_in(
                 p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
-                p_checked_at timestamptz
+                p_deletion_requests_seen bigint
             ) RETURNS TABLE (
                 client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
                 email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
@@ -1525,11 +1550,36 @@ extension FunctionDefinitions {
                     RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
                 END IF;
                 SELECT * INTO outcome
-                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
-                RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
-                                    v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
-                               FROM siwa.account(p_client_id, p_sub) v;
+                  FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
+                                              p_deletion_requests_seen);
+                RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
             END
+            $$;
+
+            -- The same for workers of the previous release during an upgrade, which pass when they read the
+            -- account (`p_checked_at`) instead of the count: a deletion whose revoke had not finished by then
+            -- counts as requested after the read (that release's rule, without its clock skew), so the count
+            -- handed on is one short of the account's.
+            DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+            CREATE OR REPLACE FUNCTION siwa.sign_in(
+                p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+                p_checked_at timestamptz
+            ) RETURNS TABLE (
+                client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+                email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+                has_refresh_token boolean, is_new boolean
+            )
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                SELECT * FROM siwa.sign_in(p_client_id, p_sub, p_email, p_is_private_email, p_refresh_token_enc,
+                    (SELECT coalesce(max(a.deletion_requests), 0)
+                            - CASE WHEN EXISTS (SELECT 1 FROM siwa.jobs r
+                                                 WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
+                                                   AND NOT r.args ? 'late_token'
+                                                   AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
+                                   THEN 1 ELSE 0 END
+                       FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub))
             $$;
 
             -- Sets the app's own user id on an account; false when there is no such account.
@@ -1551,6 +1601,7 @@ extension FunctionDefinitions {
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
                     GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                               siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                              siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                               siwa.set_app_user_id(text, text, text)
                        TO siwa_worker;
                 END IF;
@@ -1681,12 +1732,14 @@ extension FunctionDefinitions {
                 ), busy AS (
                     -- Users with a targeted account another transaction holds (the row is there, the lock is not
                     -- to be had now). The lock taken here on the others is the one `locked` takes anyway.
+                    -- Scalar subqueries, not EXISTS: two primary-key probes per event, never a join the planner
+                    -- could turn into a scan of every account (a generic plan from an empty table's statistics).
                     SELECT DISTINCT coalesce(t.group_id, t.client_id) AS user_key, t.sub
                       FROM t
                      WHERE t.known
-                       AND EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub)
-                       AND NOT EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub
-                                          FOR UPDATE SKIP LOCKED)
+                       AND (SELECT true FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub)
+                       AND (SELECT true FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub
+                               FOR UPDATE SKIP LOCKED) IS NULL
                 ), kept AS (
                     -- Whole users only: ranks stay gapless, and a user's events are applied together or not at all.
                     SELECT t.* FROM t

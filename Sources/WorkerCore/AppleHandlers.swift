@@ -5,12 +5,6 @@ package import Logging
 package import Postgres
 package import SiwaCore
 
-/// The Apple-facing handlers (`exchange`, `revoke`, `reconcile`) over a pool of their own.
-package func makeAppleHandlers(settings: AppleSettings, databaseURL: String, logger: Logger) throws -> [any JobHandler] {
-    let pool = PostgresPool(conninfo: databaseURL, size: 4, applicationName: "siwa-worker-apple", logger: logger)
-    return try makeAppleHandlers(settings: settings, pool: pool, logger: logger)
-}
-
 /// The Apple-facing handlers over the worker's pool, with their counters in `metrics` when given.
 package func makeAppleHandlers(
     settings: AppleSettings, pool: PostgresPool, logger: Logger, metrics: MetricsRegistry? = nil

@@ -1,6 +1,7 @@
 import AppleClient
 import Foundation
 import JOSE
+import JobQueue
 import Logging
 import Postgres
 import SiwaCore
@@ -78,11 +79,7 @@ struct StoredNotificationGate: Sendable {
                 UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
                  WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
                 """)
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
-                 WHERE id = ANY(\(jobs))
-                """)
+            try await JobQueue.completeForgedNotifications(jobs, on: connection)
             for item in refused {
                 logger.error(
                     "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",

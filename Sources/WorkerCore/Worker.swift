@@ -33,9 +33,6 @@ package final class Worker: Sendable {
     /// Deliveries to `SIWA_WEBHOOK_URL`, when set.
     private let webhooks: WebhookDispatcher?
 
-    /// Retention runs in one worker at a time (transaction-scoped advisory lock).
-    static let retentionLockKey: Int64 = 0x5_1_1A_0002
-
     /// Between tries while no database is writable: short, since a failover takes seconds.
     static let databaseBackoff = RetryPolicy(base: .milliseconds(100), cap: .seconds(2))
 
@@ -334,12 +331,10 @@ package final class Worker: Sendable {
         await withDiscardingTaskGroup { group in
             while !stopping {
                 let free = configuration.concurrency - state.withLock { $0.inFlight.count }
-                var claimedAll = false
                 if free > 0 {
                     do {
                         let jobs = try await queue.claim(
                             worker: configuration.workerID, limit: free, lease: configuration.jobLease)
-                        claimedAll = !jobs.isEmpty && jobs.count == free
                         if !jobs.isEmpty {
                             state.withLock { state in for job in jobs { state.inFlight[job.id] = job } }
                             metrics.inFlight.set(Double(state.withLock { $0.inFlight.count }))
@@ -356,7 +351,6 @@ package final class Worker: Sendable {
                 }
                 if stopping { break }
                 // A full claim may leave more due jobs: go again as soon as a slot frees (the bell).
-                _ = claimedAll
                 await callBell.wait(timeout: configuration.pollInterval)
             }
             // Shutdown: no more claims; give in-flight jobs the grace period, then hand them back.
@@ -455,51 +449,24 @@ package final class Worker: Sendable {
     /// The queue's health as gauges, so every row of the README's "What to alert on" is a series
     /// (deploy/monitoring/siwa-alerts.yml). One pass over the jobs not yet done.
     private func refreshQueueGauges() async throws {
-        let rows = try await pool.withConnection { connection in
-            try await connection.query(
-                """
-                SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now()) AS ready,
-                       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now())), 0)::float8 AS oldest_ready,
-                       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE kind = 'revoke')), 0)::float8 AS oldest_revoke,
-                       (SELECT count(*) FROM siwa.paused_clients) AS paused
-                  FROM siwa.jobs WHERE state IN ('available', 'running')
-                """)
-        }
-        guard let row = rows.first else { return }
-        metrics.queueDepth.set(Double(try row.decode(Int.self, column: "ready")))
-        metrics.oldestReadySeconds.set(try row.decode(Double.self, column: "oldest_ready"))
-        metrics.oldestPendingRevokeSeconds.set(try row.decode(Double.self, column: "oldest_revoke"))
-        metrics.pausedClients.set(Double(try row.decode(Int.self, column: "paused")))
+        let backlog = try await pool.withConnection { try await JobQueue.backlog(on: $0) }
+        metrics.queueDepth.set(Double(backlog.ready))
+        metrics.oldestReadySeconds.set(backlog.oldestReadySeconds ?? 0)
+        metrics.oldestPendingRevokeSeconds.set(backlog.oldestPendingRevokeSeconds ?? 0)
+        metrics.pausedClients.set(Double(backlog.pausedClients))
         metrics.databaseReady.set(1)
     }
 
     /// Deletes what outlived its purpose, in one worker at a time.
     private func retention() async throws {
-        let retentionDays = configuration.retentionDays
-        let completedAge = configuration.completedJobRetention
-        let removed = try await pool.withConnection { connection in
-            try await connection.withTransaction { connection -> [Int]? in
-                let lock = try await connection.query(
-                    "SELECT pg_try_advisory_xact_lock(\(Self.retentionLockKey)) AS locked")
-                guard try lock.first?.decode(Bool.self, column: "locked") == true else { return nil }
-                return [
-                    try await connection.execute(JobQueue.pruneCompletedQuery(olderThan: completedAge)),
-                    try await connection.execute(
-                        JobQueue.pruneNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
-                    try await connection.execute(JobQueue.pruneRejectionsQuery(olderThan: .seconds(2 * 86_400))),
-                    try await connection.execute(
-                        JobQueue.pruneAccountChangesQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
-                    try await connection.execute(
-                        JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(Int64(retentionDays) * 86_400))),
-                ]
-            }
-        }
-        if let removed, removed.contains(where: { $0 > 0 }) {
+        let retention = Retention(completedJobs: configuration.completedJobRetention, days: configuration.retentionDays)
+        if let removed = try await retention.run(on: pool), !removed.isEmpty {
             logger.info(
                 "siwa-worker retention",
                 metadata: [
-                    "jobs": .int(removed[0]), "notifications": .int(removed[1]), "rejections": .int(removed[2]),
-                    "account_changes": .int(removed[3]), "discarded_notifications_scrubbed": .int(removed[4]),
+                    "jobs": .int(removed.jobs), "notifications": .int(removed.notifications),
+                    "rejections": .int(removed.rejections), "account_changes": .int(removed.accountChanges),
+                    "discarded_notifications_scrubbed": .int(removed.discardedNotificationsScrubbed),
                 ])
         }
     }

@@ -40,27 +40,29 @@ struct AppleCallsTests {
 
     @Test func keyFileReadableByOthersIsWarnedAboutAtStart() async throws {
         try await withMigratedDatabase { database in
-            let apple = try FakeAppleForWorkers()
-            defer { Task { await apple.shutDown() } }
-            let keyPath = try #require(apple.environment["SIWA_PRIVATE_KEY_FILE"])
-            var environment = apple.environment.merging([
-                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": FakeAppleForWorkers.clientID,
-                "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info",
-            ]) { _, new in new }
-            environment["SIWA_LISTEN_NOTIFY"] = "false"
+            try await withTeardown { teardown in
+                let apple = try FakeAppleForWorkers()
+                teardown.add { await apple.shutDown() }
+                let keyPath = try #require(apple.environment["SIWA_PRIVATE_KEY_FILE"])
+                var environment = apple.environment.merging([
+                    "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": FakeAppleForWorkers.clientID,
+                    "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info",
+                ]) { _, new in new }
+                environment["SIWA_LISTEN_NOTIFY"] = "false"
 
-            func startupLog(mode: Int) async throws -> String {
-                try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: keyPath)
-                let worker = try ServiceProcess("siwa-worker", environment: environment)
-                _ = try await worker.boundHTTPPort()
-                await worker.stop()
-                return worker.log
+                func startupLog(mode: Int) async throws -> String {
+                    try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: keyPath)
+                    let worker = try ServiceProcess("siwa-worker", environment: environment)
+                    _ = try await worker.boundHTTPPort()
+                    await worker.stop()
+                    return worker.log
+                }
+                let shared = try await startupLog(mode: 0o644)
+                let warning = shared.split(separator: "\n").first { $0.contains("SIWA_PRIVATE_KEY_FILE is readable by group or others") }
+                #expect(warning?.contains(#""level":"warn""#) == true, "\(shared)")
+                #expect(warning?.contains(#""file":"\#(keyPath)""#) == true, "\(shared)")
+                #expect(!(try await startupLog(mode: 0o600)).contains("readable by group or others"))
             }
-            let shared = try await startupLog(mode: 0o644)
-            let warning = shared.split(separator: "\n").first { $0.contains("SIWA_PRIVATE_KEY_FILE is readable by group or others") }
-            #expect(warning?.contains(#""level":"warn""#) == true, "\(shared)")
-            #expect(warning?.contains(#""file":"\#(keyPath)""#) == true, "\(shared)")
-            #expect(!(try await startupLog(mode: 0o600)).contains("readable by group or others"))
         }
     }
 }

@@ -9,7 +9,7 @@ import Testing
     @Test func printedSimulateLineWorksAgainstGivenDatabase() async throws {
         let database = try await LifecycleHarness.makeDatabase()
         do {
-            let dev = try startDev(["DATABASE_URL": database.url])
+            let dev = try await startDev(["DATABASE_URL": database.url])
             let output = try await runPrintedSimulateLine(dev)
             try await expectApplied(output, databaseURL: database.url)
             try await expectPrintedSignInLineSignsIn(dev, databaseURL: database.url)
@@ -23,7 +23,7 @@ import Testing
 
     /// `siwa dev` with `DATABASE_URL` unset: its own throwaway cluster, removed on Ctrl-C.
     @Test func printedSimulateLineWorksAgainstOwnCluster() async throws {
-        let dev = try startDev([:])
+        let dev = try await startDev([:])
         let output = try await runPrintedSimulateLine(dev, timeout: .seconds(60))
         let dataDirectory = try #require(Self.capture(#"data in (/tmp/siwa-pg-[A-Za-z0-9]+)"#, in: dev.log))
         #expect(FileManager.default.fileExists(atPath: dataDirectory))
@@ -37,15 +37,29 @@ import Testing
     // MARK: Steps
 
     /// Explicit free ports: other tests may hold 8080/9090 (dev would pick free ones itself too).
-    private func startDev(_ environment: [String: String]) throws -> ServiceProcess {
-        try ServiceProcess(
-            "siwa", arguments: ["dev"],
-            environment: environment.merging([
-                "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
-                "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
-                "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
-            ]) { $1 })
+    /// `freePort()` binds, reads and closes, so another process may take a port before dev's
+    /// children bind it: a start that ends in "address already in use" is tried again on new ports.
+    private func startDev(_ environment: [String: String], ready marker: String = " simulate consent-revoked ")
+        async throws -> ServiceProcess
+    {
+        for attempt in 1...3 {
+            let dev = try ServiceProcess(
+                "siwa", arguments: ["dev"],
+                environment: environment.merging([
+                    "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
+                    "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
+                    "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
+                    "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
+                ]) { $1 })
+            // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
+            let deadline = ContinuousClock.now + .seconds(90)
+            while dev.isRunning, !dev.log.contains(marker), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            if attempt < 3, !dev.isRunning, dev.log.contains("address already in use") { continue }
+            return dev
+        }
+        preconditionFailure("unreachable: the last attempt returns")
     }
 
     struct PrintedLine {

@@ -48,135 +48,145 @@ struct FaultStorageTests {
 
     @Test func unmigratedDatabaseIs503AndNotReadyUntilMigrated() async throws {
         try await withMigratedDatabase(migrated: false) { database in
-            let keys = try TestAppleKeys()
-            defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
-            defer { Task { await receiver.stop() } }
-            try await Self.waitForReadiness(base, 503, receiver: receiver)
-            let (status, body) = try await Self.post(keys, base)
-            #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
-            #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42P01"), "\(receiver.log)")
-            #expect(try await HTTP.request("GET", base + "/readyz").status == 503)
+            try await withTeardown { teardown in
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                teardown.add { await receiver.stop() }
+                try await Self.waitForReadiness(base, 503, receiver: receiver)
+                let (status, body) = try await Self.post(keys, base)
+                #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
+                #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42P01"), "\(receiver.log)")
+                #expect(try await HTTP.request("GET", base + "/readyz").status == 503)
 
-            let connection = try await database.connect()
-            defer { connection.close() }
-            try await Migrator(logger: TestDatabase.logger).migrate(connection)
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(try await Self.post(keys, base).status == 200)
+                let connection = try await database.connect()
+                defer { connection.close() }
+                try await Migrator(logger: TestDatabase.logger).migrate(connection)
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(try await Self.post(keys, base).status == 200)
+            }
         }
     }
 
     @Test func readOnlyDatabaseIs503AndNotReady() async throws {
         try await withMigratedDatabase { database in
-            let keys = try TestAppleKeys()
-            defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
-            defer { Task { await receiver.stop() } }
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(try await Self.post(keys, base).status == 200)
+            try await withTeardown { teardown in
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                teardown.add { await receiver.stop() }
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(try await Self.post(keys, base).status == 200)
 
-            // What a primary demoted to a standby looks like to a session: every write refused (25006).
-            let admin = try await database.connect()
-            defer { admin.close() }
-            try await admin.simpleQuery("ALTER DATABASE \(database.name) SET default_transaction_read_only = on")
-            _ = try await admin.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'siwa-receiver' AND datname = \(database.name)")
-            // The first answers may come from the broken session (503 too); post until the
-            // reconnected, read-only one has refused a commit.
-            var statuses: [Int] = []
-            let deadline = ContinuousClock.now + .seconds(30)
-            while !Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), ContinuousClock.now < deadline {
-                statuses.append(try await Self.post(keys, base).status)
+                // What a primary demoted to a standby looks like to a session: every write refused (25006).
+                let admin = try await database.connect()
+                defer { admin.close() }
+                try await admin.simpleQuery("ALTER DATABASE \(database.name) SET default_transaction_read_only = on")
+                _ = try await admin.query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'siwa-receiver' AND datname = \(database.name)")
+                // The first answers may come from the broken session (503 too); post until the
+                // reconnected, read-only one has refused a commit.
+                var statuses: [Int] = []
+                let deadline = ContinuousClock.now + .seconds(30)
+                while !Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), ContinuousClock.now < deadline {
+                    statuses.append(try await Self.post(keys, base).status)
+                }
+                #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), "\(receiver.log)")
+                #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 503 }, "\(statuses)")
+                try await Self.waitForReadiness(base, 503, receiver: receiver)
+
+                try await admin.simpleQuery("ALTER DATABASE \(database.name) RESET default_transaction_read_only")
+                _ = try await admin.query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'siwa-receiver' AND datname = \(database.name)")
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(try await Self.post(keys, base).status == 200)
             }
-            #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), "\(receiver.log)")
-            #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 503 }, "\(statuses)")
-            try await Self.waitForReadiness(base, 503, receiver: receiver)
-
-            try await admin.simpleQuery("ALTER DATABASE \(database.name) RESET default_transaction_read_only")
-            _ = try await admin.query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'siwa-receiver' AND datname = \(database.name)")
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(try await Self.post(keys, base).status == 200)
         }
     }
 
     @Test func revokedGrantIs503AndNotReady() async throws {
         try await withMigratedDatabase { database in try await database.withReceiverLogin { receiverURL in
-            let admin = try await database.connect()
-            defer { admin.close() }
-            let keys = try TestAppleKeys()
-            defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(databaseURL: receiverURL, keys: keys)
-            defer { Task { await receiver.stop() } }
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(try await Self.post(keys, base).status == 200)
+            try await withTeardown { teardown in
+                let admin = try await database.connect()
+                defer { admin.close() }
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await Self.startReceiver(databaseURL: receiverURL, keys: keys)
+                teardown.add { await receiver.stop() }
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(try await Self.post(keys, base).status == 200)
 
-            try await admin.simpleQuery("REVOKE INSERT ON siwa.notifications FROM siwa_receiver")
-            let (status, body) = try await Self.post(keys, base)
-            #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
-            #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42501"), "\(receiver.log)")
-            try await Self.waitForReadiness(base, 503, receiver: receiver)
+                try await admin.simpleQuery("REVOKE INSERT ON siwa.notifications FROM siwa_receiver")
+                let (status, body) = try await Self.post(keys, base)
+                #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
+                #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42501"), "\(receiver.log)")
+                try await Self.waitForReadiness(base, 503, receiver: receiver)
 
-            // Back to what sql/006_hardening.sql grants.
-            try await admin.simpleQuery(
-                "GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws) ON siwa.notifications TO siwa_receiver")
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(try await Self.post(keys, base).status == 200)
+                // Back to what sql/006_hardening.sql grants.
+                try await admin.simpleQuery(
+                    "GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws) ON siwa.notifications TO siwa_receiver")
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(try await Self.post(keys, base).status == 200)
+            }
         } }
     }
 
     @Test func lockedTableIsAnswered503WithinTheCommitTimeout() async throws {
         try await withMigratedDatabase { database in
-            let keys = try TestAppleKeys()
-            defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(
-                databaseURL: database.url, keys: keys, extra: ["SIWA_RECEIVER_COMMIT_TIMEOUT": "1s"])
-            defer { Task { await receiver.stop() } }
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
+            try await withTeardown { teardown in
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await Self.startReceiver(
+                    databaseURL: database.url, keys: keys, extra: ["SIWA_RECEIVER_COMMIT_TIMEOUT": "1s"])
+                teardown.add { await receiver.stop() }
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
 
-            // Another session holds the table: without a bound every POST hangs until the client
-            // gives up (the test's HTTP client waits 15 s, far past the 1 s commit timeout).
-            let blocker = try await database.connect()
-            defer { blocker.close() }
-            try await blocker.simpleQuery("BEGIN; LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE MODE")
-            let answers = try await concurrentMap(Array(0..<4), width: 4) { _ in try await Self.post(keys, base) }
-            #expect(answers.allSatisfy { $0.status == 503 }, "\(answers)")
-            #expect(
-                answers.allSatisfy { [#"{"error":"database_timeout"}"#, #"{"error":"database_unavailable"}"#].contains($0.body) },
-                "\(answers)")
-            try await Self.waitForReadiness(base, 503, receiver: receiver)
+                // Another session holds the table: without a bound every POST hangs until the client
+                // gives up (the test's HTTP client waits 15 s, far past the 1 s commit timeout).
+                let blocker = try await database.connect()
+                defer { blocker.close() }
+                try await blocker.simpleQuery("BEGIN; LOCK TABLE siwa.notifications IN ACCESS EXCLUSIVE MODE")
+                let answers = try await concurrentMap(Array(0..<4), width: 4) { _ in try await Self.post(keys, base) }
+                #expect(answers.allSatisfy { $0.status == 503 }, "\(answers)")
+                #expect(
+                    answers.allSatisfy { [#"{"error":"database_timeout"}"#, #"{"error":"database_unavailable"}"#].contains($0.body) },
+                    "\(answers)")
+                try await Self.waitForReadiness(base, 503, receiver: receiver)
 
-            try await blocker.simpleQuery("ROLLBACK")
-            let deadline = ContinuousClock.now + .seconds(30)
-            var status = 0
-            while status != 200, ContinuousClock.now < deadline { status = try await Self.post(keys, base).status }
-            #expect(status == 200)
-            try await Self.waitForReadiness(base, 200, receiver: receiver)
-            #expect(receiver.isRunning)
+                try await blocker.simpleQuery("ROLLBACK")
+                let deadline = ContinuousClock.now + .seconds(30)
+                var status = 0
+                while status != 200, ContinuousClock.now < deadline { status = try await Self.post(keys, base).status }
+                #expect(status == 200)
+                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                #expect(receiver.isRunning)
+            }
         }
     }
 
     @Test func workerStatementsAreBoundedByALockTheyCannotGet() async throws {
         try await withMigratedDatabase { database in
-            let blocker = try await database.connect()
-            defer { blocker.close() }
-            try await blocker.simpleQuery("BEGIN; LOCK TABLE siwa.jobs IN ACCESS EXCLUSIVE MODE")
-            let worker = try ServiceProcess(
-                "siwa-worker",
-                environment: [
-                    "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
-                    "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info", "SIWA_POLL_INTERVAL": "200ms",
-                    "SIWA_WORKER_STATEMENT_TIMEOUT": "1s",
-                ])
-            defer { Task { await worker.stop() } }
-            // Without a bound the claim waits for the lock as long as it is held, and says nothing.
-            let deadline = ContinuousClock.now + .seconds(30)
-            while !worker.log.contains("sqlState: 55P03"), worker.isRunning, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(50))
+            try await withTeardown { teardown in
+                let blocker = try await database.connect()
+                defer { blocker.close() }
+                try await blocker.simpleQuery("BEGIN; LOCK TABLE siwa.jobs IN ACCESS EXCLUSIVE MODE")
+                let worker = try ServiceProcess(
+                    "siwa-worker",
+                    environment: [
+                        "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
+                        "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info", "SIWA_POLL_INTERVAL": "200ms",
+                        "SIWA_WORKER_STATEMENT_TIMEOUT": "1s",
+                    ])
+                teardown.add { await worker.stop() }
+                // Without a bound the claim waits for the lock as long as it is held, and says nothing.
+                let deadline = ContinuousClock.now + .seconds(30)
+                while !worker.log.contains("sqlState: 55P03"), worker.isRunning, ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+                #expect(worker.log.contains("sqlState: 55P03"), "\(worker.log)")
+                try await blocker.simpleQuery("ROLLBACK")
+                #expect(worker.isRunning)
             }
-            #expect(worker.log.contains("sqlState: 55P03"), "\(worker.log)")
-            try await blocker.simpleQuery("ROLLBACK")
-            #expect(worker.isRunning)
         }
     }
 }

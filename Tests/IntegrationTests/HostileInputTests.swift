@@ -8,51 +8,53 @@ import Testing
 struct HostileInputTests {
     @Test func tenThousandMutatedBodiesGetOnlyContractAnswers() async throws {
         try await withMigratedDatabase { database in
-            let keys = try TestAppleKeys()
-            defer { keys.stop() }
-            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
-                databaseURL: database.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
-            defer { Task { await receiver.stop() } }
-            let path = base + "/apple/notifications"
+            try await withTeardown { teardown in
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                    databaseURL: database.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
+                teardown.add { await receiver.stop() }
+                let path = base + "/apple/notifications"
 
-            // Seeds: real-shaped bodies, plus signed claims that are hostile inside the signature.
-            var seeds: [[UInt8]] = []
-            for type in ["consent-revoked", "account-deleted", "email-disabled", "email-enabled", "account-delete"] {
-                seeds.append(Array(TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(type: type, email: "a@b.example")))))
-            }
-            let hostileEvents: [Any] = [
-                #"{"type":"consent-revoked","sub":"s","event_time":1e400}"#, 99_999_999_999_999_999_999.0,
-                String(repeating: "[", count: 2000), ["type": ["nested": ["deeper": [1, 2, 3]]]],
-                #"{"type":"email-enabled","sub":"s","event_time":1,"is_private_email":"maybe"}"#,
-            ]
-            for events in hostileEvents {
-                var claims = TestAppleKeys.claims()
-                claims["events"] = events
-                seeds.append(Array(TestAppleKeys.body(try keys.sign(claims))))
-            }
-            var generator = SeededGenerator(seed: 0x5157_4121)
-            let bodies = (0..<10_000).map { index in Mutator.mutate(seeds[index % seeds.count], using: &generator) }
-
-            let answers = try await concurrentMap(bodies, width: 48) { body in
-                do {
-                    return try await WideHTTP.post(path, body: Data(body))
-                } catch where body.count > 64 * 1024 {
-                    // Over the cap the server answers 413 and closes while the client may still be
-                    // sending (EPIPE on its side): counted as the 413 it is.
-                    return (413, "")
+                // Seeds: real-shaped bodies, plus signed claims that are hostile inside the signature.
+                var seeds: [[UInt8]] = []
+                for type in ["consent-revoked", "account-deleted", "email-disabled", "email-enabled", "account-delete"] {
+                    seeds.append(Array(TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(type: type, email: "a@b.example")))))
                 }
+                let hostileEvents: [Any] = [
+                    #"{"type":"consent-revoked","sub":"s","event_time":1e400}"#, 99_999_999_999_999_999_999.0,
+                    String(repeating: "[", count: 2000), ["type": ["nested": ["deeper": [1, 2, 3]]]],
+                    #"{"type":"email-enabled","sub":"s","event_time":1,"is_private_email":"maybe"}"#,
+                ]
+                for events in hostileEvents {
+                    var claims = TestAppleKeys.claims()
+                    claims["events"] = events
+                    seeds.append(Array(TestAppleKeys.body(try keys.sign(claims))))
+                }
+                var generator = SeededGenerator(seed: 0x5157_4121)
+                let bodies = (0..<10_000).map { index in Mutator.mutate(seeds[index % seeds.count], using: &generator) }
+
+                let answers = try await concurrentMap(bodies, width: 48) { body in
+                    do {
+                        return try await WideHTTP.post(path, body: Data(body))
+                    } catch where body.count > 64 * 1024 {
+                        // Over the cap the server answers 413 and closes while the client may still be
+                        // sending (EPIPE on its side): counted as the 413 it is.
+                        return (413, "")
+                    }
+                }
+                var byStatus: [Int: Int] = [:]
+                for (status, _) in answers { byStatus[status, default: 0] += 1 }
+                // 503 only for a mutated kid the refetch rate limit kept us from asking Apple about.
+                #expect(Set(byStatus.keys).isSubset(of: [200, 400, 401, 413, 503]), "\(byStatus)")
+                let unavailable = Set(answers.filter { $0.status == 503 }.map(\.body))
+                #expect(unavailable.isSubset(of: [#"{"error":"keys_unavailable"}"#]), "\(unavailable)")
+                #expect(receiver.isRunning)
+                #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
+                let valid = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims()))
+                #expect(try await HTTP.request("POST", path, body: valid).status == 200)
+                print("hostile.receiver: \(bodies.count) bodies → \(byStatus.sorted { $0.key < $1.key })")
             }
-            var byStatus: [Int: Int] = [:]
-            for (status, _) in answers { byStatus[status, default: 0] += 1 }
-            // 503 only for a mutated kid the refetch rate limit kept us from asking Apple about.
-            #expect(Set(byStatus.keys).isSubset(of: [200, 400, 401, 413, 503]), "\(byStatus)")
-            let unavailable = Set(answers.filter { $0.status == 503 }.map(\.body))
-            #expect(unavailable.isSubset(of: [#"{"error":"keys_unavailable"}"#]), "\(unavailable)")
-            #expect(receiver.isRunning)
-            #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
-            let valid = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims()))
-            #expect(try await HTTP.request("POST", path, body: valid).status == 200)
-            print("hostile.receiver: \(bodies.count) bodies → \(byStatus.sorted { $0.key < $1.key })")
         }
     }
 }

@@ -3,7 +3,8 @@ import Postgres
 import Testing
 
 /// The model-based interleaving test of the account lifecycle (issue 10): seeded sequences of app
-/// calls, notifications, Apple's answers, worker crashes and stalls, each run against the real SQL
+/// calls, sign-ins through the app API (with Apple's answer to their exchange held while other
+/// steps run), notifications, Apple's answers, worker crashes and stalls, each run against the real SQL
 /// and the real Apple handlers and queue with the fake Apple, driven to quiescence and checked
 /// against the lifecycle invariants (`LifecycleModelChecks`). A failure prints the seed and the
 /// sequence shrunk to the steps that matter.

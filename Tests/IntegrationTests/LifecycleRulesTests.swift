@@ -443,7 +443,7 @@ extension LifecycleRulesTests {
                 INSERT INTO siwa.account_changes (client_id, sub, change, created_at)
                 VALUES ('c', 'old', 'linked', now() - interval '31 days'), ('c', 'new', 'linked', now() - interval '29 days')
                 """)
-            #expect(try await h.connection.execute(JobQueue.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.connection.execute(Retention.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400))) == 1)
             #expect(try await h.scalar(String.self, "SELECT string_agg(sub, ',') FROM siwa.account_changes") == "new")
         }
     }
@@ -480,7 +480,7 @@ extension LifecycleRulesTests {
                     """)
             }
             #expect(
-                try await h.connection.execute(JobQueue.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400))) == 1)
+                try await h.connection.execute(Retention.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400))) == 1)
             #expect(try await h.scalar(String.self, "SELECT jti FROM siwa.notifications WHERE jws IS NULL AND email IS NULL") == "n-old")
             #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.notifications WHERE jws IS NOT NULL") == 1)
         }
@@ -521,6 +521,28 @@ extension LifecycleRulesTests {
             #expect(try await h.run(revoke) == .completedByHandler)
             #expect(try await h.status("001.imp") == "deleted")
             #expect(h.fake.isRevoked(refreshToken: "rtok-imported") == true)
+        }
+    }
+
+    /// A token imported after the deletion finished (a legacy store exported before it) was never
+    /// seen by that deletion: it is revoked by a job of its own, and the account stays deleted.
+    @Test func importAfterTheDeletionFinishedIsRevoked() async throws {
+        try await withLifecycle { h in
+            try await h.linkAccount(sub: "001.imp-late")
+            let deletion = try await h.requestDeletion(sub: "001.imp-late")
+            #expect(try await h.run(deletion) == .completedByHandler)
+            #expect(try await h.status("001.imp-late") == "deleted")
+            h.fake.registerRefreshToken("rtok-imported-late", clientID: Self.client, sub: "001.imp-late")
+            let summary = try await AccountImporter(connection: h.connection, tokenBox: h.tokenBox)
+                .run(lines: ["\(Self.client),001.imp-late,user-i,rtok-imported-late"])
+            #expect(summary.imported == 0 && summary.skipped == 1)
+            let late = try #require(
+                try await h.scalar(
+                    Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'revoke' AND sub = '001.imp-late' AND id > \(deletion)"))
+            #expect(try await h.run(late) == .completedByHandler)
+            #expect(h.fake.isRevoked(refreshToken: "rtok-imported-late") == true)
+            #expect(try await h.status("001.imp-late") == "deleted")
+            #expect(try await h.storedToken("001.imp-late") == nil)
         }
     }
 }

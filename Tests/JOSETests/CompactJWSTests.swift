@@ -1,5 +1,6 @@
 import CryptoCore
 import JOSE
+import JSON
 import Testing
 
 @Suite struct CompactJWSTests {
@@ -15,8 +16,7 @@ import Testing
         #expect(jws.payloadBytes == Array(#"{"iss":"x"}"#.utf8))
         #expect(jws.signatureBytes == [1, 2, 3])
         #expect(jws.signingInput == Array(token.split(separator: ".")[0...1].joined(separator: ".").utf8))
-        struct Claims: Decodable { var iss: String }
-        #expect(try jws.decodePayload(as: Claims.self).iss == "x")
+        #expect(JSONValue.object(jws.payloadBytes)?["iss"]?.stringValue == "x")
     }
 
     @Test func emptySignatureParses() throws {

@@ -1,5 +1,6 @@
 import CryptoCore
 import JOSE
+import JSON
 import Testing
 
 @Suite struct RS256Tests {
@@ -158,12 +159,13 @@ import Testing
     }
 
     @Test func encodableClaims() throws {
-        struct Claims: Codable, Equatable { var iss: String; var url: String }
+        struct Claims: Encodable { var iss: String; var url: String }
         let claims = Claims(iss: "https://appleid.apple.com", url: "a/b")
         let token = try JWTSigner.rs256(claims: claims, keyID: "apple-1", privateKey: Self.appleKey)
         let jws = try CompactJWS(token)
         try RS256.verify(jws, keys: Self.keys)
-        #expect(try jws.decodePayload(as: Claims.self) == claims)
+        let decoded = JSONValue.object(jws.payloadBytes)
+        #expect(decoded?["iss"]?.stringValue == claims.iss && decoded?["url"]?.stringValue == claims.url)
         #expect(String(decoding: jws.payloadBytes, as: UTF8.self) == #"{"iss":"https://appleid.apple.com","url":"a/b"}"#)
     }
 }

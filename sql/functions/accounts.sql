@@ -43,7 +43,7 @@ $$;
 CREATE OR REPLACE FUNCTION siwa.record_change(
     p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
 ) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     account siwa.accounts;
     change_id bigint;
@@ -72,7 +72,7 @@ $$;
 -- Locks the account row (FOR UPDATE), creating it in `p_status` when missing. Returns whether it
 -- was created; the caller reads the row.
 CREATE OR REPLACE FUNCTION siwa.lock_account(p_client_id text, p_sub text, p_status text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     created boolean;
 BEGIN
@@ -102,7 +102,7 @@ CREATE OR REPLACE FUNCTION siwa.account_linked(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
     p_for_deletion boolean, p_queued_before_deletion boolean, p_job_id bigint,
     OUT result_status text, OUT result_created boolean, OUT result_change text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     a siwa.accounts;
     event text;
@@ -154,12 +154,13 @@ $$;
 
 -- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
 -- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
--- `imported`; a pending deletion keeps it to revoke; other statuses are left alone. Returns whether
--- the account was imported.
+-- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
+-- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
+-- was imported.
 CREATE OR REPLACE FUNCTION siwa.account_imported(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
 ) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     created boolean;
     a siwa.accounts;
@@ -182,9 +183,14 @@ BEGIN
         PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
         RETURN true;
     END IF;
-    IF a.status = 'pending_deletion' THEN
+    IF a.status IN ('pending_deletion', 'deleted') THEN
         UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
+        -- A finished deletion never saw this token: revoke it now, as for a late link.
+        IF a.status = 'deleted' THEN
+            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+        END IF;
     END IF;
     RETURN false;
 END
@@ -197,7 +203,7 @@ $$;
 CREATE OR REPLACE FUNCTION siwa.exchange_succeeded(
     p_job_id bigint, p_token_enc bytea, p_email text, p_is_private_email boolean
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
     result record;
@@ -227,7 +233,7 @@ $$;
 -- it was lost, and nothing is written. The code is removed; the account is untouched; a link
 -- records `link_failed` with the reason.
 CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integer, p_reason text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
 BEGIN
@@ -260,7 +266,7 @@ $$;
 --   `superseded` the account is no longer pending deletion (completed).
 CREATE OR REPLACE FUNCTION siwa.revoke_step(p_job_id bigint, p_attempt integer)
 RETURNS TABLE (action text, token_enc bytea, wait_seconds double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
     a siwa.accounts;
@@ -323,7 +329,7 @@ $$;
 -- whoever holds the lease now, so it leaves the account (current or retired) and counts for the
 -- deletion's reason. Returns whether the token was still stored.
 CREATE OR REPLACE FUNCTION siwa.revoke_succeeded(p_job_id bigint, p_token_enc bytea) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
     removed integer;
@@ -351,7 +357,7 @@ $$;
 CREATE OR REPLACE FUNCTION siwa.reconcile_result(
     p_job_id bigint, p_attempt integer, p_token_enc bytea, p_answer text
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
     a siwa.accounts;
@@ -385,28 +391,34 @@ BEGIN
 END
 $$;
 
--- The app API's sign-in (i11): a verified identity token for (p_client_id, p_sub), with the token of
--- the code it exchanged (sealed for the row) or NULL. `p_checked_at`: when the caller checked the
--- account was not pending deletion, before its exchange; a deletion requested since then is not
--- undone (the token is kept for it, the status stays). Returns the status after it and whether the
--- account row is new.
+-- Its predecessor judged by timestamps (a deletion's start time), which is not commit order.
+DROP FUNCTION IF EXISTS siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz);
+
+-- The app API's sign-in (siwa.sign_in): a verified identity token for (p_client_id, p_sub), with
+-- the token of the code it exchanged (sealed for the row) or NULL. The caller read the account's
+-- `deletion_requests` (p_deletion_requests_seen) when it found no deletion pending, before its
+-- exchange; any request counted since wins: the sign-in then keeps the token for that deletion
+-- (pending), has it revoked (finished), or leaves it with a newer life, and the status stays. A
+-- counter follows commit order whatever the transactions' start times, and it sees a repeated
+-- request on a deleted account, which changes nothing else. Returns the status after it and whether
+-- the account row is new.
 CREATE OR REPLACE FUNCTION siwa.sign_in_succeeded(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea, p_email text, p_is_private_email boolean,
-    p_checked_at timestamptz DEFAULT NULL, OUT status text, OUT created boolean)
-LANGUAGE plpgsql AS $$
+    p_deletion_requests_seen bigint, OUT status text, OUT created boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     deletion_after boolean;
     result record;
 BEGIN
-    SELECT EXISTS (SELECT 1 FROM siwa.jobs r
-                    WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
-                      AND r.created_at > p_checked_at)
-      INTO deletion_after;
+    -- The count is judged under the account's lock, so no request can slip in before the write.
+    created := siwa.lock_account(p_client_id, p_sub, 'active');
+    SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after
+      FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
     SELECT * INTO result
       FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
                                false, deletion_after, NULL);
     status := result.result_status;
-    created := result.result_created;
+    created := created OR result.result_created;
 END
 $$;
 
@@ -461,8 +473,11 @@ BEGIN
         RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
     PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
-    SELECT * INTO a FROM siwa.accounts
-     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub;
+    -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
+    -- siwa.sign_in_succeeded) and must lose to any request made after its read.
+    UPDATE siwa.accounts SET deletion_requests = accounts.deletion_requests + 1
+     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub
+    RETURNING * INTO a;
 
     IF a.status IN ('pending_deletion', 'deleted') THEN
         SELECT j.id INTO job_id FROM siwa.jobs j
@@ -537,7 +552,7 @@ BEGIN
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
             siwa.reconcile_result(bigint, integer, bytea, text),
-            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, timestamptz),
+            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text)
            TO siwa_worker;

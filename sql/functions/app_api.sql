@@ -38,14 +38,13 @@ $$;
 -- The account effect of a verified sign-in: one event of the account state machine
 -- (siwa.sign_in_succeeded in accounts.sql decides the status), answered with the account as
 -- siwa.account shows it and whether its row is new. p_refresh_token_enc: the token of the code this
--- sign-in exchanged (sealed for the row), or NULL. p_checked_at: when the caller read the account
--- and found no deletion pending, before its exchange; a deletion requested since then is not undone
--- (the status stays pending_deletion or deleted, the token is kept for the deletion to revoke, and
--- the caller answers 403).
-DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+-- sign-in exchanged (sealed for the row), or NULL. p_deletion_requests_seen: the account's
+-- `deletion_requests` when the caller read it and found no deletion pending, before its exchange; a
+-- deletion requested since then is not undone (the status stays pending_deletion or deleted, the
+-- token is kept for the deletion to revoke, and the caller answers 403).
 CREATE OR REPLACE FUNCTION siwa.sign_in(
     p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
-    p_checked_at timestamptz
+    p_deletion_requests_seen bigint
 ) RETURNS TABLE (
     client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
     email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
@@ -61,11 +60,36 @@ BEGIN
         RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
     SELECT * INTO outcome
-      FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email, p_checked_at);
-    RETURN QUERY SELECT v.client_id, v.sub, v.app_user_id, v.status, v.email, v.is_private_email, v.email_forwarding,
-                        v.sessions_revoked_at, v.linked_at, v.updated_at, v.has_refresh_token, outcome.created
-                   FROM siwa.account(p_client_id, p_sub) v;
+      FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
+                                  p_deletion_requests_seen);
+    RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
 END
+$$;
+
+-- The same for workers of the previous release during an upgrade, which pass when they read the
+-- account (`p_checked_at`) instead of the count: a deletion whose revoke had not finished by then
+-- counts as requested after the read (that release's rule, without its clock skew), so the count
+-- handed on is one short of the account's.
+DROP FUNCTION IF EXISTS siwa.sign_in(text, text, text, boolean, bytea);
+CREATE OR REPLACE FUNCTION siwa.sign_in(
+    p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+    p_checked_at timestamptz
+) RETURNS TABLE (
+    client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+    email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+    has_refresh_token boolean, is_new boolean
+)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM siwa.sign_in(p_client_id, p_sub, p_email, p_is_private_email, p_refresh_token_enc,
+        (SELECT coalesce(max(a.deletion_requests), 0)
+                - CASE WHEN EXISTS (SELECT 1 FROM siwa.jobs r
+                                     WHERE r.client_id = p_client_id AND r.sub = p_sub AND r.kind = 'revoke'
+                                       AND NOT r.args ? 'late_token'
+                                       AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
+                       THEN 1 ELSE 0 END
+           FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub))
 $$;
 
 -- Sets the app's own user id on an account; false when there is no such account.
@@ -87,6 +111,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
+                                  siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                   siwa.set_app_user_id(text, text, text)
            TO siwa_worker;
     END IF;

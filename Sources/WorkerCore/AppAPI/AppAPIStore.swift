@@ -87,37 +87,41 @@ struct AppAPIStore: Sendable {
         }
     }
 
-    /// What a sign-in needs to know before calling Apple, and when it looked (the database's clock,
-    /// which `siwa.sign_in` compares with a deletion requested meanwhile).
+    /// What a sign-in needs to know before calling Apple, and how many deletions had been requested
+    /// for the account (`siwa.sign_in` lets any request counted after this read win).
     struct SignInState: Sendable {
         var status: String?
         var hasRefreshToken: Bool
-        var checkedAt: Date
+        var deletionRequests: Int64
     }
 
     func signInState(clientID: String, sub: String) async throws -> SignInState {
         try await run { connection in
             let row = try await connection.query(
                 """
-                SELECT now() AS checked_at, a.status, coalesce(a.has_refresh_token, false) AS has_refresh_token
-                  FROM (SELECT 1) AS one LEFT JOIN siwa.account(\(clientID), \(sub)) AS a ON true
+                SELECT a.status, a.refresh_token_enc IS NOT NULL AS has_refresh_token,
+                       coalesce(a.deletion_requests, 0) AS deletion_requests
+                  FROM (SELECT 1) AS one
+                  LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
                 """)[0]
             return SignInState(
                 status: try row.decode(String?.self, column: "status"),
                 hasRefreshToken: try row.decode(Bool.self, column: "has_refresh_token"),
-                checkedAt: try row.decode(Date.self, column: "checked_at"))
+                deletionRequests: try row.decode(Int64.self, column: "deletion_requests"))
         }
     }
 
     /// The sign-in event (`siwa.sign_in`): the account after it; its status is not `active` when a
-    /// deletion was requested after `checkedAt` (the token is then kept for that deletion).
+    /// deletion was requested after the read that counted `deletionRequestsSeen` (the token is then
+    /// kept for that deletion, or revoked if it finished).
     func signIn(
-        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?, checkedAt: Date
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?,
+        deletionRequestsSeen: Int64
     ) async throws -> Account {
         try await run { connection in
             let row = try await connection.query(
                 """
-                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(checkedAt))
+                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen))
                 """)[0]
             var account = try Account(row)
             account.isNew = try row.decode(Bool.self, column: "is_new")

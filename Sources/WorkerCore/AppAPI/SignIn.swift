@@ -116,7 +116,8 @@ struct SignIn: Sendable {
             let sealed = try refreshToken.map { try tokenBox.seal($0, clientID: request.clientID, sub: identity.sub) }
             let account = try await store.signIn(
                 clientID: request.clientID, sub: identity.sub, email: identity.email,
-                isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed, checkedAt: state.checkedAt)
+                isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed,
+                deletionRequestsSeen: state.deletionRequests)
             // A deletion requested while Apple was asked: it stands, and holds the token to revoke it.
             guard account.status == "active" else { return .failure(.accountDeleting) }
             return .success([

@@ -114,20 +114,7 @@ package struct ReconcileScheduler: Sendable {
 
     /// Queues at most `batchSize` jobs; returns how many.
     package func queueBatch() async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
-                SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
-                 WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
-                   AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
-                   AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
-                                    WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
-                                      AND j.state IN ('available', 'running'))
-                 ORDER BY a.token_checked_at NULLS FIRST
-                 LIMIT \(batchSize)
-                """)
-        }
+        try await JobQueue(pool: pool).queueReconciles(limit: batchSize)
     }
 
     /// One batch per `interval` until cancelled; errors are logged and retried next time.

@@ -67,37 +67,9 @@ struct StatusReport {
     }
 
     private static func read(_ connection: PostgresConnection) async throws -> StatusReport {
-
-        var jobs: [String: [String: Int]] = [:]
-        for kind in JobAdministration.kinds {
-            jobs[kind] = Dictionary(uniqueKeysWithValues: JobAdministration.states.map { ($0, 0) })
-        }
-        for row in try await connection.query("SELECT kind, state, count(*) AS n FROM siwa.jobs GROUP BY kind, state") {
-            jobs[try row.decode(String.self, column: "kind"), default: [:]][try row.decode(String.self, column: "state")] =
-                try row.decode(Int.self, column: "n")
-        }
-
-        let ready = try await connection.query(
-            """
-            SELECT count(*) AS n, extract(epoch FROM now() - min(run_at))::float8 AS oldest
-              FROM siwa.jobs WHERE state = 'available' AND run_at <= now()
-            """)[0]
-
-        // A deletion is as old as its revoke job (the account row's updated_at moves on later events).
-        let deletions = try await connection.query(
-            """
-            SELECT a.client_id, a.sub,
-                   extract(epoch FROM now() - coalesce(
-                       (SELECT min(j.created_at) FROM siwa.jobs j
-                         WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
-                           AND j.state <> 'cancelled'),
-                       a.updated_at))::float8 AS age,
-                   count(*) OVER () AS total
-              FROM siwa.accounts a
-             WHERE a.status = 'pending_deletion'
-             ORDER BY age DESC
-             LIMIT 1
-            """)
+        let jobs = try await JobQueue.countsByKindAndState(on: connection)
+        let backlog = try await JobQueue.backlog(on: connection)
+        let deletions = try await JobQueue.pendingDeletions(on: connection)
         let paused = try await connection.query(
             "SELECT client_id, reason, paused_at, next_probe_at FROM siwa.paused_clients ORDER BY client_id")
         let received = try await connection.query(
@@ -115,16 +87,16 @@ struct StatusReport {
         let webhookRegistration = try await WebhookQueue.registration(on: connection)
         let webhookBacklog = try await WebhookQueue.backlog(on: connection)
 
-        let oldestDeletion = try deletions.first.map {
-            (clientID: try $0.decode(String.self, column: "client_id"), sub: try $0.decode(String.self, column: "sub"))
+        let oldestDeletion = deletions.oldestClientID.flatMap { clientID in
+            deletions.oldestSub.map { (clientID: clientID, sub: $0) }
         }
         return StatusReport(
             generatedAt: Date(),
             jobs: jobs,
-            readyJobs: try ready.decode(Int.self, column: "n"),
-            oldestReadySeconds: try ready.decode(Double?.self, column: "oldest"),
-            pendingDeletions: try deletions.first?.decode(Int.self, column: "total") ?? 0,
-            oldestPendingDeletionSeconds: try deletions.first?.decode(Double?.self, column: "age"),
+            readyJobs: backlog.ready,
+            oldestReadySeconds: backlog.oldestReadySeconds,
+            pendingDeletions: deletions.count,
+            oldestPendingDeletionSeconds: deletions.oldestSeconds,
             oldestPendingDeletion: oldestDeletion,
             pausedClients: try paused.map { row in
                 PausedClient(

@@ -34,6 +34,12 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     /// The user withdraws consent in Settings: Apple ends the grants issued so far (Apple's
     /// notification, if any, is a separate step).
     case userRevokesAtApple
+    /// The user signs in through the app API (`POST /v1/sign-in`: nonce, identity token, with a
+    /// fresh authorization code or without); Apple answers the exchange, if one is made, with `answer`.
+    case signIn(withCode: Bool, answer: AppleAnswer)
+    /// As `signIn` with a code, but Apple's answer to the exchange stays in flight until `release`:
+    /// the sign-in has read the account, and other steps run before it writes.
+    case slowSignIn(answer: AppleAnswer)
 
     var description: String {
         switch self {
@@ -49,6 +55,9 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
         case .resumeStalled(let answer): "stalled worker resumes; Apple answers \(answer)"
         case .reconcile: "reconcile scheduler: token check due"
         case .userRevokesAtApple: "user withdraws consent at Apple (grants end)"
+        case .signIn(let withCode, let answer):
+            "app API sign-in " + (withCode ? "with a fresh code; Apple answers the exchange \(answer)" : "without a code")
+        case .slowSignIn(let answer): "app API sign-in with a fresh code; Apple's answer to the exchange (\(answer)) stays in flight"
         }
     }
 }
@@ -59,11 +68,15 @@ enum AppCall: Hashable, Sendable, CustomStringConvertible {
     case link(longUserID: Bool)
     /// `siwa.request_deletion`, with a fresh code or without.
     case requestDeletion(withCode: Bool)
+    /// Not an app transaction: a sign-in through the app API, placed among the app's calls where
+    /// it read the account (a deletion committed after that read wins). `accepted`: it answered 200.
+    case signIn(accepted: Bool)
 
     var description: String {
         switch self {
         case .link(let long): long ? "link_account(fresh code, 8000-character app_user_id)" : "link_account(fresh code)"
         case .requestDeletion(let withCode): withCode ? "request_deletion(fresh code)" : "request_deletion()"
+        case .signIn(let accepted): accepted ? "app API sign-in (200)" : "app API sign-in (refused)"
         }
     }
 }
@@ -114,7 +127,7 @@ struct ModelGenerator {
     }
 
     private func nextStep(_ random: inout SeededGenerator, inFlight: Bool, stalled: Bool) -> ModelStep {
-        let roll = Int.random(in: 0..<100, using: &random)
+        let roll = Int.random(in: 0..<110, using: &random)
         switch roll {
         case 0..<20:
             let count = Int.random(in: 0..<10, using: &random) < 7 ? 1 : 2
@@ -138,8 +151,12 @@ struct ModelGenerator {
             return stalled ? .resumeStalled(answer(&random)) : .stall(pick: pick(&random))
         case 93..<98:
             return .reconcile
-        default:
+        case 98..<100:
             return .userRevokesAtApple
+        case 100..<106:
+            return .signIn(withCode: Int.random(in: 0..<10, using: &random) < 8, answer: answer(&random))
+        default:
+            return inFlight ? .release : .slowSignIn(answer: answer(&random))
         }
     }
 
@@ -252,6 +269,10 @@ struct ModelShrinker {
         case .crash(let pick) where pick != 0: [.crash(pick: 0)]
         case .stall(let pick) where pick != 0: [.stall(pick: 0)]
         case .resumeStalled(let answer) where answer != .ok: [.resumeStalled(.ok)]
+        case .signIn(let withCode, let answer) where !withCode || answer != .ok:
+            [.signIn(withCode: true, answer: answer), .signIn(withCode: withCode, answer: .ok)].filter { $0 != step }
+        case .slowSignIn(let answer):
+            [.signIn(withCode: true, answer: answer)] + (answer != .ok ? [.slowSignIn(answer: .ok)] : [])
         default: []
         }
     }
@@ -272,17 +293,28 @@ extension ModelStep {
         case .resumeStalled(let answer): "stalled worker resumes, Apple answers \(answer)"
         case .reconcile: "reconcile queued"
         case .userRevokesAtApple: "user ends grants at Apple"
+        case .signIn(let withCode, let answer): withCode ? "sign-in, Apple answers \(answer)" : "sign-in without a code"
+        case .slowSignIn(let answer): "sign-in, Apple slow then \(answer)"
         }
     }
 }
 
 extension AppCall {
-    var isLink: Bool { if case .link = self { true } else { false } }
+    /// A call after which the account lives again: `link_account`, or a sign-in that was accepted.
+    var isLink: Bool {
+        switch self {
+        case .link, .signIn(accepted: true): true
+        default: false
+        }
+    }
+
+    var isDeletion: Bool { if case .requestDeletion = self { true } else { false } }
 
     func takesCode(deletionWithCode: Bool) -> Bool {
         switch self {
         case .link: true
         case .requestDeletion(let withCode): withCode && deletionWithCode
+        case .signIn: false  // its code comes with the identity token (ModelRun.signIn)
         }
     }
 }

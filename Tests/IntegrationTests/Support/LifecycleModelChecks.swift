@@ -80,7 +80,7 @@ extension ModelRun {
         if status == "pending_deletion" {
             violations.append(.init(.deletionEndsDeleted, "pending_deletion at quiescence", "the account never left pending_deletion"))
         }
-        if let last = committed.lastIndex(where: { if case .requestDeletion = $0.call { true } else { false } }),
+        if let last = committed.lastIndex(where: \.call.isDeletion),
             !committed[(last + 1)...].contains(where: { $0.call.isLink }), status != "deleted"
         {
             violations.append(
@@ -88,7 +88,7 @@ extension ModelRun {
                     .deletionEndsDeleted, "ends \(status ?? "without a row") with no link after the deletion",
                     "the last app call to commit was a deletion; the account ends \(status ?? "without a row")"))
         }
-        for call in committed where !call.call.isLink && call.statusBefore != "deleted" {
+        for call in committed where call.call.isDeletion && call.statusBefore != "deleted" {
             if !changes.contains(where: { $0.change == "deleted" && $0.id > call.changeMark }) {
                 violations.append(
                     .init(
@@ -98,10 +98,17 @@ extension ModelRun {
         }
 
         // No refresh token outlives a deletion unrevoked: every token from a code given before a
-        // committed deletion (the deletion's own included) is dead at Apple by the end.
-        for (position, call) in committed.enumerated() where !call.call.isLink {
+        // committed deletion (the deletion's own included) is dead at Apple by the end. Unless the
+        // account lives again after that deletion and holds the token: a sign-in that read the
+        // account before the deletion can obtain its token after the deletion finished and a new
+        // life began; revoking it then would end the new life's grant at Apple too (a revoke ends
+        // the user's authorization, not one token), so the account keeps it for its next deletion.
+        let heldAtEnd = try await heldTokens()
+        for (position, call) in committed.enumerated() where call.call.isDeletion {
             let codes = Set(committed[...position].compactMap(\.code))
+            let livesAgain = status != "deleted" && committed[(position + 1)...].contains(where: \.call.isLink)
             for token in tokens where token.code.map(codes.contains) == true && !token.dead {
+                if livesAgain && heldAtEnd.contains(token.token) { continue }
                 violations.append(
                     .init(
                         .tokensRevoked,
@@ -113,12 +120,22 @@ extension ModelRun {
         }
         // ...nor can a later deletion revoke a token the account no longer holds: one that was
         // replaced or discarded must be dead at Apple.
-        let held = try await heldTokens()
+        let held = heldAtEnd
         for token in tokens where everStored.contains(token.token) && !held.contains(token.token) && !token.dead {
             violations.append(
                 .init(
                     .tokensRevoked, "stored token dropped while live at Apple (by the \(dropped[token.token] ?? "?"))",
                     "a token issued \(token.issuedAt) was stored, then replaced or discarded unrevoked; account ends \(status ?? "-")"))
+        }
+        // An account that ends deleted has no live grant at Apple: whatever issued a token (a code
+        // before the deletion, a late exchange, a sign-in that lost to it), it was revoked.
+        if status == "deleted" {
+            for token in tokens where !token.dead {
+                violations.append(
+                    .init(
+                        .tokensRevoked, "deleted account with a live token at Apple",
+                        "a token issued \(token.issuedAt) (stored by us: \(everStored.contains(token.token))) is live; the account ends deleted"))
+            }
         }
         if status == "deleted", account?.hasToken == true {
             violations.append(.init(.tokensRevoked, "deleted account keeps a token", "refresh_token_enc is set on a deleted account"))

@@ -35,6 +35,8 @@ final class ModelRun {
     private var linkCount = 0
     private var inFlight: InFlight?
     private var stalled: Job?
+    /// The sequence's app API, started at its first sign-in.
+    private var appAPI: ModelAppAPI?
 
     struct CommittedCall {
         var call: AppCall
@@ -53,6 +55,8 @@ final class ModelRun {
         var holds: [FakeAppleHeldCall]
         var answer: AppleAnswer
         var finished: LockedBox<Bool>
+        /// A sign-in waiting for Apple: its place in `committed`, settled when it answers.
+        var signIn: Int? = nil
     }
 
     /// `grouped`: the account is linked under a website's Services ID grouped (`SIWA_APP_GROUPS`)
@@ -98,6 +102,7 @@ final class ModelRun {
         } catch {
             violations.append(.init(.harness, "quiescence threw \(Self.errorKind(error))", "\(error)"))
         }
+        await appAPI?.shutDown()
     }
 
     private static let noOps = [
@@ -148,6 +153,8 @@ final class ModelRun {
         case .userRevokesAtApple:
             world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: stepStarts[index])
             return "grants ended at Apple"
+        case .signIn(let withCode, let answer): return try await signIn(withCode: withCode, answer: answer)
+        case .slowSignIn(let answer): return try await startSlowSignIn(answer: answer)
         }
     }
 
@@ -207,6 +214,8 @@ final class ModelRun {
             let appUserID = long ? String(repeating: "u", count: 8000) : "user-\(linkCount)"
             return try await connection.query(
                 "SELECT siwa.link_account(\(clientID), \(sub), \(appUserID), \(code))")[0].decode(Int64.self, at: 0)
+        case .signIn:
+            throw HarnessError(message: "a sign-in is not an app transaction's call")
         case .requestDeletion:
             if let code {
                 return try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub), \(code))")[0]
@@ -349,7 +358,80 @@ final class ModelRun {
         if what.contains("timeout") {
             violations.append(.init(.harness, "held call timed out at the client", what))
         }
+        if let index = inFlight.signIn { settleSignIn(at: index, what, withCode: true, answer: answer) }
         return what
+    }
+
+    // MARK: Sign-in through the app API
+
+    /// A sign-in, placed among the app's calls where it reads the account (before the request: no
+    /// other step runs meanwhile). Apple's answer to an exchange is injected for the request only.
+    private func signIn(withCode: Bool, answer: AppleAnswer) async throws -> String {
+        let api = try await startedAppAPI()
+        let (body, code) = try await api.prepare(withCode: withCode)
+        if withCode, let failure = Self.exchangeFailure(answer) {
+            world.fake.injectFailures(endpoint: "token", clientID: clientID, responses: [failure])
+        }
+        let index = placeSignIn(code: code)
+        let what = try await api.signIn(body)
+        // An answer no exchange took (the account held a token) must not reach a later job.
+        world.fake.clearFailures(clientID: clientID)
+        settleSignIn(at: index, what, withCode: withCode, answer: answer)
+        return what
+    }
+
+    /// A sign-in whose exchange Apple holds: it has read the account when the call arrives, and
+    /// writes only after `release`.
+    private func startSlowSignIn(answer: AppleAnswer) async throws -> String {
+        guard inFlight == nil else { return "a call is already in flight" }
+        let api = try await startedAppAPI()
+        let (body, code) = try await api.prepare(withCode: true)
+        let hold = world.fake.holdNextCall(endpoint: "token", clientID: clientID)
+        let index = placeSignIn(code: code)
+        let finished = LockedBox(false)
+        let task = Task {
+            defer { finished.value = true }
+            return try await api.signIn(body)
+        }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !finished.value, !hold.hasArrived {
+            guard ContinuousClock.now < deadline else { throw HarnessError(message: "the sign-in's exchange never reached Apple") }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        guard hold.hasArrived else {
+            // Answered without an exchange (a token held, or a deletion pending).
+            hold.release()
+            let what = try await task.value
+            settleSignIn(at: index, what, withCode: true, answer: .ok)
+            return what + " (no exchange to hold)"
+        }
+        inFlight = InFlight(task: task, holds: [hold], answer: answer, finished: finished, signIn: index)
+        return "sign-in waiting for Apple"
+    }
+
+    private func startedAppAPI() async throws -> ModelAppAPI {
+        if let appAPI { return appAPI }
+        let api = try await ModelAppAPI(world: world, clientID: clientID, sub: sub)
+        appAPI = api
+        return api
+    }
+
+    private func placeSignIn(code: String?) -> Int {
+        committed.append(CommittedCall(call: .signIn(accepted: false), code: code, statusBefore: nil, changeMark: 0, jobID: 0))
+        return committed.count - 1
+    }
+
+    private func settleSignIn(at index: Int, _ what: String, withCode: Bool, answer: AppleAnswer) {
+        committed[index].call = .signIn(accepted: ModelSignInRule.accepted(what))
+        if let problem = ModelSignInRule.violation(what, withCode: withCode, answer: answer) {
+            violations.append(.init(.appCall, "sign-in answered \(problem.split(separator: " ").first ?? "")", problem))
+        }
+    }
+
+    /// What the fake answers an exchange with; Apple hanging is its gateway's 504 (the API's own
+    /// 5 s bound is covered by AppAPISignInTests).
+    private static func exchangeFailure(_ answer: AppleAnswer) -> FakeAppleFailure? {
+        answer == .timeout ? .status(504) : ModelWorld.failure(for: answer)
     }
 
     private func resumeStalled(answer: AppleAnswer) async throws -> String {

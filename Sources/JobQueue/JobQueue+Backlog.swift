@@ -1,0 +1,78 @@
+package import Postgres
+
+/// What is waiting in `siwa.jobs`, read by the worker's gauges and by `siwa status`: both show the
+/// same numbers because both read them here.
+extension JobQueue {
+    package struct Backlog: Sendable, Equatable {
+        /// Available jobs already due (a held notification, `run_at` infinity, is not due).
+        package var ready: Int
+        /// How long the oldest due job has waited; nil when none is due.
+        package var oldestReadySeconds: Double?
+        /// Age of the oldest revoke not yet finished (a deletion waiting on Apple); nil when none.
+        package var oldestPendingRevokeSeconds: Double?
+        package var pausedClients: Int
+    }
+
+    /// One pass over the jobs not yet final.
+    package static func backlog(on connection: PostgresConnection) async throws -> Backlog {
+        let row = try await connection.query(
+            """
+            SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now()) AS ready,
+                   extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now()))::float8
+                       AS oldest_ready,
+                   extract(epoch FROM now() - min(created_at) FILTER (WHERE kind = 'revoke'))::float8 AS oldest_revoke,
+                   (SELECT count(*) FROM siwa.paused_clients) AS paused
+              FROM siwa.jobs WHERE state IN ('available', 'running')
+            """)[0]
+        return Backlog(
+            ready: try row.decode(Int.self, column: "ready"),
+            oldestReadySeconds: try row.decode(Double?.self, column: "oldest_ready"),
+            oldestPendingRevokeSeconds: try row.decode(Double?.self, column: "oldest_revoke"),
+            pausedClients: try row.decode(Int.self, column: "paused"))
+    }
+
+    /// counts[kind][state], every kind and state present (zero when no such job).
+    package static func countsByKindAndState(on connection: PostgresConnection) async throws -> [String: [String: Int]] {
+        var counts: [String: [String: Int]] = [:]
+        for kind in JobAdministration.kinds {
+            counts[kind] = Dictionary(uniqueKeysWithValues: JobAdministration.states.map { ($0, 0) })
+        }
+        for row in try await connection.query("SELECT kind, state, count(*) AS n FROM siwa.jobs GROUP BY kind, state") {
+            counts[try row.decode(String.self, column: "kind"), default: [:]][try row.decode(String.self, column: "state")] =
+                try row.decode(Int.self, column: "n")
+        }
+        return counts
+    }
+
+    package struct PendingDeletions: Sendable, Equatable {
+        package var count: Int
+        /// The oldest one: its account and age, nil when there is none.
+        package var oldestClientID: String?
+        package var oldestSub: String?
+        package var oldestSeconds: Double?
+    }
+
+    /// Accounts in `pending_deletion`. A deletion is as old as its revoke job (the account row's
+    /// `updated_at` moves on later events).
+    package static func pendingDeletions(on connection: PostgresConnection) async throws -> PendingDeletions {
+        let rows = try await connection.query(
+            """
+            SELECT a.client_id, a.sub,
+                   extract(epoch FROM now() - coalesce(
+                       (SELECT min(j.created_at) FROM siwa.jobs j
+                         WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
+                           AND j.state <> 'cancelled'),
+                       a.updated_at))::float8 AS age,
+                   count(*) OVER () AS total
+              FROM siwa.accounts a
+             WHERE a.status = 'pending_deletion'
+             ORDER BY age DESC
+             LIMIT 1
+            """)
+        guard let row = rows.first else { return PendingDeletions(count: 0) }
+        return PendingDeletions(
+            count: try row.decode(Int.self, column: "total"),
+            oldestClientID: try row.decode(String.self, column: "client_id"), oldestSub: try row.decode(String.self, column: "sub"),
+            oldestSeconds: try row.decode(Double?.self, column: "age"))
+    }
+}

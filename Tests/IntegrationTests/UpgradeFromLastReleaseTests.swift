@@ -1,0 +1,93 @@
+import FakeApple
+import Foundation
+import Migrations
+import Postgres
+import Testing
+
+/// A database left by the last release (commit 701d7e9: numbered migrations 001–009, which never
+/// change, and that release's function files, frozen under `Tests/Fixtures/release-701d7e9`) with
+/// work in every stage, upgraded by this release's `siwa migrate` and finished by this release's
+/// worker: nothing the old release accepted is lost.
+@Suite struct UpgradeFromLastReleaseTests {
+    static let lastMigration = 9
+
+    static func releaseFunctions() throws -> [FunctionDefinitions] {
+        let directory = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Fixtures/release-701d7e9/functions")
+        return try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".sql") }.sorted()
+            .map { file in
+                FunctionDefinitions(
+                    name: String(file.dropLast(4)),
+                    sql: try String(contentsOf: directory.appendingPathComponent(file), encoding: .utf8))
+            }
+    }
+
+    @Test func workQueuedByTheLastReleaseFinishesAfterTheUpgrade() async throws {
+        try await withTeardown { teardown in
+            let apple = try FakeAppleForWorkers()
+            teardown.add { await apple.shutDown() }
+            try await withMigratedDatabase(migrated: false) { database in
+                let connection = try await database.connect()
+                defer { connection.close() }
+                let released = try Self.releaseFunctions()
+                #expect(released.map(\.name) == FunctionDefinitions.embedded.map(\.name).sorted())
+                try await Migrator(
+                    migrations: Migration.embedded.filter { $0.version <= Self.lastMigration }, functions: released,
+                    logger: TestDatabase.logger
+                ).migrate(connection)
+
+                // What the last release's app and receiver left behind: a link not yet exchanged; a
+                // link followed by its deletion (the deletion waits for the exchange, then revokes
+                // its token); a deletion with nothing to revoke; a notification not yet applied.
+                let client = FakeAppleForWorkers.clientID
+                for (sub, user) in [("up-linked", "user-1"), ("up-deleted", "user-2")] {
+                    let code = apple.fake.registerCode(
+                        clientID: client, sub: sub, email: "\(sub)@privaterelay.appleid.com", isPrivateEmail: true)
+                    _ = try await connection.query("SELECT siwa.link_account(\(client), \(sub), \(user), \(code))")
+                }
+                _ = try await connection.query("SELECT siwa.request_deletion(\(client), 'up-deleted')")
+                _ = try await connection.query("SELECT siwa.request_deletion(\(client), 'up-no-token')")
+                try await connection.simpleQuery(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims, jws)
+                    VALUES ('up-1', 'com.example.app', 'up-notified', 'consent-revoked', now(), '{}', 'x.y.z')
+                    """)
+
+                let upgrade = try await Migrator(logger: TestDatabase.logger).migrate(connection)
+                #expect(upgrade.versions == Migration.embedded.map(\.version).filter { $0 > Self.lastMigration })
+                let changed = FunctionDefinitions.embedded.filter { current in
+                    released.first { $0.name == current.name }?.sql != current.sql
+                }
+                #expect(upgrade.functionFiles == changed.map(\.name).sorted())
+
+                let worker = try database.startWorker(apple.environment)
+                teardown.add { await worker.stop() }
+                let open = "SELECT count(*) FROM siwa.jobs WHERE state NOT IN ('completed', 'discarded', 'cancelled')"
+                try await connection.waitFor(PostgresQuery(unsafeSQL: open), timeout: .seconds(60)) { $0 == 0 }
+
+                let accounts = try await connection.query(
+                    """
+                    SELECT sub, status, refresh_token_enc IS NOT NULL AS has_token,
+                           (SELECT reason FROM siwa.account_changes c
+                             WHERE c.client_id = a.client_id AND c.sub = a.sub AND c.change = 'deleted') AS deleted_reason
+                      FROM siwa.accounts a ORDER BY sub
+                    """
+                ).map {
+                    "\(try $0.decode(String.self, column: "sub")) \(try $0.decode(String.self, column: "status"))"
+                        + " token=\(try $0.decode(Bool.self, column: "has_token"))"
+                        + " reason=\(try $0.decode(String?.self, column: "deleted_reason") ?? "-")"
+                }
+                #expect(
+                    accounts == [
+                        "up-deleted deleted token=false reason=revoked",
+                        "up-linked active token=true reason=-",
+                        "up-no-token deleted token=false reason=no_token",
+                        "up-notified consent_revoked token=false reason=-",
+                    ])
+                #expect(apple.everyTokenRevoked("up-deleted"), "the token the deletion waited for is revoked at Apple")
+                let failed = try await connection.int("SELECT count(*) FROM siwa.jobs WHERE state <> 'completed'")
+                #expect(failed == 0, "every job the last release queued completed")
+            }
+        }
+    }
+}
