@@ -216,6 +216,25 @@ package struct JobQueue: Sendable {
 
     // MARK: Held notifications (StoredNotificationGate)
 
+    /// Up to `limit` held notification jobs (stored by a `siwa_receiver` login, `run_at` infinity),
+    /// locked SKIP LOCKED, with every column the gate checks and the jws, oldest first.
+    /// `run_at >= 'infinity'` (the same rows as `=`) and the claim index's order: with `=` and
+    /// `ORDER BY id`, the planner may walk the primary key past every completed job, a cost that
+    /// grows with the queue's history (6-10 ms a batch with 18,000 completed, 0.3 ms this way).
+    package static func heldNotificationsQuery(limit: Int) -> PostgresQuery {
+        """
+        SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
+               round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
+               n.email, n.is_private_email, n.jws
+          FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity'
+           AND j.kind = 'notification'
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT \(limit)
+           FOR UPDATE OF j SKIP LOCKED
+        """
+    }
+
     /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.
     package static func completeForgedNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
         try await connection.execute(

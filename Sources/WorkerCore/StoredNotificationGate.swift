@@ -40,18 +40,7 @@ struct StoredNotificationGate: Sendable {
     /// costs one empty range of the claim index (priority 2, run_at infinity): one round trip per
     /// batch. Jobs whose key cannot be had now (Apple unreachable) stay held for the next pass.
     func verifyHeld(on connection: PostgresConnection, limit: Int) async throws -> [Int64] {
-        let rows = try await connection.query(
-            """
-            SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
-                   round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
-                   n.email, n.is_private_email, n.jws
-              FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
-             WHERE j.state = 'available' AND j.priority = 2 AND j.run_at = 'infinity'
-               AND j.kind = 'notification'
-             ORDER BY j.id
-             LIMIT \(limit)
-               FOR UPDATE OF j SKIP LOCKED
-            """)
+        let rows = try await connection.query(JobQueue.heldNotificationsQuery(limit: limit))
         guard !rows.isEmpty else { return [] }
         var genuine: [Int64] = []
         var refused: [(job: Int64, jti: String, reason: String)] = []

@@ -234,9 +234,11 @@ package final class Worker: Sendable {
         let smallest = max(1, largest / 16)
         var limit = largest
         var failures = 0
-        let gate = gate
+        let (gate, metrics) = (gate, metrics)
         let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> [Int64] = { connection, limit in
-            try await gate.verifyHeld(on: connection, limit: limit)
+            let started = ContinuousClock.now
+            defer { metrics.verifySeconds.observe((ContinuousClock.now - started).seconds) }
+            return try await gate.verifyHeld(on: connection, limit: limit)
         }
         while !stopping {
             do {

@@ -381,6 +381,24 @@ struct JobQueueLibrary {
         }
     }
 
+    /// The gate's read of held jobs stays on the claim index once most of a backlog analyzed while
+    /// held has completed (written `= 'infinity' ORDER BY id`, it walked the primary key past
+    /// every completed job: jobs_pkey in this plan).
+    @Test func heldReadStaysOnTheClaimIndexAsTheBacklogCompletes() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            try await database.queueNotifications(20_000, on: connection)
+            try await connection.simpleQuery("UPDATE siwa.jobs SET run_at = 'infinity'; ANALYZE siwa.jobs; ANALYZE siwa.notifications")
+            try await connection.simpleQuery("UPDATE siwa.jobs SET state = 'completed' WHERE id <= 18000")
+            var explain = JobQueue.heldNotificationsQuery(limit: 250)
+            explain.sql = "EXPLAIN " + explain.sql
+            let plan = try await connection.query(explain).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
+            #expect(plan.contains("Index Scan using jobs_claim_notification"), "\(plan)")
+            #expect(!plan.contains("jobs_pkey"), "\(plan)")
+        }
+    }
+
     @Test func claimStaysAnIndexScanAfterTheTableWasAnalyzedEmpty() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()

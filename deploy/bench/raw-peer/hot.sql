@@ -15,8 +15,8 @@ SELECT coalesce(array_agg(h.id), '{}') AS ids,
   FROM (SELECT j.id, n.jti, n.client_id, n.sub, n.event_type, round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
                n.email, n.is_private_email, n.jws
           FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
-         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at = 'infinity' AND j.kind = 'notification'
-         ORDER BY j.id
+         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+         ORDER BY j.priority, j.run_at, j.id
          LIMIT 50
            FOR UPDATE OF j SKIP LOCKED) h
 \gset
