@@ -294,7 +294,7 @@ check_books() {  # the worker's run: every job completed, every notification pro
 changes() { sql -c "SELECT count(*) FROM siwa.account_changes WHERE notification_jti IS NOT NULL"; }
 
 # The run functions set `out` (no subshell: the workers they start must be theirs to stop).
-run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes pg_cpu_us/job worker_cpu_us/job)
+run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes pg_cpu_us/job worker_cpu_us/job deferred)
   queue "$1" worker >/dev/null
   local expected=$N; [[ $1 == d ]] && expected=$(( N + 2 * APPLE_JOBS ))
   local pg_before; pg_before=$(pg_cpu_s)
@@ -302,12 +302,16 @@ run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb 
   start_workers "$2" "$([[ $1 == d ]] && echo apple)"
   wait_completed "$expected" 300 "worker run ($1, $2 processes)"
   local rss; rss=$(peak_rss_mb)
+  local deferred=0
+  for port in "${worker_ports[@]}"; do
+    deferred=$((deferred + $(curl -fs "http://127.0.0.1:$port/metrics" | awk '/^siwa_worker_notifications_deferred_total/ {s += $2} END {print s + 0}')))
+  done
   local worker_cpu=0
   for pid in "${workers[@]}"; do worker_cpu=$(python3 -c "print($worker_cpu + $(cpu_s "$pid"))"); done
   stop_workers
   local pg_cpu; pg_cpu=$(python3 -c "print($(pg_cpu_s) - $pg_before)")
   check_books
-  out=($(rates "$started") "$rss" "$(changes)" "$(per_job_us "$pg_cpu" "$expected")" "$(per_job_us "$worker_cpu" "$expected")")
+  out=($(rates "$started") "$rss" "$(changes)" "$(per_job_us "$pg_cpu" "$expected")" "$(per_job_us "$worker_cpu" "$expected")" "$deferred")
 }
 run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
   queue "$1" raw >/dev/null
@@ -340,7 +344,7 @@ run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
 # schedule; the delay runs from the receiver's 200 (sent after its commit) to the commit of the
 # effect (track_commit_timestamp of the change row), so it slightly understates the true
 # commit-to-effect delay (by the 200's trip back, a fraction of a millisecond on loopback).
-effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_ms answer_p50_ms answer_p99_ms non200 rss_mb)
+effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_ms answer_p50_ms answer_p99_ms non200 rss_mb fsync_ms)
   reset
   local total=$((RATE * RATE_SECONDS))
   "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$total" --output "$work/steady.txt" \
@@ -355,6 +359,7 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   start_workers 1
   wait_completed 0 30 "worker start"
   sleep 1
+  sql -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
   local driver; driver=$(python3 "$here/steady-driver.py" "http://127.0.0.1:$receiver_port/apple/notifications" "$work/steady.txt" \
     "$RATE" "$work/steady.tsv" 64)
   if [[ $(awk '{print $7}' <<<"$driver") != 0 ]]; then
@@ -364,6 +369,8 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   fi
   wait_drained 60 "the steady-rate run"
   local rss; rss=$(peak_rss_mb)
+  local fsync_ms; fsync_ms=$(sql -c "SELECT round((wal_sync_time / nullif(wal_sync, 0))::numeric, 2) FROM pg_stat_wal")
+  sql -c "ALTER SYSTEM RESET track_wal_io_timing" -c "SELECT pg_reload_conf()" >/dev/null
   stop_workers
   kill -TERM "$receiver" 2>/dev/null || true
   wait "$receiver" 2>/dev/null || true
@@ -381,7 +388,7 @@ SQL
   local forged; forged=$(sql -c "SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged' OR processed_at IS NULL")
   [[ $forged == 0 ]] || { echo "bench: $forged steady notifications refused or left unprocessed" >&2; exit 1; }
   [[ $(wc -w <<<"$delay") == 3 ]] || { echo "bench: no effect delay measured ($delay; driver: $driver)" >&2; exit 1; }
-  out=($delay $driver "$rss")
+  out=($delay $driver "$rss" "${fsync_ms:-0}")
 }
 
 # --- procrastinate --------------------------------------------------------------------------------
@@ -497,21 +504,21 @@ for round in $(seq "$REPEAT"); do
     run_raw "$mix"; read -r r1n r1a r1all r1changes r1cpu <<<"${out[*]}"
     echo "    raw SQL, $RAW_CONNECTIONS connections:  $r1all jobs/s (notifications $r1n/s, Apple kinds $r1a/s), $r1changes changes;" \
          "CPU per job: PostgreSQL $r1cpu us"
-    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes w1cpu w1wcpu <<<"${out[*]}"
+    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes w1cpu w1wcpu w1def <<<"${out[*]}"
     echo "    1 worker process:        $w1all jobs/s (notifications $w1n/s, Apple kinds $w1a/s), $w1changes changes;" \
-         "CPU per job: PostgreSQL $w1cpu us, worker $w1wcpu us; RSS $w1rss MB"
-    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu <<<"${out[*]}"
+         "CPU per job: PostgreSQL $w1cpu us, worker $w1wcpu us; RSS $w1rss MB; $w1def jobs deferred (account busy)"
+    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu w2def <<<"${out[*]}"
     echo "    2 worker processes:      $w2all jobs/s (notifications $w2n/s, Apple kinds $w2a/s), $w2changes changes;" \
-         "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB"
+         "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB; $w2def jobs deferred (account busy)"
     c1all=0; c2all=0
     if [[ -n $compare_bin ]]; then
       run_bin=$compare_bin
-      run_worker "$mix" 1; read -r c1n c1a c1all c1rss c1changes c1cpu c1wcpu <<<"${out[*]}"
+      run_worker "$mix" 1; read -r c1n c1a c1all c1rss c1changes c1cpu c1wcpu c1def <<<"${out[*]}"
       echo "    1 process, COMPARE_BIN:  $c1all jobs/s (notifications $c1n/s, Apple kinds $c1a/s), $c1changes changes;" \
-           "CPU per job: PostgreSQL $c1cpu us, worker $c1wcpu us; RSS $c1rss MB"
-      run_worker "$mix" 2; read -r c2n c2a c2all c2rss c2changes c2cpu c2wcpu <<<"${out[*]}"
+           "CPU per job: PostgreSQL $c1cpu us, worker $c1wcpu us; RSS $c1rss MB; $c1def jobs deferred (account busy)"
+      run_worker "$mix" 2; read -r c2n c2a c2all c2rss c2changes c2cpu c2wcpu c2def <<<"${out[*]}"
       echo "    2 processes, COMPARE_BIN: $c2all jobs/s (notifications $c2n/s, Apple kinds $c2a/s), $c2changes changes;" \
-           "CPU per job: PostgreSQL $c2cpu us, worker $c2wcpu us; RSS $c2rss MB"
+           "CPU per job: PostgreSQL $c2cpu us, worker $c2wcpu us; RSS $c2rss MB; $c2def jobs deferred (account busy)"
       run_bin=
     fi
     run_raw "$mix"; read -r r2n r2a r2all r2changes r2cpu <<<"${out[*]}"
@@ -524,10 +531,11 @@ if [[ -z ${NO_PROFILE:-} ]]; then
   echo "--- profile: mix (a), 1 worker process"
   profile
 fi
-effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss <<<"${out[*]}"
+effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss fsync_ms <<<"${out[*]}"
 echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiver (held -> verified -> applied), 1 worker process:"
 echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
 echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
+echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
 peer1=0; peer2=0
 if [[ -z ${NO_PEER:-} ]] && procrastinate_ready && procrastinate_setup; then
   procrastinate_run 1 && peer1=$out
