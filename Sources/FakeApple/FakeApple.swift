@@ -156,9 +156,10 @@ package final class FakeApple: Sendable {
         return (token, code)
     }
 
-    /// Registers a refresh token as if a code exchange had issued it (imports, reconciliation tests).
-    package func registerRefreshToken(_ token: String, clientID: String, sub: String) {
-        state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub) }
+    /// Registers a refresh token as if a code exchange had issued it at `issuedAt` (imports,
+    /// reconciliation tests).
+    package func registerRefreshToken(_ token: String, clientID: String, sub: String, issuedAt: Date = Date()) {
+        state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub, issuedAt: issuedAt) }
     }
 
     /// Queues answers for the next calls to `endpoint`, of every client ID or only of `clientID`

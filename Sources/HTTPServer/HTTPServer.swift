@@ -217,14 +217,19 @@ package final class HTTPServer: Sendable {
 /// The thread that enforces `Configuration.requestDeadline` while the daemon runs.
 private final class DeadlineReaper: Sendable {
     private let stopped = Atomic<Bool>(false)
+    /// Signalled by `stop()`: the pass interval is a quarter of the deadline (7.5 s for the
+    /// receiver's 30 s), and shutting down must not wait for it.
+    private let wake = DispatchSemaphore(value: 0)
     private let done = DispatchSemaphore(value: 0)
 
     init(context: DaemonContext, deadline: Duration, logger: Logger) {
         let tick = max(Duration.milliseconds(50), deadline / 4)
-        // A queue of its own: its one block sleeps between passes for as long as the daemon runs.
+        let tickNanoseconds = Int(clamping: tick.components.seconds * 1_000_000_000 + tick.components.attoseconds / 1_000_000_000)
+        // A queue of its own: its one block waits between passes for as long as the daemon runs.
         DispatchQueue(label: "http-request-deadline").async { [self] in
             while !stopped.load(ordering: .acquiring) {
-                usleep(UInt32(clamping: tick.components.seconds * 1_000_000 + tick.components.attoseconds / 1_000_000_000_000))
+                _ = wake.wait(timeout: .now() + .nanoseconds(tickNanoseconds))
+                if stopped.load(ordering: .acquiring) { break }
                 let cut = context.shutDownConnections(waitingLongerThan: deadline)
                 if cut > 0 {
                     logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
@@ -237,6 +242,7 @@ private final class DeadlineReaper: Sendable {
     /// Returns once the thread has finished its last pass (it never touches a socket after).
     func stop() {
         stopped.store(true, ordering: .releasing)
+        wake.signal()
         done.wait()
     }
 }

@@ -67,30 +67,15 @@ package final class NotificationStore: Sendable {
     private struct Pending: Sendable {
         var notification: VerifiedNotification
         var answer: Answer
-        var queuedAt: ContinuousClock.Instant
     }
 
-    /// A batch a committer took, until every item is answered (the watchdog's view of it).
-    private struct InFlight {
-        var items: [Pending]
-        var oldest: ContinuousClock.Instant
-    }
+    private typealias Machine = GroupCommitStateMachine<Pending>
+    private typealias Queued = Machine.Queued
+    private typealias Writability = Machine.Writability
 
     private struct State {
-        var queue: [Pending] = []
-        /// Until `start()` nothing would ever commit: refuse rather than queue forever.
-        var running = false
-        var databaseDownUntil: ContinuousClock.Instant?
-        /// Since the first failed commit or connect of an outage that is not over yet.
-        var outageStarted: ContinuousClock.Instant?
-        /// The last commit or connect succeeded (false from the first failure until the next success).
-        var healthy = false
-        /// `siwa.notifications` exists (checked at connect and by the idle probe).
-        var schemaReady = false
-        /// When a commit last started (the idle probe leaves readiness to commits while they run).
-        var lastCommitAt = ContinuousClock.now - .seconds(3600)
-        var inFlight: [UInt64: InFlight] = [:]
-        var nextBatchID: UInt64 = 0
+        /// Every decision of the group commit: the queue, the batches in flight, readiness.
+        var machine: Machine
         var rejectionCounts: [String: Int] = [:]
     }
 
@@ -98,7 +83,7 @@ package final class NotificationStore: Sendable {
     private let options: Options
     private let logger: Logger
     private let metrics: Metrics?
-    private let state = Locked(State())
+    private let state: Locked<State>
     private let wakeUp = NSCondition()
     /// Committers waiting on `wakeUp`. A submit signals only when one is waiting: a busy committer
     /// takes the new item with its next batch, and a futex wake per request is not free.
@@ -112,10 +97,13 @@ package final class NotificationStore: Sendable {
         self.options = options
         self.logger = logger
         self.metrics = metrics
+        state = Locked(State(machine: Machine(options: .init(
+            maxBatch: options.maxBatch, maxPending: options.maxPending, reconnectBackoff: options.reconnectBackoff,
+            commitTimeout: options.commitTimeout))))
     }
 
     package func start() {
-        state.withLock { $0.running = true }
+        state.withLock { $0.machine.start() }
         for index in 0..<options.committers {
             let thread = Thread { [self] in
                 commitLoop(index: index)
@@ -136,7 +124,7 @@ package final class NotificationStore: Sendable {
 
     /// Finishes what is queued, then stops the committers (bounded by `grace`).
     package func stop(grace: Duration = .seconds(10)) {
-        state.withLock { $0.running = false }
+        state.withLock { $0.machine.stop() }
         wakeUp.lock()
         wakeUp.broadcast()
         wakeUp.unlock()
@@ -144,13 +132,7 @@ package final class NotificationStore: Sendable {
         for _ in 0..<options.committers { _ = threadsDone.wait(timeout: deadline) }
         // Anything still queued or in flight was never answered as committed: say so rather than
         // leave it hanging (an item already answered ignores this).
-        let leftovers = state.withLock { state in
-            defer {
-                state.queue.removeAll()
-                state.inFlight.removeAll()
-            }
-            return state.queue + state.inFlight.values.flatMap(\.items)
-        }
+        let leftovers = state.withLock { $0.machine.leftovers() }
         for item in leftovers { item.answer(.rejected(.shuttingDown)) }
         stopped.store(1, ordering: .releasing)
         _ = watchdogDone.wait(timeout: .now() + .seconds(1))
@@ -158,21 +140,17 @@ package final class NotificationStore: Sendable {
 
     /// For `/readyz`: the last commit or connect succeeded and the schema is migrated.
     package var isReady: Bool {
-        state.withLock { $0.healthy && $0.schemaReady }
+        state.withLock { $0.machine.isReady }
     }
 
-    package var pendingCount: Int { state.withLock { $0.queue.count } }
+    package var pendingCount: Int { state.withLock { $0.machine.pendingCount } }
 
     /// Queues one notification; `respond` is called exactly once, from a committer thread (or the
     /// watchdog's, when the commit took longer than `commitTimeout`).
     package func submit(_ notification: VerifiedNotification, respond: @escaping @Sendable (Outcome) -> Void) {
         let answer = Answer(respond)
-        let refusal: Rejection? = state.withLock { state in
-            guard state.running else { return .shuttingDown }
-            if let downUntil = state.databaseDownUntil, ContinuousClock.now < downUntil { return .databaseUnavailable }
-            guard state.queue.count < options.maxPending else { return .overloaded }
-            state.queue.append(Pending(notification: notification, answer: answer, queuedAt: .now))
-            return nil
+        let refusal = state.withLock {
+            $0.machine.submit(Pending(notification: notification, answer: answer), now: .now)
         }
         if let refusal {
             answer(.rejected(refusal))
@@ -200,24 +178,7 @@ package final class NotificationStore: Sendable {
         let tick = max(Duration.milliseconds(10), min(options.commitTimeout / 20, .milliseconds(100)))
         while stopped.load(ordering: .acquiring) == 0 {
             Thread.sleep(forTimeInterval: tick.seconds)
-            let cutoff = ContinuousClock.now - options.commitTimeout
-            let (expired, stuckBatches) = state.withLock { state -> ([Pending], Int) in
-                var expired: [Pending] = []
-                // The queue is in arrival order: the expired ones are at its front.
-                let count = state.queue.prefix { $0.queuedAt <= cutoff }.count
-                if count > 0 {
-                    expired = Array(state.queue.prefix(count))
-                    state.queue.removeFirst(count)
-                }
-                var stuck = 0
-                for (id, batch) in state.inFlight where batch.oldest <= cutoff {
-                    expired += batch.items
-                    state.inFlight[id] = nil
-                    stuck += 1
-                }
-                if stuck > 0 { state.healthy = false }
-                return (expired, stuck)
-            }
+            let (expired, stuckBatches) = state.withLock { $0.machine.expire(now: .now) }
             guard !expired.isEmpty else { continue }
             if stuckBatches > 0 {
                 logger.warning(
@@ -237,15 +198,15 @@ package final class NotificationStore: Sendable {
         // The last committed batch, not yet answered. Its answers are written while the next
         // batch's INSERT runs, so the database never waits for the committer to write HTTP
         // responses. With nothing queued behind it, it is answered at once.
-        var owed: (id: UInt64, items: [Pending])?
+        var owed: (id: UInt64, items: [Queued])?
         func answerOwed() {
             guard let (id, items) = owed else { return }
-            for item in items { item.answer(.stored) }
+            for queued in items { queued.item.answer(.stored) }
             finish(id)
             owed = nil
         }
         while true {
-            let batch: [Pending]?
+            let batch: [Queued]?
             if owed == nil {
                 batch = nextBatch()
             } else {
@@ -262,7 +223,7 @@ package final class NotificationStore: Sendable {
             }
             guard let connection else {
                 answerOwed()
-                for item in batch { item.answer(.rejected(.databaseUnavailable)) }
+                for queued in batch { queued.item.answer(.rejected(.databaseUnavailable)) }
                 continue
             }
             if !batch.isEmpty {
@@ -286,21 +247,16 @@ package final class NotificationStore: Sendable {
     }
 
     /// Shows `batch` to the watchdog until `finish` (every item answered).
-    private func register(_ batch: [Pending]) -> UInt64 {
-        state.withLock { state in
-            state.nextBatchID &+= 1
-            state.lastCommitAt = .now
-            state.inFlight[state.nextBatchID] = InFlight(items: batch, oldest: batch.lazy.map(\.queuedAt).min()!)
-            return state.nextBatchID
-        }
+    private func register(_ batch: [Queued]) -> UInt64 {
+        state.withLock { $0.machine.commitStarted(batch, now: .now) }
     }
 
     private func finish(_ id: UInt64) {
-        state.withLock { _ = $0.inFlight.removeValue(forKey: id) }
+        state.withLock { $0.machine.answered(id) }
     }
 
     /// Waits for work; an empty batch means "idle for a while" (time for housekeeping); nil means stop.
-    private func nextBatch() -> [Pending]? {
+    private func nextBatch() -> [Queued]? {
         wakeUp.lock()
         idleCommitters.add(1, ordering: .sequentiallyConsistent)
         defer {
@@ -316,18 +272,13 @@ package final class NotificationStore: Sendable {
     }
 
     /// What is queued now, without waiting: empty when nothing is, nil when stopped and drained.
-    private func queuedBatch() -> [Pending]? {
+    private func queuedBatch() -> [Queued]? {
         let (batch, running) = takeQueued()
         return batch.isEmpty && !running ? nil : batch
     }
 
-    private func takeQueued() -> (batch: [Pending], running: Bool) {
-        state.withLock { state in
-            let count = min(state.queue.count, options.maxBatch)
-            let batch = Array(state.queue.prefix(count))
-            state.queue.removeFirst(count)
-            return (batch, state.running)
-        }
+    private func takeQueued() -> (batch: [Queued], running: Bool) {
+        state.withLock { $0.machine.takeBatch() }
     }
 
     /// Opens a session on the writable host: with a multi-host URL and
@@ -342,14 +293,7 @@ package final class NotificationStore: Sendable {
                 limits: SessionLimits(statementTimeout: options.commitTimeout, lockTimeout: options.commitTimeout),
                 logger: logger)
             let writability = checkWritable(on: connection)
-            let outageStarted = state.withLock { state -> ContinuousClock.Instant? in
-                state.databaseDownUntil = nil
-                state.healthy = writability == .writable
-                state.schemaReady = writability != .unmigrated
-                guard writability == .writable else { return nil }
-                defer { state.outageStarted = nil }
-                return state.outageStarted
-            }
+            let outageStarted = state.withLock { $0.machine.connected(writability) }
             if let outageStarted {
                 logger.info(
                     "database reachable again; committing",
@@ -360,13 +304,7 @@ package final class NotificationStore: Sendable {
             }
             return connection
         } catch {
-            let firstFailure = state.withLock { state in
-                state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
-                state.healthy = false
-                guard state.outageStarted == nil else { return false }
-                state.outageStarted = .now
-                return true
-            }
+            let firstFailure = state.withLock { $0.machine.connectFailed(now: .now) }
             if firstFailure {
                 logger.error("database unreachable; answering 503 until it is back", metadata: Self.metadata(error))
             } else {
@@ -374,14 +312,6 @@ package final class NotificationStore: Sendable {
             }
             return nil
         }
-    }
-
-    private enum Writability {
-        case writable
-        /// `siwa.notifications` does not exist: `siwa migrate` has not run.
-        case unmigrated
-        /// Read-only (a standby, `default_transaction_read_only`) or no INSERT privilege.
-        case refused
     }
 
     /// Whether a commit could succeed now, asked without writing anything: the table exists, this
@@ -413,15 +343,15 @@ package final class NotificationStore: Sendable {
         }
     }
 
-    private func insertQuery(_ items: some Collection<Pending>) -> PostgresQuery {
+    private func insertQuery(_ items: some Collection<Queued>) -> PostgresQuery {
         // One array per column, bound in binary: the statement text stays the same whatever the
         // batch size, and kilobytes of JWS need no escaping.
         var columns = Array(repeating: [String](), count: 8)
         var eventTimes: [Int64] = []
         for index in columns.indices { columns[index].reserveCapacity(items.count) }
         eventTimes.reserveCapacity(items.count)
-        for item in items {
-            let verified = item.notification
+        for queued in items {
+            let verified = queued.item.notification
             let event = verified.notification.event
             columns[0].append(verified.notification.jti)
             columns[1].append(verified.clientID)
@@ -449,8 +379,8 @@ package final class NotificationStore: Sendable {
     /// Commits `batch`, running `meanwhile` while the statement executes. Returns the items
     /// stored, still to be answered; the others have been answered with their rejection.
     private func commit(
-        _ batch: [Pending], on connection: PostgresConnection, meanwhile: () -> Void = {}
-    ) -> [Pending] {
+        _ batch: [Queued], on connection: PostgresConnection, meanwhile: () -> Void = {}
+    ) -> [Queued] {
         let started = ContinuousClock.now
         do {
             let inserted = try connection.executePreparedBlocking(insertQuery(batch), meanwhile: meanwhile)
@@ -462,7 +392,7 @@ package final class NotificationStore: Sendable {
                 "batch insert refused a row; isolating rows",
                 metadata: Self.metadata(error).merging(["batch.size": .int(batch.count)]) { $1 })
             guard batch.count > 1 else {
-                batch[0].answer(.rejected(.claimsNotStorable))
+                batch[0].item.answer(.rejected(.claimsNotStorable))
                 return []
             }
             return batch.flatMap { commit([$0], on: connection) }
@@ -475,15 +405,9 @@ package final class NotificationStore: Sendable {
                 broken ? "database connection lost during commit" : "commit failed; answering 503",
                 metadata: Self.metadata(error).merging(["batch.size": .int(batch.count)]) { $1 })
             metrics?.failures.increment()
-            state.withLock { state in
-                state.healthy = false
-                if broken {
-                    state.databaseDownUntil = ContinuousClock.now + options.reconnectBackoff
-                    if state.outageStarted == nil { state.outageStarted = .now }
-                }
-                if Self.meansSchemaMissing(error) { state.schemaReady = false }
-            }
-            for item in batch { item.answer(.rejected(.databaseUnavailable)) }
+            let schemaMissing = Self.meansSchemaMissing(error)
+            state.withLock { $0.machine.commitFailed(connectionBroken: broken, schemaMissing: schemaMissing, now: .now) }
+            for queued in batch { queued.item.answer(.rejected(.databaseUnavailable)) }
             return []
         }
     }
@@ -512,7 +436,7 @@ package final class NotificationStore: Sendable {
 
     private func recordSuccess(batchSize: Int, inserted: Int, since started: ContinuousClock.Instant) {
         let elapsed = ContinuousClock.now - started
-        state.withLock { $0.healthy = true }
+        state.withLock { $0.machine.commitSucceeded() }
         metrics?.commitSeconds.observe(elapsed.seconds)
         metrics?.batchSize.observe(Double(batchSize))
         metrics?.stored.increment(by: inserted)
@@ -525,14 +449,7 @@ package final class NotificationStore: Sendable {
     /// restore it, so readiness never waits for traffic that waits for readiness.
     private func probe(on connection: PostgresConnection) {
         let writability = checkWritable(on: connection)
-        state.withLock { state in
-            state.schemaReady = writability != .unmigrated
-            if writability != .writable {
-                state.healthy = false
-            } else if ContinuousClock.now - state.lastCommitAt > .seconds(5) {
-                state.healthy = true
-            }
-        }
+        state.withLock { $0.machine.probed(writability, now: .now) }
         flushRejections(on: connection)
     }
 

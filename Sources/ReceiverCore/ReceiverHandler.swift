@@ -6,11 +6,12 @@ package import SiwaCore
 import Synchronization
 
 /// Routes the receiver's one listener: the notification POST, `/healthz`, `/readyz`, `/metrics`.
-/// Every answer the contract names is decided here, in one place.
-package struct ReceiverHandler: HTTPHandler {
+/// Every answer the contract names is decided here, in one place. Generic over its store, so tests
+/// drive it with one of their own and the running receiver calls `NotificationStore` directly.
+package struct ReceiverHandler<Store: NotificationStoring>: HTTPHandler {
     private let notificationPath: String
     private let verifier: NotificationVerifier
-    private let store: NotificationStore
+    private let store: Store
     private let keys: AppleKeySet
     private let metrics: MetricsRegistry
     private let logger: Logger
@@ -20,7 +21,7 @@ package struct ReceiverHandler: HTTPHandler {
     private let received: Counter
 
     package init(
-        notificationPath: String, verifier: NotificationVerifier, store: NotificationStore, keys: AppleKeySet,
+        notificationPath: String, verifier: NotificationVerifier, store: Store, keys: AppleKeySet,
         metrics: MetricsRegistry, logger: Logger
     ) {
         self.notificationPath = notificationPath

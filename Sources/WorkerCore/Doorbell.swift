@@ -4,7 +4,7 @@ import Locking
 /// A wake-up signal with a bounded wait, for any number of waiters: `ring()` wakes the longest
 /// waiting one, or, when none waits, makes the next `wait` return at once; `ringAll()` wakes every
 /// waiter. Used for NOTIFY → claim, job finished → claim more, and shutdown.
-final class Doorbell: Sendable {
+package final class Doorbell: Sendable {
     private struct State {
         var rung = false
         var waiters: [(id: UInt64, continuation: CheckedContinuation<Void, Never>)] = []
@@ -13,7 +13,9 @@ final class Doorbell: Sendable {
 
     private let state = Locked(State())
 
-    func ring() {
+    package init() {}
+
+    package func ring() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
             guard !state.waiters.isEmpty else {
                 state.rung = true
@@ -25,7 +27,7 @@ final class Doorbell: Sendable {
     }
 
     /// Wakes every waiter (shutdown); the next `wait` also returns at once.
-    func ringAll() {
+    package func ringAll() {
         let continuations = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             state.rung = true
             defer { state.waiters.removeAll() }
@@ -35,7 +37,7 @@ final class Doorbell: Sendable {
     }
 
     /// Returns when rung (also if rung before this call) or after `timeout`.
-    func wait(timeout: Duration) async {
+    package func wait(timeout: Duration) async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let id = state.withLock { state -> UInt64? in
                 if state.rung {

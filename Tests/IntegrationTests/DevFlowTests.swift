@@ -111,17 +111,24 @@ import Testing
         // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
         let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
         #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
+        // Output to a file and a polled, bounded wait: a blocking read here would hold one of the
+        // test process's few cooperative threads for the whole run and stall other suites.
+        let outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-printed-\(UUID().uuidString)").path
+        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
+        defer { try? FileManager.default.removeItem(atPath: outputPath) }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = Array(words.dropFirst())
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
+        let output = FileHandle(forWritingAtPath: outputPath)  // one file offset for both streams
+        process.standardOutput = output
+        process.standardError = output
         try process.run()
-        let output = pipe.fileHandleForReading.readDataToEndOfFile()
+        let exitDeadline = ContinuousClock.now + .seconds(60)
+        while process.isRunning, ContinuousClock.now < exitDeadline { try await Task.sleep(for: .milliseconds(20)) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(String(decoding: output, as: UTF8.self))")
-        let text = String(decoding: output, as: UTF8.self)
+        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        #expect(process.terminationStatus == 0, "\(text)")
         #expect(text.hasPrefix("200"), "\(text)")
         return (words, text)
     }

@@ -422,15 +422,6 @@ extension LifecycleRulesTests {
             #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.account_changes WHERE sub = '001.both'") == 3)
         }
     }
-
-    @Test func appGroupsSettingIsChecked() throws {
-        let ids = ["a.app", "a.web", "b.app", "b.web"]
-        #expect(try WorkerConfiguration.parseAppGroups("a.app,a.web;b.app, b.web", clientIDs: ids) == [["a.app", "a.web"], ["b.app", "b.web"]])
-        #expect(try WorkerConfiguration.parseAppGroups("", clientIDs: ids) == [])
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,c.web", clientIDs: ids) }
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app,a.web;a.app,b.web", clientIDs: ids) }
-        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parseAppGroups("a.app", clientIDs: ids) }
-    }
 }
 
 /// The retention gaps of issue 10: the change feed, discarded exchanges' codes, discarded
@@ -521,6 +512,31 @@ extension LifecycleRulesTests {
             #expect(try await h.run(revoke) == .completedByHandler)
             #expect(try await h.status("001.imp") == "deleted")
             #expect(h.fake.isRevoked(refreshToken: "rtok-imported") == true)
+        }
+    }
+
+    /// Found by the lifecycle model: the user's grant ended (so the old store's token is dead), the
+    /// user linked again, then the old store was imported. The linked token stays current; the
+    /// imported one is only held for a deletion. Made current, the dead token failed the next
+    /// reconciliation and the live account was taken for consent withdrawn, its live token dropped.
+    @Test func importOntoALinkedAccountKeepsTheNewerToken() async throws {
+        try await withLifecycle { h in
+            h.fake.registerRefreshToken("rtok-old-store", clientID: Self.client, sub: "001.imp-linked", issuedAt: Date(timeIntervalSinceNow: -3600))
+            h.fake.userEndedGrants(clientID: Self.client, sub: "001.imp-linked", issuedBefore: Date())
+            try await h.linkAccount(sub: "001.imp-linked")
+            let linked = try #require(try await h.storedToken("001.imp-linked"))
+            let summary = try await AccountImporter(connection: h.connection, tokenBox: h.tokenBox)
+                .run(lines: ["\(Self.client),001.imp-linked,user-i,rtok-old-store"])
+            #expect(summary.imported == 1)
+            #expect(try await h.storedToken("001.imp-linked") == linked, "the newer token stays current")
+            #expect(try await h.heldTokenCount("001.imp-linked") == 2, "the imported one is held for a deletion")
+
+            _ = try await h.connection.execute("UPDATE siwa.accounts SET token_checked_at = now() - interval '25 hours'")
+            #expect(try await ReconcileScheduler(pool: h.pool, logger: h.logger, batchSize: 10).queueBatch() == 1)
+            let check = try #require(try await h.scalar(Int64.self, "SELECT max(id) FROM siwa.jobs WHERE kind = 'reconcile'"))
+            #expect(try await h.run(check) == .completedByHandler)
+            #expect(try await h.jobRow(check).outcome == "token_valid")
+            #expect(try await h.status("001.imp-linked") == "active")
         }
     }
 

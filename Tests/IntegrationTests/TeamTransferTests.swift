@@ -392,18 +392,6 @@ import WorkerCore
         #expect(tokenCalls.count == 2)
         #expect(harness.fake.calls.filter { $0.endpoint == "usermigrationinfo" }.map(\.status) == [200, 401, 200])
     }
-
-    @Test func transferFileLinesRoundTripAndRejectWhatIsNotALine() {
-        for user in ["user-1", "a,b", "say \"hi\"", "ümlaut"] {
-            let line = TransferFile.line(transferSub: "000123.abc.0001", appUserID: user)
-            #expect(TransferFile.parse(line) == .entry(transferSub: "000123.abc.0001", appUserID: user), "\(line)")
-        }
-        #expect(TransferFile.parse("transfer_sub,app_user_id") == .skip)
-        #expect(TransferFile.parse("  ") == .skip)
-        for bad in ["nocomma", ",user", "t.1,", "t 1,user", "t.1,\"open", "t.1,a\"b", "t.1,a,b"] {
-            #expect(TransferFile.parse(bad) == .malformed, "\(bad)")
-        }
-    }
 }
 
 private func count(_ connection: PostgresConnection, _ sql: String) async throws -> Int {

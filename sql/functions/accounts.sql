@@ -152,11 +152,11 @@ BEGIN
 END
 $$;
 
--- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new or
--- active account takes it (a token it replaces is kept for a later deletion to revoke) and records
--- `imported`; a pending deletion keeps it to revoke; a finished deletion has it revoked (a late
--- revoke job); the statuses whose grant Apple ended are left alone. Returns whether the account
--- was imported.
+-- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new
+-- account, or an active one without a token, takes it and records `imported`; an active account
+-- with a token keeps its own and holds this one for a later deletion to revoke; a pending deletion
+-- keeps it to revoke; a finished deletion has it revoked (a late revoke job); the statuses whose
+-- grant Apple ended are left alone. Returns whether the account holds it now.
 CREATE OR REPLACE FUNCTION siwa.account_imported(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
 ) RETURNS boolean
@@ -170,17 +170,24 @@ BEGIN
     IF a.refresh_token_enc = p_token_enc OR p_token_enc = ANY (a.retired_tokens_enc) THEN
         RETURN false;
     END IF;
-    IF created OR a.status = 'active' THEN
+    IF created OR (a.status = 'active' AND a.refresh_token_enc IS NULL) THEN
         UPDATE siwa.accounts
            SET app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
                refresh_token_enc = p_token_enc,
-               retired_tokens_enc = CASE WHEN accounts.refresh_token_enc IS NOT NULL
-                                         THEN accounts.retired_tokens_enc || accounts.refresh_token_enc
-                                         ELSE accounts.retired_tokens_enc END,
                linked_at = CASE WHEN created THEN now() ELSE accounts.linked_at END,
                updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
         PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
+        RETURN true;
+    END IF;
+    -- An account that already holds a token got it from this system, so it is the newer one: it
+    -- stays current (reconciliation checks it), and the imported one is held for a later deletion
+    -- to revoke. Made current, an older token that Apple has ended would read as consent withdrawn.
+    IF a.status = 'active' THEN
+        UPDATE siwa.accounts
+           SET app_user_id = coalesce(accounts.app_user_id, p_app_user_id),
+               retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub;
         RETURN true;
     END IF;
     IF a.status IN ('pending_deletion', 'deleted') THEN

@@ -175,6 +175,16 @@ final class LifecycleHarness: Sendable {
         ).first?.decode([UInt8]?.self, column: "refresh_token_enc")
     }
 
+    /// How many tokens the account holds: the current one and those kept for a deletion to revoke.
+    func heldTokenCount(_ sub: String) async throws -> Int {
+        try await scalar(
+            Int.self,
+            """
+            SELECT (refresh_token_enc IS NOT NULL)::int + cardinality(retired_tokens_enc)
+              FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub)
+            """) ?? 0
+    }
+
     func changes(_ sub: String) async throws -> [(change: String, reason: String?)] {
         try await connection.query(
             "SELECT change, reason FROM siwa.account_changes WHERE client_id = \(Self.clientID) AND sub = \(sub) ORDER BY id"

@@ -40,6 +40,9 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     /// As `signIn` with a code, but Apple's answer to the exchange stays in flight until `release`:
     /// the sign-in has read the account, and other steps run before it writes.
     case slowSignIn(answer: AppleAnswer)
+    /// The operator runs `siwa accounts import` with a refresh token from the app's old store,
+    /// issued before the sequence began (so every grant the user ended since has ended it too).
+    case importToken
 
     var description: String {
         switch self {
@@ -58,6 +61,7 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
         case .signIn(let withCode, let answer):
             "app API sign-in " + (withCode ? "with a fresh code; Apple answers the exchange \(answer)" : "without a code")
         case .slowSignIn(let answer): "app API sign-in with a fresh code; Apple's answer to the exchange (\(answer)) stays in flight"
+        case .importToken: "operator imports a refresh token from the app's old store (siwa accounts import)"
         }
     }
 }
@@ -127,7 +131,7 @@ struct ModelGenerator {
     }
 
     private func nextStep(_ random: inout SeededGenerator, inFlight: Bool, stalled: Bool) -> ModelStep {
-        let roll = Int.random(in: 0..<110, using: &random)
+        let roll = Int.random(in: 0..<113, using: &random)
         switch roll {
         case 0..<20:
             let count = Int.random(in: 0..<10, using: &random) < 7 ? 1 : 2
@@ -155,8 +159,10 @@ struct ModelGenerator {
             return .userRevokesAtApple
         case 100..<106:
             return .signIn(withCode: Int.random(in: 0..<10, using: &random) < 8, answer: answer(&random))
-        default:
+        case 106..<110:
             return inFlight ? .release : .slowSignIn(answer: answer(&random))
+        default:
+            return .importToken
         }
     }
 
@@ -295,6 +301,7 @@ extension ModelStep {
         case .userRevokesAtApple: "user ends grants at Apple"
         case .signIn(let withCode, let answer): withCode ? "sign-in, Apple answers \(answer)" : "sign-in without a code"
         case .slowSignIn(let answer): "sign-in, Apple slow then \(answer)"
+        case .importToken: "token imported"
         }
     }
 }

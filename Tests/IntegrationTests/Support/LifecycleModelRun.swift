@@ -37,6 +37,9 @@ final class ModelRun {
     private var stalled: Job?
     /// The sequence's app API, started at its first sign-in.
     private var appAPI: ModelAppAPI?
+    /// Every time the user's grants ended at Apple (`issuedBefore` of each).
+    private var grantsEnded: [Date] = []
+    private var importCount = 0
 
     struct CommittedCall {
         var call: AppCall
@@ -151,10 +154,11 @@ final class ModelRun {
         case .resumeStalled(let answer): return try await resumeStalled(answer: answer)
         case .reconcile: return try await reconcile()
         case .userRevokesAtApple:
-            world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: stepStarts[index])
+            endGrants(issuedBefore: stepStarts[index])
             return "grants ended at Apple"
         case .signIn(let withCode, let answer): return try await signIn(withCode: withCode, answer: answer)
         case .slowSignIn(let answer): return try await startSlowSignIn(answer: answer)
+        case .importToken: return try await importToken()
         }
     }
 
@@ -247,7 +251,7 @@ final class ModelRun {
             // Parked until one of this sequence's steps runs the notification worker.
             _ = try await connection.execute("UPDATE siwa.jobs SET run_at = 'infinity' WHERE notification_jti = \(jti)")
         }
-        if kind.endsGrants { world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: time) }
+        if kind.endsGrants { endGrants(issuedBefore: time) }
         return "stored \(jti)"
     }
 
@@ -360,6 +364,23 @@ final class ModelRun {
         }
         if let index = inFlight.signIn { settleSignIn(at: index, what, withCode: true, answer: answer) }
         return what
+    }
+
+    private func endGrants(issuedBefore time: Date) {
+        grantsEnded.append(time)
+        world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: time)
+    }
+
+    /// `siwa accounts import` of one line: a token Apple issued before the sequence began, dead if
+    /// the user ended their grants at any point so far.
+    private func importToken() async throws -> String {
+        importCount += 1
+        let token = "imported-\(clientID)-\(importCount)"
+        world.fake.registerRefreshToken(token, clientID: clientID, sub: sub, issuedAt: stepStarts[0].addingTimeInterval(-60))
+        for time in grantsEnded { world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: time) }
+        let summary = try await AccountImporter(connection: connection, tokenBox: world.harness.tokenBox)
+            .run(lines: ["\(clientID),\(sub),user-imported,\(token)"])
+        return "import: \(summary.imported) imported, \(summary.skipped) skipped"
     }
 
     // MARK: Sign-in through the app API
