@@ -176,7 +176,8 @@ struct HTTPServerTests {
             return .text("answer \(request.path)")
         }
         try await withServer(handler: handler) { server in
-            let client = try RawHTTPClient(port: server.port)
+            // A bound for a server that never answers, not a speed requirement (5 s failed at load 12).
+            let client = try RawHTTPClient(port: server.port, receiveTimeout: 30)
             for index in 0..<3 {
                 client.send("POST /\(index) HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
                 let (text, _) = await client.read { $0.hasSuffix("answer /\(index)") }
@@ -237,7 +238,9 @@ struct HTTPServerTests {
 
     @Test func stalledClientIsClosedAfterTimeout() async throws {
         try await withServer(connectionTimeout: .seconds(1), handler: Self.echo) { server in
-            let stalled = try RawHTTPClient(port: server.port, receiveTimeout: 5)
+            // The client's own receive bound is far beyond the server's 1 s: `.closed` then means
+            // the server closed the connection, whatever the load on the machine.
+            let stalled = try RawHTTPClient(port: server.port, receiveTimeout: 30)
             let started = ContinuousClock.now
             stalled.send("GET /stalled HTTP/1.1\r\nHost: x\r\nX-Half: ")
 
@@ -250,8 +253,7 @@ struct HTTPServerTests {
             let elapsed = ContinuousClock.now - started
             #expect(end == .closed)
             #expect(!text.contains("201"))
-            #expect(elapsed >= .milliseconds(900))
-            #expect(elapsed < .seconds(8))  // generous: only "closed by the timeout, not never"
+            #expect(elapsed >= .milliseconds(900), "not before the timeout")
         }
     }
 

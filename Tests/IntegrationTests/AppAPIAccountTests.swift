@@ -23,6 +23,17 @@ import Testing
             let patched = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["app_user_id": "user-7"])
             #expect(patched.status == 200 && patched.json["app_user_id"] as? String == "user-7")
             #expect(try await api.lifecycle.scalar(String.self, "SELECT app_user_id FROM siwa.accounts WHERE sub = '001.acct'") == "user-7")
+            // Answers are written by the API's own JSON writer: every character an app may store
+            // comes back as it went in (quotes, backslash, controls, slash, non-ASCII), in a body
+            // any JSON reader parses, with its members in key order.
+            let awkward = "a\"b\\c/d\u{01}\n\t\r\u{1F}é€😀 end"
+            let stored = try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["app_user_id": awkward])
+            #expect(stored.status == 200 && stored.json["app_user_id"] as? String == awkward, "\(stored.body)")
+            #expect(stored.body.contains(#""a\"b\\c/d\u0001\n\t\r\u001fé€😀 end""#), "\(stored.body)")
+            let keys = ["app_user_id", "client_id", "email", "email_forwarding", "has_refresh_token", "is_private_email",
+                "linked_at", "sessions_revoked_at", "status", "sub", "updated_at"]
+            let positions = keys.map { stored.body.range(of: "\"\($0)\":")?.lowerBound }
+            #expect(positions.allSatisfy { $0 != nil } && positions.map { $0! } == positions.map { $0! }.sorted(), "\(stored.body)")
             #expect(try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["app_user_id": 7]).status == 400)
             #expect(try await api.request("PATCH", "/v1/accounts/\(Self.clientID)/001.acct", body: ["other": "x"]).status == 400)
         }

@@ -189,6 +189,27 @@ import WorkerCore
         }
     }
 
+    /// The statement that spends the nonce also reads the account the token names, before the
+    /// token is verified: that read must decide nothing until the token proves its `sub`.
+    @Test func aForgedTokenNamingADeletingAccountIsATokenError() async throws {
+        try await withAppAPI { api in
+            try await api.signedIn(sub: "001.forged")
+            _ = try await api.lifecycle.requestDeletion(sub: "001.forged")
+            let nonce = try await api.nonce()
+            let forged = try api.token(api.claims(sub: "001.forged", nonce: nonce), key: try RSA.PrivateKey.generate())
+            let answer = try await api.signIn(identityToken: forged, nonce: nonce, code: nil)
+            #expect(answer.status == 401 && answer.error == "token_invalid", "not 403: the token proved nothing")
+            let again = try await api.signIn(identityToken: api.appleSignIn(sub: "001.forged", nonce: nonce).identityToken, nonce: nonce, code: nil)
+            #expect(again.status == 401 && again.error == "nonce_invalid", "the nonce was spent by the refused sign-in")
+            // A token that does not even parse spends its nonce too (no account is read for it).
+            let other = try await api.nonce()
+            #expect(try await api.signIn(identityToken: "not.a-token", nonce: other, code: nil).error == "token_invalid")
+            #expect(try await api.signIn(identityToken: api.appleSignIn(sub: "001.forged", nonce: other).identityToken, nonce: other, code: nil)
+                .error == "nonce_invalid")
+            #expect(try await api.lifecycle.status("001.forged") == "pending_deletion")
+        }
+    }
+
     @Test func exchangeOutcomes() async throws {
         try await withAppAPI { api in
             // invalid_grant: a code Apple never issued (or already used).

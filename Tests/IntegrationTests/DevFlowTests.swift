@@ -90,6 +90,30 @@ import Testing
         let stored = try await db.query(
             "SELECT count(*) FROM siwa.accounts WHERE sub = \(sub) AND status = 'active' AND refresh_token_enc IS NOT NULL")
         #expect(try stored[0].decode(Int.self, at: 0) == 1)
+
+        // The same line as a load (the sign-in benchmark's driver): lanes of keep-alive connections,
+        // each sign-in a new `sub`, every one stored.
+        var load = words
+        load[try #require(load.firstIndex(of: "--sub")) + 1] = "\(sub)-load"
+        let (status, text) = try runSiwa(Array(load.dropFirst()) + ["--count", "7", "--concurrency", "3"])
+        #expect(status == 0 && text.contains("RESULT sign_ins=7 failures=0 "), "\(text)")
+        let loaded = try await db.query(
+            "SELECT count(*) FROM siwa.accounts WHERE sub LIKE \(sub + "-load-%") AND status = 'active' AND refresh_token_enc IS NOT NULL")
+        #expect(try loaded[0].decode(Int.self, at: 0) == 7)
+    }
+
+    /// Runs the siwa binary with `arguments`; its exit status and output (stdout and stderr).
+    private func runSiwa(_ arguments: [String]) throws -> (Int32, String) {
+        let process = Process()
+        process.executableURL = try Siwa.binary()
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: output, as: UTF8.self))
     }
 
     /// Waits for a printed line containing `marker`, runs it exactly as printed, expects exit 0 and

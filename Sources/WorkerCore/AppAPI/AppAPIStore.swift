@@ -74,6 +74,24 @@ struct AppAPIStore: Sendable {
         }
     }
 
+    /// Spends the nonce and, in the same statement (one round trip instead of two), reads the
+    /// sign-in state of `(clientID, sub)`. The caller uses that state only once the identity token
+    /// has proven `sub`; reading it before Apple is called is all `siwa.sign_in` asks of it.
+    func consumeNonce(hash: [UInt8], readingStateOf clientID: String, sub: String) async throws -> (
+        spent: Bool, state: SignInState
+    ) {
+        try await run { connection in
+            // The CTE holds a volatile call, so it is evaluated once, whatever the join finds.
+            let row = try await connection.query(
+                """
+                WITH spent AS (SELECT siwa.consume_nonce(\(hash)) AS valid)
+                SELECT spent.valid, \(unsafeSQL: Self.signInStateColumns)
+                  FROM spent LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
+                """)[0]
+            return (try row.decode(Bool.self, column: "valid"), try SignInState(row))
+        }
+    }
+
     func pruneNonces(limit: Int = 10_000) async throws -> Int {
         try await run { connection in
             try await connection.query("SELECT siwa.prune_nonces(\(limit))")[0].decode(Int.self, at: 0)
@@ -93,21 +111,29 @@ struct AppAPIStore: Sendable {
         var status: String?
         var hasRefreshToken: Bool
         var deletionRequests: Int64
+
+        /// From `signInStateColumns` over `siwa.accounts a` (outer-joined: no account, no status).
+        init(_ row: PostgresRow) throws {
+            status = try row.decode(String?.self, column: "status")
+            hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
+            deletionRequests = try row.decode(Int64.self, column: "deletion_requests")
+        }
     }
+
+    static let signInStateColumns = """
+        a.status, a.refresh_token_enc IS NOT NULL AS has_refresh_token,
+        coalesce(a.deletion_requests, 0) AS deletion_requests
+        """
 
     func signInState(clientID: String, sub: String) async throws -> SignInState {
         try await run { connection in
-            let row = try await connection.query(
-                """
-                SELECT a.status, a.refresh_token_enc IS NOT NULL AS has_refresh_token,
-                       coalesce(a.deletion_requests, 0) AS deletion_requests
-                  FROM (SELECT 1) AS one
-                  LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
-                """)[0]
-            return SignInState(
-                status: try row.decode(String?.self, column: "status"),
-                hasRefreshToken: try row.decode(Bool.self, column: "has_refresh_token"),
-                deletionRequests: try row.decode(Int64.self, column: "deletion_requests"))
+            try SignInState(
+                try await connection.query(
+                    """
+                    SELECT \(unsafeSQL: Self.signInStateColumns)
+                      FROM (SELECT 1) AS one
+                      LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
+                    """)[0])
         }
     }
 

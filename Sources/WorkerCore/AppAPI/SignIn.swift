@@ -1,6 +1,7 @@
 import AppleClient
 import CryptoCore
 import Foundation
+import JOSE
 import JSON
 import Logging
 import Postgres
@@ -56,11 +57,20 @@ struct SignIn: Sendable {
     let logger: Logger
 
     func run(_ request: Request) async -> Result<[String: Any], AppAPIError> {
-        // 1. The nonce.
+        // 1. The nonce. The statement that spends it also reads the account the token names, so
+        // step 3 costs no second round trip; that state is used only if step 2 proves that `sub`.
+        let nonceHash = SHA256.hash(Array(request.nonce.utf8))
+        let claimedSub = Self.claimedSub(request.identityToken)
+        var readAhead: (sub: String, state: AppAPIStore.SignInState)?
         do {
-            guard try await store.consumeNonce(hash: SHA256.hash(Array(request.nonce.utf8))) else {
-                return .failure(.nonceInvalid)
+            let spent: Bool
+            if let claimedSub {
+                let result = try await store.consumeNonce(hash: nonceHash, readingStateOf: request.clientID, sub: claimedSub)
+                (spent, readAhead) = (result.spent, (claimedSub, result.state))
+            } else {
+                spent = try await store.consumeNonce(hash: nonceHash)
             }
+            guard spent else { return .failure(.nonceInvalid) }
         } catch {
             logger.warning("sign-in: could not consume the nonce", metadata: ["error": "\(error)"])
             return .failure(.databaseUnavailable)
@@ -92,10 +102,15 @@ struct SignIn: Sendable {
             }
         }
 
-        // 3. The account's state.
+        // 3. The account's state: as read with the nonce, unless a transfer claim has just written
+        // the account (or the verified `sub` is not the one read).
         let state: AppAPIStore.SignInState
         do {
-            state = try await store.signInState(clientID: request.clientID, sub: identity.sub)
+            if let readAhead, readAhead.sub == identity.sub, identity.transferSub == nil {
+                state = readAhead.state
+            } else {
+                state = try await store.signInState(clientID: request.clientID, sub: identity.sub)
+            }
         } catch {
             logger.warning("sign-in: could not read the account", metadata: ["error": "\(error)"])
             return .failure(.databaseUnavailable)
@@ -132,6 +147,15 @@ struct SignIn: Sendable {
             await revokeUnkept(refreshToken, clientID: request.clientID)
             return .failure(.databaseUnavailable)
         }
+    }
+
+    /// The `sub` an identity token claims, read without verifying it: only to read its account
+    /// ahead. Nil when the token does not parse (its verification fails then anyway).
+    static func claimedSub(_ identityToken: String) -> String? {
+        guard let jws = try? CompactJWS(identityToken, checkPayloadIsJSONObject: false),
+            let sub = JSONValue.object(jws.payloadBytes)?["sub"]?.stringValue, !sub.isEmpty
+        else { return nil }
+        return sub
     }
 
     /// Exchanges `code`; the refresh token on success (its `id_token` verified and about `sub`).

@@ -38,8 +38,8 @@ enum SimulateSignIn {
             FileHandle.standardError.write(Data("siwa simulate sign-in: \(error)\n".utf8))
             return 2
         }
-        let session = makeSession(connections: request.concurrency)
         if request.count == 1 {
+            let session = makeSession(connections: 1)
             do {
                 let (status, body, _) = try await signIn(request, sub: request.sub, session: session)
                 print("\(status) \(body)")
@@ -49,7 +49,7 @@ enum SimulateSignIn {
                 return 1
             }
         }
-        return await load(request, session: session)
+        return await load(request)
     }
 
     static let options = ["CLIENT_ID", "SUB", "EMAIL", "API_URL", "API_TOKEN", "FAKE_APPLE_URL", "COUNT", "CONCURRENCY"]
@@ -87,82 +87,163 @@ enum SimulateSignIn {
         var description: String
     }
 
-    /// One sign-in; returns the answer and how long the sign-in request took.
-    static func signIn(_ request: Request, sub: String, session: URLSession) async throws -> (Int, String, Duration) {
-        let (nonceStatus, nonceBody) = try await post(
-            request.apiURL.appendingPathComponent("v1/nonces"), json: [:], bearer: request.apiToken, session: session)
-        guard nonceStatus == 201, let nonce = object(nonceBody)?["nonce"] as? String else {
-            throw Failure(description: "POST \(request.apiURL)/v1/nonces answered \(nonceStatus) \(nonceBody)")
+    /// The three requests of one sign-in, written once for both transports: `next` takes the answer
+    /// to the previous request (nil at first) and gives the next request, or nil when done; then
+    /// `result` holds the sign-in's answer.
+    struct Flow {
+        enum Target { case api, fakeApple }
+        struct Outgoing {
+            var target: Target
+            var path: String
+            var json: [String: Any]
+            var bearer: String?
         }
-        var appleRequest: [String: Any] = [
-            "client_id": request.clientID, "sub": sub, "nonce": IdentityTokenVerifier.nonceClaim(rawNonce: nonce),
-        ]
-        if let email = request.email {
-            appleRequest["email"] = email
-            appleRequest["is_private_email"] = email.hasSuffix("@privaterelay.appleid.com")
+
+        let request: Request
+        let sub: String
+        private var nonce: String?
+        private var signInStarted: ContinuousClock.Instant?
+        private(set) var result: (status: Int, body: String, took: Duration)?
+
+        init(_ request: Request, sub: String) {
+            self.request = request
+            self.sub = sub
         }
-        let (appleStatus, appleBody) = try await post(
-            request.fakeAppleURL.appendingPathComponent("fake/identity-tokens"), json: appleRequest, bearer: nil, session: session)
-        guard appleStatus == 200, let apple = object(appleBody), let token = apple["identity_token"] as? String,
-            let code = apple["authorization_code"] as? String
-        else {
-            throw Failure(description: "the fake Apple at \(request.fakeAppleURL) answered \(appleStatus) to /fake/identity-tokens")
+
+        mutating func next(after answer: (status: Int, body: String)?) throws -> Outgoing? {
+            guard let answer else { return Outgoing(target: .api, path: "v1/nonces", json: [:], bearer: request.apiToken) }
+            guard let nonce else {
+                guard answer.status == 201, let nonce = object(answer.body)?["nonce"] as? String else {
+                    throw Failure(description: "POST \(request.apiURL)/v1/nonces answered \(answer.status) \(answer.body)")
+                }
+                self.nonce = nonce
+                var apple: [String: Any] = [
+                    "client_id": request.clientID, "sub": sub, "nonce": IdentityTokenVerifier.nonceClaim(rawNonce: nonce),
+                ]
+                if let email = request.email {
+                    apple["email"] = email
+                    apple["is_private_email"] = email.hasSuffix("@privaterelay.appleid.com")
+                }
+                return Outgoing(target: .fakeApple, path: "fake/identity-tokens", json: apple, bearer: nil)
+            }
+            guard let signInStarted else {
+                guard answer.status == 200, let apple = object(answer.body), let token = apple["identity_token"] as? String,
+                    let code = apple["authorization_code"] as? String
+                else {
+                    throw Failure(description: "the fake Apple at \(request.fakeAppleURL) answered \(answer.status) to /fake/identity-tokens")
+                }
+                var body: [String: Any] = ["client_id": request.clientID, "identity_token": token, "nonce": nonce]
+                if request.withCode { body["authorization_code"] = code }
+                self.signInStarted = .now
+                return Outgoing(target: .api, path: "v1/sign-in", json: body, bearer: request.apiToken)
+            }
+            result = (answer.status, answer.body, ContinuousClock.now - signInStarted)
+            return nil
         }
-        var body: [String: Any] = ["client_id": request.clientID, "identity_token": token, "nonce": nonce]
-        if request.withCode { body["authorization_code"] = code }
-        let started = ContinuousClock.now
-        let (status, answer) = try await post(
-            request.apiURL.appendingPathComponent("v1/sign-in"), json: body, bearer: request.apiToken, session: session)
-        return (status, answer, ContinuousClock.now - started)
     }
 
-    /// `--count N --concurrency C`: prints `sign-ins/s`, the sign-in request's p50/p99, failures.
-    private static func load(_ request: Request, session: URLSession) async -> Int32 {
+    /// One sign-in over URLSession; returns the answer and how long the sign-in request took.
+    static func signIn(_ request: Request, sub: String, session: URLSession) async throws -> (Int, String, Duration) {
+        var flow = Flow(request, sub: sub)
+        var answer: (status: Int, body: String)?
+        while let outgoing = try flow.next(after: answer) {
+            let base = outgoing.target == .api ? request.apiURL : request.fakeAppleURL
+            answer = try await post(base.appendingPathComponent(outgoing.path), json: outgoing.json, bearer: outgoing.bearer, session: session)
+        }
+        return flow.result!
+    }
+
+    /// `--count N --concurrency C`: prints `sign-ins/s`, the sign-in request's p50/p99, failures,
+    /// and the driver's own CPU per sign-in. Each of the C lanes is a thread with one keep-alive
+    /// connection to the API and one to the fake Apple, so the driver spends little of the CPU it
+    /// shares with what it measures.
+    private static func load(_ request: Request) async -> Int32 {
+        guard let apiPort = LoopbackHTTPConnection.loopbackPort(of: request.apiURL),
+            let applePort = LoopbackHTTPConnection.loopbackPort(of: request.fakeAppleURL)
+        else {
+            FileHandle.standardError.write(Data("siwa simulate sign-in: --count drives a local stack: --api-url and --fake-apple-url must be http://127.0.0.1:PORT\n".utf8))
+            return 2
+        }
         let started = ContinuousClock.now
+        let cpuAtStart = cpuSeconds()
         let results = Locked<(latencies: [Double], failures: Int, firstFailure: String?)>(([], 0, nil))
-        await withTaskGroup(of: Void.self) { group in
-            let next = Locked(0)
-            for _ in 0..<request.concurrency {
-                group.addTask {
-                    while true {
-                        let index = next.withLock { value -> Int? in
-                            guard value < request.count else { return nil }
-                            value += 1
-                            return value - 1
+        let next = Locked(0)
+        let lane: @Sendable () -> Void = {
+            let api = LoopbackHTTPConnection(port: apiPort)
+            let apple = LoopbackHTTPConnection(port: applePort)
+            while true {
+                let index = next.withLock { value -> Int? in
+                    guard value < request.count else { return nil }
+                    value += 1
+                    return value - 1
+                }
+                guard let index else { return }
+                do {
+                    var flow = Flow(request, sub: "\(request.sub)-\(index)")
+                    var answer: (status: Int, body: String)?
+                    while let outgoing = try flow.next(after: answer) {
+                        let body = try JSONSerialization.data(withJSONObject: outgoing.json)
+                        let reply = try (outgoing.target == .api ? api : apple).post(
+                            "/" + outgoing.path, json: Array(body), bearer: outgoing.bearer)
+                        answer = (reply.status, String(decoding: reply.body, as: UTF8.self))
+                    }
+                    let (status, body, took) = flow.result!
+                    results.withLock { results in
+                        if status == 200 { results.latencies.append(took.seconds) } else {
+                            results.failures += 1
+                            if results.firstFailure == nil { results.firstFailure = "\(status) \(body)" }
                         }
-                        guard let index else { return }
-                        do {
-                            let (status, body, took) = try await signIn(request, sub: "\(request.sub)-\(index)", session: session)
-                            results.withLock { results in
-                                if status == 200 { results.latencies.append(took.seconds) } else {
-                                    results.failures += 1
-                                    if results.firstFailure == nil { results.firstFailure = "\(status) \(body)" }
-                                }
-                            }
-                        } catch {
-                            results.withLock { results in
-                                results.failures += 1
-                                if results.firstFailure == nil { results.firstFailure = "\(error)" }
-                            }
-                        }
+                    }
+                } catch {
+                    results.withLock { results in
+                        results.failures += 1
+                        if results.firstFailure == nil { results.firstFailure = "\(error)" }
                     }
                 }
             }
         }
+        await runOnThreads(count: request.concurrency, lane)
         let elapsed = (ContinuousClock.now - started).seconds
+        let driverCPU = cpuSeconds() - cpuAtStart
         let (latencies, failures, first) = results.withLock { ($0.latencies.sorted(), $0.failures, $0.firstFailure) }
         func percentile(_ p: Double) -> Double {
             latencies.isEmpty ? .nan : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] * 1000
         }
         print(
             String(
-                format: "RESULT sign_ins=%d failures=%d seconds=%.2f rate=%.1f p50_ms=%.2f p99_ms=%.2f", latencies.count, failures,
-                elapsed, Double(latencies.count) / elapsed, percentile(0.50), percentile(0.99)))
+                format: "RESULT sign_ins=%d failures=%d seconds=%.2f rate=%.1f p50_ms=%.2f p99_ms=%.2f driver_cpu_ms=%.2f",
+                latencies.count, failures, elapsed, Double(latencies.count) / elapsed, percentile(0.50), percentile(0.99),
+                driverCPU * 1000 / Double(max(request.count, 1))))
         if let first { FileHandle.standardError.write(Data("siwa simulate sign-in: first failure: \(first)\n".utf8)) }
         return failures == 0 ? 0 : 1
     }
 
-    private static func object(_ body: String) -> [String: Any]? {
+    /// Runs `body` on `count` threads of their own (blocking I/O must not hold the shared pool) and
+    /// returns when all have.
+    private static func runOnThreads(count: Int, _ body: @escaping @Sendable () -> Void) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let group = DispatchGroup()
+            for _ in 0..<count {
+                group.enter()
+                Thread {
+                    body()
+                    group.leave()
+                }.start()
+            }
+            group.notify(queue: .global()) { continuation.resume() }
+        }
+    }
+
+    /// CPU time (user + system) this process has used: the driver's own cost per sign-in, so a
+    /// benchmark can show the load it puts on the machine it shares with what it measures.
+    private static func cpuSeconds() -> Double {
+        var usage = rusage()
+        guard getrusage(RUSAGE_SELF.rawValue, &usage) == 0 else { return 0 }
+        func seconds(_ time: timeval) -> Double { Double(time.tv_sec) + Double(time.tv_usec) / 1e6 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    }
+
+    static func object(_ body: String) -> [String: Any]? {
         (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any]
     }
 

@@ -64,13 +64,15 @@ final class EndToEndStack: @unchecked Sendable {
     }
 
     /// The base URL from the `fake-apple listening on http://...` line.
-    static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(20)) async throws -> String {
+    /// Bounded like `ServiceProcess.boundHTTPPort`: a last look after the deadline, 60 s.
+    static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
         let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
+        while true {
             if let range = process.log.range(of: #"listening on http://[0-9.]+:[0-9]+"#, options: .regularExpression) {
                 return String(process.log[range].dropFirst("listening on ".count))
             }
             guard process.isRunning else { throw ServiceProcessError(message: "fake-apple exited:\n\(process.log)") }
+            guard ContinuousClock.now < deadline else { break }
             try await Task.sleep(for: .milliseconds(25))
         }
         throw ServiceProcessError(message: "fake-apple printed no listening line:\n\(process.log)")

@@ -57,9 +57,12 @@ final class ServiceProcess: @unchecked Sendable {
 
     /// The port from the first `http.server.started` log line: services started on port 0 bind one
     /// the kernel picks, so no two tests running side by side can ever be handed the same port.
-    func boundHTTPPort(timeout: Duration = .seconds(20)) async throws -> Int {
+    /// The bound is for a process that never listens, not a speed requirement: at load 20+ on two
+    /// cores a start took over 20 s. The log is read once more after the deadline, so a line that
+    /// arrived while this task was not scheduled still counts.
+    func boundHTTPPort(timeout: Duration = .seconds(60)) async throws -> Int {
         let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
+        while true {
             for line in log.split(separator: "\n") where line.contains(#""msg":"http.server.started""#) {
                 if let range = line.range(of: #""http.port":[0-9]+"#, options: .regularExpression),
                    let port = Int(line[range].dropFirst(#""http.port":"#.count))
@@ -68,6 +71,7 @@ final class ServiceProcess: @unchecked Sendable {
                 }
             }
             guard isRunning else { throw ServiceProcessError(message: "\(name) exited before listening:\n\(log)") }
+            guard ContinuousClock.now < deadline else { break }
             try await Task.sleep(for: .milliseconds(20))
         }
         throw ServiceProcessError(message: "\(name) logged no http.server.started line:\n\(log)")
