@@ -104,29 +104,44 @@ package struct JobQueue: Sendable {
     /// Claims, applies and completes up to `limit` notification jobs in one statement (one
     /// transaction). The fast path uses no subtransactions; if any job raises, the batch is rolled
     /// back and run again with one subtransaction per job, so only the failing job is retried.
+    ///
+    /// `verifyHeld`, when given, runs first in the same transaction: it locks and verifies up to
+    /// `limit` held jobs and returns the genuine ones, which the batch takes before any due job
+    /// (one commit for both; a rollback leaves them held). It runs again for the isolated retry.
     package func runNotificationBatch(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
+        verifyHeld: (@Sendable (PostgresConnection, Int) async throws -> [Int64])? = nil
     ) async throws -> [NotificationResult] {
         try await pool.withConnection { connection in
+            func run(isolate: Bool) async throws -> [NotificationResult] {
+                guard let verifyHeld else {
+                    return try await Self.runNotificationBatch(
+                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate)
+                }
+                return try await connection.withTransaction { connection in
+                    let verified = try await verifyHeld(connection, limit)
+                    return try await Self.runNotificationBatch(
+                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate,
+                        verified: verified)
+                }
+            }
             do {
-                return try await Self.runNotificationBatch(
-                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: false)
+                return try await run(isolate: false)
             } catch let error as PostgresError where error.code == .queryFailed {
-                return try await Self.runNotificationBatch(
-                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: true)
+                return try await run(isolate: true)
             }
         }
     }
 
     package static func runNotificationBatch(
         on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
-        isolate: Bool
+        isolate: Bool, verified: [Int64] = []
     ) async throws -> [NotificationResult] {
         let rows = try await connection.query(
             """
             SELECT job_id, jti, outcome, error, state, delay_seconds
               FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
-                                                \(policy.base.seconds), \(policy.cap.seconds))
+                                                \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[])
             """)
         return try rows.map { row in
             NotificationResult(
@@ -201,10 +216,23 @@ package struct JobQueue: Sendable {
 
     // MARK: Held notifications (StoredNotificationGate)
 
-    /// A held notification job (stored by a `siwa_receiver` login, `run_at` infinity) whose jws and
-    /// columns the gate verified: due now. Runs in the gate's transaction, which holds the row locks.
-    package static func releaseHeldNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
-        try await connection.execute("UPDATE siwa.jobs SET run_at = now() WHERE id = ANY(\(ids))")
+    /// Up to `limit` held notification jobs (stored by a `siwa_receiver` login, `run_at` infinity),
+    /// locked SKIP LOCKED, with every column the gate checks and the jws, oldest first.
+    /// `run_at >= 'infinity'` (the same rows as `=`) and the claim index's order: with `=` and
+    /// `ORDER BY id`, the planner may walk the primary key past every completed job, a cost that
+    /// grows with the queue's history (6-10 ms a batch with 18,000 completed, 0.3 ms this way).
+    package static func heldNotificationsQuery(limit: Int) -> PostgresQuery {
+        """
+        SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
+               round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
+               n.email, n.is_private_email, n.jws
+          FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity'
+           AND j.kind = 'notification'
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT \(limit)
+           FOR UPDATE OF j SKIP LOCKED
+        """
     }
 
     /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.

@@ -12,11 +12,12 @@ import SiwaCore
 /// compromised receiver could store a row claiming an `account-deleted` for anyone. The job of a
 /// notification a `siwa_receiver` login stored is therefore held (`run_at` infinity, set by the
 /// trigger in sql/functions/queue.sql) until a worker has checked the stored `jws` against Apple's
-/// keys and every column against its claims. A genuine one is released to the queue; one that
-/// fails is recorded as `forged` on the notification and its job, never applied, logged at
-/// `error` and counted. Rows written by other roles (the schema owner, operators) are not held.
+/// keys and every column against its claims. A genuine one is applied in the same transaction
+/// (siwa.run_notification_batch's `p_verified`), so it is written once and a rollback leaves it
+/// held; one that fails is recorded as `forged` on the notification and its job, never applied,
+/// logged at `error` and counted. Rows written by other roles (the schema owner, operators) are
+/// not held.
 struct StoredNotificationGate: Sendable {
-    let pool: PostgresPool
     let keys: AppleKeySet
     let logger: Logger
     let forged: Counter
@@ -33,66 +34,49 @@ struct StoredNotificationGate: Sendable {
         var jws: String?
     }
 
-    /// Judges up to `limit` held jobs in one transaction (rows locked SKIP LOCKED, so workers
-    /// share the work); returns how many it released or refused. With nothing held it costs one
-    /// empty range of the claim index (priority 2, run_at infinity): one round trip per batch. Jobs whose key cannot be had
-    /// now (Apple unreachable) stay held for the next pass.
-    func run(limit: Int) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.withTransaction { connection in
-                let rows = try await connection.query(
-                    """
-                    SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
-                           round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
-                           n.email, n.is_private_email, n.jws
-                      FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
-                     WHERE j.state = 'available' AND j.priority = 2 AND j.run_at = 'infinity'
-                       AND j.kind = 'notification'
-                     ORDER BY j.id
-                     LIMIT \(limit)
-                       FOR UPDATE OF j SKIP LOCKED
-                    """)
-                guard !rows.isEmpty else { return 0 }
-                var genuine: [Int64] = []
-                var refused: [(job: Int64, jti: String, reason: String)] = []
-                for row in rows {
-                    let held = Held(
-                        jobID: try row.decode(Int64.self, column: "id"), jti: try row.decode(String.self, column: "jti"),
-                        clientID: try row.decode(String.self, column: "client_id"),
-                        sub: try row.decode(String.self, column: "sub"),
-                        eventType: try row.decode(String.self, column: "event_type"),
-                        eventMilliseconds: try row.decode(Int64.self, column: "event_ms"),
-                        email: try row.decode(String?.self, column: "email"),
-                        isPrivateEmail: try row.decode(Bool?.self, column: "is_private_email"),
-                        jws: try row.decode(String?.self, column: "jws"))
-                    switch await judge(held) {
-                    case .genuine: genuine.append(held.jobID)
-                    case .forged(let reason): refused.append((held.jobID, held.jti, reason))
-                    case .undecided: continue
-                    }
-                }
-                if !genuine.isEmpty {
-                    try await JobQueue.releaseHeldNotifications(genuine, on: connection)
-                }
-                if !refused.isEmpty {
-                    let jobs = refused.map(\.job)
-                    let jtis = refused.map(\.jti)
-                    try await connection.execute(
-                        """
-                        UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
-                         WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
-                        """)
-                    try await JobQueue.completeForgedNotifications(jobs, on: connection)
-                    for item in refused {
-                        logger.error(
-                            "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
-                            metadata: ["jti": .string(item.jti), "job_id": .int(Int(item.job)), "reason": .string(item.reason)])
-                    }
-                    forged.increment(by: refused.count)
-                }
-                return genuine.count + refused.count
+    /// Judges up to `limit` held jobs in the caller's transaction (rows locked SKIP LOCKED, so
+    /// workers share the work) and returns the genuine ones, still locked, for the caller to apply
+    /// before it commits; forged ones are recorded in the same transaction. With nothing held it
+    /// costs one empty range of the claim index (priority 2, run_at infinity): one round trip per
+    /// batch. Jobs whose key cannot be had now (Apple unreachable) stay held for the next pass.
+    func verifyHeld(on connection: PostgresConnection, limit: Int) async throws -> [Int64] {
+        let rows = try await connection.query(JobQueue.heldNotificationsQuery(limit: limit))
+        guard !rows.isEmpty else { return [] }
+        var genuine: [Int64] = []
+        var refused: [(job: Int64, jti: String, reason: String)] = []
+        for row in rows {
+            let held = Held(
+                jobID: try row.decode(Int64.self, column: "id"), jti: try row.decode(String.self, column: "jti"),
+                clientID: try row.decode(String.self, column: "client_id"),
+                sub: try row.decode(String.self, column: "sub"),
+                eventType: try row.decode(String.self, column: "event_type"),
+                eventMilliseconds: try row.decode(Int64.self, column: "event_ms"),
+                email: try row.decode(String?.self, column: "email"),
+                isPrivateEmail: try row.decode(Bool?.self, column: "is_private_email"),
+                jws: try row.decode(String?.self, column: "jws"))
+            switch await judge(held) {
+            case .genuine: genuine.append(held.jobID)
+            case .forged(let reason): refused.append((held.jobID, held.jti, reason))
+            case .undecided: continue
             }
         }
+        if !refused.isEmpty {
+            let jobs = refused.map(\.job)
+            let jtis = refused.map(\.jti)
+            try await connection.execute(
+                """
+                UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
+                 WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
+                """)
+            try await JobQueue.completeForgedNotifications(jobs, on: connection)
+            for item in refused {
+                logger.error(
+                    "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
+                    metadata: ["jti": .string(item.jti), "job_id": .int(Int(item.job)), "reason": .string(item.reason)])
+            }
+            forged.increment(by: refused.count)
+        }
+        return genuine
     }
 
     private enum Verdict {

@@ -40,6 +40,9 @@ package final class Worker: Sendable {
         var stopping = false
         var shutdownRequested = false
         var inFlight: [Int64: Job] = [:]
+        /// A notification batch left jobs queued (their accounts were busy) and its loop waits for
+        /// the bell: the next batch that takes any job rings it.
+        var deferredWaiting = false
     }
 
     /// - Parameter registry: shared with the handlers so their counters appear on `/metrics`.
@@ -64,7 +67,6 @@ package final class Worker: Sendable {
         // Apple's keys, fetched only when a held notification names a kid not yet seen (a worker
         // that never sees one never calls Apple for them).
         gate = StoredNotificationGate(
-            pool: pool,
             keys: AppleKeySet(
                 http: AppleHTTP(baseURL: configuration.apple.baseURL, timeout: .seconds(5)), logger: logger,
                 minimumRefetchInterval: .seconds(10)),
@@ -221,27 +223,59 @@ package final class Worker: Sendable {
 
     /// One of `notificationConnections` loops. A loop that claimed a full batch rings the bell
     /// before going on, so an idle loop joins in while a backlog lasts; a trickle wakes one loop.
+    ///
+    /// The batch size adapts to contention: a batch that had to leave jobs queued because another
+    /// batch held their accounts (`deferred`) halves the next limit, down to a sixteenth of
+    /// SIWA_NOTIFICATION_BATCH; a full batch without any doubles it back. Batches over disjoint
+    /// accounts (unseen subs, most linked ones) stay large, for throughput; batches over a few hot
+    /// accounts shrink until concurrent ones stop overlapping, instead of queueing on row locks.
     private func notificationLoop() async {
-        let batch = configuration.notificationBatch
+        let largest = configuration.notificationBatch
+        let smallest = max(1, largest / 16)
+        var limit = largest
         var failures = 0
+        let (gate, metrics) = (gate, metrics)
+        let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> [Int64] = { connection, limit in
+            let started = ContinuousClock.now
+            defer { metrics.verifySeconds.observe((ContinuousClock.now - started).seconds) }
+            return try await gate.verifyHeld(on: connection, limit: limit)
+        }
         while !stopping {
             do {
-                var claimed = 0
+                var again = false
                 repeat {
-                    _ = try await gate.run(limit: batch)
                     let started = ContinuousClock.now
                     let results = try await queue.runNotificationBatch(
-                        worker: configuration.workerID, limit: batch, lease: configuration.jobLease, policy: policy)
+                        worker: configuration.workerID, limit: limit, lease: configuration.jobLease, policy: policy,
+                        verifyHeld: verifyHeld)
                     metrics.batchSeconds.observe((ContinuousClock.now - started).seconds)
-                    metrics.batchJobs.observe(Double(results.count))
-                    claimed = results.count
-                    if claimed == batch { notificationBell.ring() }
+                    let deferred = results.count { $0.state == "deferred" }
+                    let taken = results.count - deferred
+                    metrics.batchJobs.observe(Double(taken))
+                    let full = taken == limit
+                    if deferred > 0 {
+                        metrics.deferred.increment(by: deferred)
+                        limit = max(smallest, limit / 2)
+                    } else if full {
+                        limit = min(largest, limit * 2)
+                    }
+                    // A loop that deferred jobs waits for the bell; the next batch that took any job
+                    // (its accounts' locks are gone with its commit) rings it.
+                    let wake = state.withLock { state -> Bool in
+                        let wake = full || (taken > 0 && state.deferredWaiting)
+                        if taken > 0 { state.deferredWaiting = false }
+                        if deferred > 0 { state.deferredWaiting = true }
+                        return wake
+                    }
+                    if wake { notificationBell.ring() }
                     record(results)
                     if failures > 0 {
                         logger.info("siwa-worker: database available again", metadata: ["failed_batches": .int(failures)])
                     }
                     failures = 0
-                } while claimed == batch && !stopping
+                    // After deferring, going again at once would only find the same accounts busy.
+                    again = full && deferred == 0
+                } while again && !stopping
             } catch {
                 failures += 1
                 metrics.batchFailures.increment()
@@ -269,9 +303,10 @@ package final class Worker: Sendable {
     private func record(_ results: [JobQueue.NotificationResult]) {
         guard !results.isEmpty else { return }
         let counters = metrics[.notification]
-        counters.claimed.increment(by: results.count)
+        counters.claimed.increment(by: results.count { $0.state != "deferred" })
         for result in results {
             switch result.state {
+            case "deferred": continue  // still queued; counted in siwa_worker_notifications_deferred_total
             case "completed":
                 counters.completed.increment()
                 if let delay = result.delaySeconds { metrics.effectDelay.observe(max(0, delay)) }

@@ -24,6 +24,8 @@ struct WorkerMetrics: Sendable {
     let batchFailures: Counter
     let batchSeconds: Histogram
     let batchJobs: Histogram
+    let deferred: Counter
+    let verifySeconds: Histogram
 
     init(registry: MetricsRegistry) {
         var kinds: [JobKind: PerKind] = [:]
@@ -66,7 +68,13 @@ struct WorkerMetrics: Sendable {
             "siwa_worker_batch_errors_total", help: "Notification batches that failed as a whole (retried).")
         batchSeconds = registry.histogram(
             "siwa_worker_notification_batch_seconds",
-            help: "One notification batch as the worker sees it: claim, effects and completion in one statement, and its commit.")
+            help: "One notification batch as the worker sees it: verifying held notifications, claim, effects and completion, and its commit.")
+        verifySeconds = registry.histogram(
+            "siwa_worker_notification_verify_seconds",
+            help: "Inside one notification batch: reading and verifying the held notifications (jws and columns), before their effects.")
+        deferred = registry.counter(
+            "siwa_worker_notifications_deferred_total",
+            help: "Notification jobs a batch left queued because another transaction held their account (a later batch takes them).")
         batchJobs = registry.histogram(
             "siwa_worker_notification_batch_jobs", help: "Jobs claimed by one notification batch.",
             buckets: [0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000])

@@ -131,9 +131,11 @@ struct WorkerTests {
         }
     }
 
-    /// Several notification batches are in flight in one process: a batch waiting on an account's
-    /// row lock does not hold up the next notification (one connection per process did).
-    @Test func aBatchWaitingOnALockDoesNotHoldUpTheNextOne() async throws {
+    /// A batch does not wait on an account another transaction holds: with one notification loop
+    /// (SIWA_NOTIFICATION_CONNECTIONS=1), the busy account's job is left queued while the rest of
+    /// its batch is applied, and it is applied, once, when the lock is gone. (Before, the batch
+    /// waited on the row lock and took the other notification's effect down with it.)
+    @Test func aBusyAccountsJobIsDeferredNotWaitedFor() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
             defer { connection.close() }
@@ -144,14 +146,13 @@ struct WorkerTests {
             try await blocker.simpleQuery("BEGIN")
             _ = try await blocker.query("SELECT 1 FROM siwa.accounts WHERE sub = 'held' FOR UPDATE")
             try await database.queueNotifications(1, prefix: "held", sub: "held", on: connection)
-            let worker = try database.startWorker(["SIWA_NOTIFICATION_BATCH": "1", "SIWA_NOTIFICATION_CONNECTIONS": "2"])
-            try await connection.waitFor(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'siwa-worker' AND wait_event_type = 'Lock'"
-            ) { $0 == 1 }
             try await database.queueNotifications(1, prefix: "free", on: connection)
+            let worker = try database.startWorker(["SIWA_NOTIFICATION_CONNECTIONS": "1", "SIWA_POLL_INTERVAL": "100ms"])
             try await connection.waitFor(
                 "SELECT count(*) FROM siwa.notifications WHERE jti = 'free1' AND processed_at IS NOT NULL") { $0 == 1 }
             #expect(try await connection.int("SELECT count(*) FROM siwa.notifications WHERE jti = 'held1' AND processed_at IS NULL") == 1)
+            #expect(try await connection.int(
+                "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'held1' AND state = 'available' AND attempt = 0") == 1)
             try await blocker.simpleQuery("ROLLBACK")
             try await connection.waitFor(processedCount) { $0 == 2 }
             let result = try await connection.expectExactlyOnce(total: 2)
@@ -267,6 +268,64 @@ struct JobQueueLibrary {
     /// One batch holding several events of one account, queued out of event_time order: the
     /// set-based fast path and the per-job fallback both apply them in event_time order, and a
     /// deletion in the middle of the batch erases the account's personal data.
+    /// siwa.run_notification_batch with a busy account (another transaction holds its row), in both
+    /// paths: every event of that account is reported `deferred` and left as it was (job available,
+    /// attempt unchanged, notification unprocessed), a verified held job among them is released
+    /// (not verified again), the other jobs complete, and a held job passed as verified is applied
+    /// and completed in the same transaction.
+    @Test(arguments: [false, true])
+    func aBatchDefersTheEventsOfABusyAccountAndAppliesTheRest(isolate: Bool) async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let blocker = try await database.connect()
+            defer { blocker.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 1, logger: TestDatabase.logger)
+            defer { pool.close() }
+            try await connection.execute(
+                "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('com.example.app', 'busy', 'active')")
+            _ = try await database.queueNotifications(2, prefix: "busy-", sub: "busy", types: ["email-enabled"], on: connection)
+            _ = try await database.queueNotifications(2, prefix: "free-", types: ["email-enabled"], on: connection)
+            // Held as a receiver login's would be: one for the busy account, one for a free one.
+            try await connection.execute(
+                "UPDATE siwa.jobs SET run_at = 'infinity' WHERE notification_jti IN ('busy-1', 'free-1')")
+            try await blocker.simpleQuery("BEGIN")
+            _ = try await blocker.query("SELECT 1 FROM siwa.accounts WHERE sub = 'busy' FOR UPDATE")
+            let results = try await pool.withConnection { connection in
+                // Bounded: a batch that waited on the busy account (as before) fails with 55P03.
+                try await connection.simpleQuery("SET lock_timeout = '5s'")
+                return try await connection.withTransaction { connection in
+                    let held = try await connection.query(
+                        "SELECT id FROM siwa.jobs WHERE run_at = 'infinity' ORDER BY id FOR UPDATE"
+                    ).map { try $0.decode(Int64.self, at: 0) }
+                    return try await JobQueue.runNotificationBatch(
+                        on: connection, worker: "w", limit: 50, lease: .seconds(60),
+                        policy: RetryPolicy(base: .seconds(1), cap: .seconds(1)), isolate: isolate, verified: held)
+                }
+            }
+            let states = Dictionary(uniqueKeysWithValues: results.map { ($0.jti ?? "", $0.state) })
+            #expect(states == ["busy-1": "deferred", "busy-2": "deferred", "free-1": "completed", "free-2": "completed"])
+            try await blocker.simpleQuery("ROLLBACK")
+            #expect(try await connection.int(
+                """
+                SELECT count(*) FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+                 WHERE n.sub = 'busy' AND j.state = 'available' AND j.attempt = 0 AND j.run_at < 'infinity'
+                   AND n.processed_at IS NULL
+                """) == 2)
+            #expect(try await connection.int(
+                "SELECT count(*) FROM siwa.jobs WHERE state = 'completed' AND run_at < 'infinity'") == 2)
+            #expect(try await connection.int("SELECT count(*) FROM siwa.account_changes WHERE sub = 'busy'") == 0)
+            // The lock gone, the next batch applies them, once.
+            let next = try await pool.withConnection { connection in
+                try await JobQueue.runNotificationBatch(
+                    on: connection, worker: "w", limit: 50, lease: .seconds(60),
+                    policy: RetryPolicy(base: .seconds(1), cap: .seconds(1)), isolate: isolate)
+            }
+            #expect(next.map(\.state) == ["completed", "completed"])
+            #expect(try await connection.int("SELECT count(*) FROM siwa.account_changes WHERE sub = 'busy'") == 2)
+        }
+    }
+
     @Test(arguments: [false, true])
     func oneBatchAppliesAnAccountsEventsInEventTimeOrder(isolate: Bool) async throws {
         try await withMigratedDatabase { database in
@@ -319,6 +378,24 @@ struct JobQueueLibrary {
             #expect(try await connection.int(
                 "SELECT count(*) FROM siwa.notifications WHERE sub = 'frank' AND (email IS NOT NULL OR jws IS NOT NULL)") == 0)
             #expect(try await connection.int("SELECT count(*) FROM siwa.notifications WHERE sub = 'erin' AND jws IS NULL") == 0)
+        }
+    }
+
+    /// The gate's read of held jobs stays on the claim index once most of a backlog analyzed while
+    /// held has completed (written `= 'infinity' ORDER BY id`, it walked the primary key past
+    /// every completed job: jobs_pkey in this plan).
+    @Test func heldReadStaysOnTheClaimIndexAsTheBacklogCompletes() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            try await database.queueNotifications(20_000, on: connection)
+            try await connection.simpleQuery("UPDATE siwa.jobs SET run_at = 'infinity'; ANALYZE siwa.jobs; ANALYZE siwa.notifications")
+            try await connection.simpleQuery("UPDATE siwa.jobs SET state = 'completed' WHERE id <= 18000")
+            var explain = JobQueue.heldNotificationsQuery(limit: 250)
+            explain.sql = "EXPLAIN " + explain.sql
+            let plan = try await connection.query(explain).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
+            #expect(plan.contains("Index Scan using jobs_claim_notification"), "\(plan)")
+            #expect(!plan.contains("jobs_pkey"), "\(plan)")
         }
     }
 

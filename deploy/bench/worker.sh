@@ -12,6 +12,11 @@
 #               `siwa fake-apple`) and APPLE_JOBS revoke jobs (accounts linked through the fake) in
 #               the queue at the same time; the raw peer writes what those jobs write but cannot make
 #               their HTTP calls (raw-peer/apple.sql).
+# Every notification takes the production path after the receiver: it is signed RS256 by the fake
+# Apple's key (sign-held.py, cached under ~/.cache) and stored with a siwa_receiver login, so the
+# trigger holds its job until a worker has verified the stored jws and every column against its
+# claims (StoredNotificationGate); the raw peer reads the same held rows with their jws, but the RSA
+# verification is CPU no SQL can do for it.
 # Rates: jobs / (the last job's finalized_at - the moment the processes were started), for the
 # worker and the raw peer alike. Each worker run is checked: every job completed, every notification
 # processed, no change row twice. RSS: each worker process's peak (VmHWM). CPU per job: what
@@ -19,9 +24,10 @@
 # holds better than rates on a loaded machine.
 # Then a profile of one worker run of mix (a): the worker's batch histograms, pg_stat_statements
 # with the plpgsql's own statements, the WAL fsyncs. Then the effect delay at a steady RATE=1000
-# notifications/s for RATE_SECONDS (pgbench --rate, one worker process): from the notification's
-# commit as its client saw it (pgbench's log) to the commit of its effect (track_commit_timestamp of
-# the change row). Then the procrastinate (PyPI) peer: one job per notification doing the same
+# notifications/s for RATE_SECONDS, one worker process: steady-driver.py posts distinct signed
+# notifications to a real siwa-receiver on a fixed schedule (the rate it achieved is printed); the
+# delay runs from the receiver's 200 (after its commit) to the commit of the effect
+# (track_commit_timestamp of the change row), through held -> verified -> applied. Then the procrastinate (PyPI) peer: one job per notification doing the same
 # writes (procrastinate-peer/peer.py), 1 and 2 processes (--concurrency 4, as SIWA_WORKER_CONCURRENCY),
 # from a venv under ~/.cache (SIWA_BENCH_PROCRASTINATE_VENV); if PyPI fails the output says so.
 #
@@ -29,7 +35,8 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path COMPARE_BIN=path;
+#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path COMPARE_BIN=path
+#   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,12 +53,14 @@ here=deploy/bench
 
 deploy/scripts/install-deps.sh >/dev/null
 echo "==> building (release)"
-for product in siwa siwa-worker; do swift build -c release --product "$product" >/dev/null; done
+for product in siwa siwa-worker siwa-receiver; do swift build -c release --product "$product" >/dev/null; done
 BIN=$(swift build -c release --show-bin-path)
 # WORKER_BIN: another siwa-worker build to measure. COMPARE_BIN: a second build (e.g. one saved
 # before a change), run on every mix beside the first, against the same raw runs.
 worker_bin=${WORKER_BIN:-$BIN/siwa-worker}
 compare_bin=${COMPARE_BIN:-}
+# MIGRATE_BIN: the siwa build whose SQL the database gets (with WORKER_BIN, an older release whole).
+migrate_bin=${MIGRATE_BIN:-$BIN/siwa}
 work=$(mktemp -d /tmp/siwa-bench-worker.XXXXXX)
 
 source deploy/scripts/throwaway-postgres.sh
@@ -86,7 +95,7 @@ pg_cpu_s() {
   for child in $(pgrep -P "$postmaster"); do total=$(python3 -c "print($total + $(cpu_s "$child"))"); done
   echo "$total"
 }
-"$BIN/siwa" migrate --database-url "$DATABASE_URL" >/dev/null 2>&1
+"$migrate_bin" migrate --database-url "$DATABASE_URL" >/dev/null 2>&1
 pg_children=$(pgrep -c -P "$(head -1 "$PG_DIR/data/postmaster.pid")")
 # Statements are tracked only while profiling (ALTER SYSTEM: a command-line setting could not be changed).
 sql -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" -c "SELECT pg_reload_conf()" >/dev/null
@@ -104,13 +113,45 @@ echo "==> PostgreSQL $("$PG_BIN/postgres" -V | awk '{print $3}') on 127.0.0.1:$P
 # The fake Apple and the team key, for mix (d): workers sign client_secrets, the fake checks them.
 openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/AuthKey_BENCH.p8" 2>/dev/null
 fake_port=$(free_port)
+cache=${SIWA_BENCH_CACHE:-$HOME/.cache/siwa-bench-worker}
+mkdir -p "$cache"
 "$BIN/siwa" fake-apple --listen "127.0.0.1:$fake_port" --verify-key-file "$work/AuthKey_BENCH.p8" --team-id TEAMBENCH1 \
+  --signing-key-file "$cache/apple-signing.pem" \
   >"$work/fake.log" 2>&1 &
 children+=($!)
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$fake_port/auth/keys" >/dev/null 2>&1 && break; sleep 0.1; done
 token_keys="k1:$(head -c32 /dev/urandom | base64)"
 
 # --- queueing -------------------------------------------------------------------------------------
+# Signed rows per shape (sign-held.py), loaded once into bench_held_<mix>; a siwa_receiver login
+# (bench_receiver) stores them, so each job is held until a worker verifies it.
+sql -c "SET client_min_messages = warning; CREATE ROLE bench_receiver LOGIN IN ROLE siwa_receiver"
+receiver_url="postgresql://bench_receiver@127.0.0.1:$PG_PORT/postgres"
+key_sum=$(sha256sum "$cache/apple-signing.pem" | cut -c1-12)
+load_held() {  # load_held MIX COUNT
+  local csv="$cache/held-$1-$2-$key_sum.csv"
+  if [[ ! -s $csv ]]; then
+    echo "==> signing $2 notifications of shape ($1) with the fake Apple's key (cached in $cache)"
+    python3 "$here/sign-held.py" "$cache/apple-signing.pem" fake-1 "$1" "$2" "$csv"
+  fi
+  sql -c "CREATE TABLE bench_held_$1 (part int, jti text, client_id text, sub text, event_type text, event_ms bigint,
+                                     email text, private text, claims text, jws text)" \
+      -c "\\copy bench_held_$1 FROM '$csv' WITH (FORMAT csv)" -c "GRANT SELECT ON bench_held_$1 TO bench_receiver"
+}
+for shape in a $([[ " $MIXES " == *" b "* ]] && echo b) $([[ " $MIXES " == *" c "* ]] && echo c); do load_held "$shape" "$N"; done
+# store_held SHAPE [COUNT]: the receiver's INSERT (NotificationStore), one statement per part.
+store_held() {
+  local parts; parts=$(sql -c "SELECT DISTINCT part FROM bench_held_$1 ORDER BY 1")
+  for part in $parts; do
+    echo "INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+          SELECT jti, client_id, sub, event_type, to_timestamp(event_ms::float8 / 1000), nullif(email, ''),
+                 nullif(private, '')::boolean, claims::jsonb, jws
+            FROM bench_held_$1 WHERE part = $part ORDER BY event_ms, jti LIMIT ${2:-$N};"
+  done | psql -X -q -At -v ON_ERROR_STOP=1 "$receiver_url"
+  local held; held=$(sql -c "SELECT count(*) FROM siwa.jobs WHERE kind = 'notification' AND run_at = 'infinity'")
+  local stored; stored=$(sql -c "SELECT count(*) FROM siwa.notifications")
+  [[ $held == "$stored" ]] || { echo "bench: only $held of $stored stored notifications are held" >&2; exit 1; }
+}
 reset() {  # every siwa table but the migration record, empty
   sql -c "SET client_min_messages = warning;
           DO \$\$ DECLARE t text; BEGIN
@@ -131,10 +172,10 @@ notifications() {
                repeat(md5(i::text), 28)
           FROM generate_series(1, $3) AS i;"
 }
-linked_accounts() {  # linked_accounts SUB_PREFIX COUNT: active accounts linked a day ago, with a token
+linked_accounts() {  # linked_accounts SUB_PREFIX COUNT: active accounts linked before the signed events, with a token
   echo "INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, refresh_token_enc, linked_at)
         SELECT 'com.example.app', '$1' || i, 'user-' || i, 'active', 'u' || i || '@privaterelay.appleid.com', true,
-               decode(repeat('ab', 80), 'hex'), now() - interval '1 day'
+               decode(repeat('ab', 80), 'hex'), timestamptz '2025-12-01'
           FROM generate_series(1, $2) AS i;"
 }
 # links COUNT SUB_PREFIX: siwa.link_account calls, each with a fresh code from the fake Apple.
@@ -155,17 +196,11 @@ PY
 queue() {
   reset
   case $1 in
-    a) sql -c "$(notifications a "'new-' || i" "$N")" ;;
-    b) sql -c "$(linked_accounts linked- "$N")" -c "$(notifications b "'linked-' || i" "$N")" ;;
+    a) store_held a ;;
+    b) sql -c "$(linked_accounts linked- "$N")"; store_held b ;;
     c) # 100 statements; statement k holds event p(k, account) of every account, p a permutation of
-       # 0..99 per account, so each account's events arrive out of event_time order.
-       local accounts=$((N / 100))
-       { linked_accounts hot- "$accounts"
-         for k in $(seq 0 99); do
-           notifications "c$k-" "'hot-' || i" "$accounts" \
-             "CASE ((($k * 37 + i * 11) % 100) % 2) WHEN 0 THEN 'email-enabled' ELSE 'email-disabled' END" \
-             "now() - interval '1 hour' + ((($k * 37 + i * 11) % 100) * interval '1 s')"
-         done; } | sql ;;
+       # 0..99 per account, so each account's events arrive out of event_time order (sign-held.py).
+       sql -c "$(linked_accounts hot- $((N / 100)))"; store_held c ;;
     d) if [[ $2 == worker ]]; then
          # Accounts to delete, linked through the fake Apple by a worker first, so that each holds a
          # real token for its revoke to send back to the fake.
@@ -181,7 +216,7 @@ queue() {
          sql -c "SELECT count(siwa.link_account('com.example.app', 'link-' || i, 'user-' || i, 'code-' || i))
                    FROM generate_series(1, $APPLE_JOBS) AS i" >/dev/null
        fi
-       sql -c "$(notifications d "'new-' || i" "$N")"
+       store_held a
        sql -c "SELECT count(siwa.request_deletion('com.example.app', 'del-' || i)) FROM generate_series(1, $APPLE_JOBS) AS i" >/dev/null
        ;;
   esac
@@ -190,7 +225,8 @@ queue() {
 # --- running --------------------------------------------------------------------------------------
 start_workers() {  # start_workers COUNT [apple]
   for n in $(seq "$1"); do
-    local apple_env=(SIWA_APPLE_CALLS=disabled)
+    # The fake Apple serves the keys the held notifications are verified with, in every mix.
+    local apple_env=(SIWA_APPLE_CALLS=disabled SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port")
     [[ ${2:-} == apple ]] && apple_env=(SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" SIWA_TEAM_ID=TEAMBENCH1
       SIWA_KEY_ID=BENCH SIWA_PRIVATE_KEY_FILE="$work/AuthKey_BENCH.p8" SIWA_TOKEN_KEYS="$token_keys")
     local port; port=$(free_port)
@@ -251,13 +287,14 @@ check_books() {  # the worker's run: every job completed, every notification pro
   local bad; bad=$(sql -c "SELECT (SELECT count(*) FROM siwa.notifications WHERE processed_at IS NULL)
                                 + (SELECT count(*) FROM siwa.jobs WHERE state <> 'completed')
                                 + (SELECT count(*) FROM (SELECT notification_jti FROM siwa.account_changes
-                                    WHERE notification_jti IS NOT NULL GROUP BY 1 HAVING count(*) > 1) d)")
-  [[ $bad == 0 ]] || { echo "bench: $bad notifications unprocessed or applied twice" >&2; exit 1; }
+                                    WHERE notification_jti IS NOT NULL GROUP BY 1 HAVING count(*) > 1) d)
+                                + (SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged')")
+  [[ $bad == 0 ]] || { echo "bench: $bad notifications unprocessed, applied twice or refused as forged" >&2; exit 1; }
 }
 changes() { sql -c "SELECT count(*) FROM siwa.account_changes WHERE notification_jti IS NOT NULL"; }
 
 # The run functions set `out` (no subshell: the workers they start must be theirs to stop).
-run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes pg_cpu_us/job worker_cpu_us/job)
+run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb changes pg_cpu_us/job worker_cpu_us/job deferred)
   queue "$1" worker >/dev/null
   local expected=$N; [[ $1 == d ]] && expected=$(( N + 2 * APPLE_JOBS ))
   local pg_before; pg_before=$(pg_cpu_s)
@@ -265,12 +302,16 @@ run_worker() {  # run_worker MIX PROCESSES -> out=(notif/s apple/s all/s rss_mb 
   start_workers "$2" "$([[ $1 == d ]] && echo apple)"
   wait_completed "$expected" 300 "worker run ($1, $2 processes)"
   local rss; rss=$(peak_rss_mb)
+  local deferred=0
+  for port in "${worker_ports[@]}"; do
+    deferred=$((deferred + $(curl -fs "http://127.0.0.1:$port/metrics" | awk '/^siwa_worker_notifications_deferred_total/ {s += $2} END {print s + 0}')))
+  done
   local worker_cpu=0
   for pid in "${workers[@]}"; do worker_cpu=$(python3 -c "print($worker_cpu + $(cpu_s "$pid"))"); done
   stop_workers
   local pg_cpu; pg_cpu=$(python3 -c "print($(pg_cpu_s) - $pg_before)")
   check_books
-  out=($(rates "$started") "$rss" "$(changes)" "$(per_job_us "$pg_cpu" "$expected")" "$(per_job_us "$worker_cpu" "$expected")")
+  out=($(rates "$started") "$rss" "$(changes)" "$(per_job_us "$pg_cpu" "$expected")" "$(per_job_us "$worker_cpu" "$expected")" "$deferred")
 }
 run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
   queue "$1" raw >/dev/null
@@ -298,45 +339,56 @@ run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
 }
 
 # --- effect delay ---------------------------------------------------------------------------------
-# The delay runs from the notification's commit, as its client (pgbench) saw it, to the commit of its
-# effect (track_commit_timestamp on the change row). pgbench logs each transaction's end per client
-# in order; the jti names the client, and received_at orders each client's rows the same way.
-effect_delay() {  # -> out=(p50_ms p99_ms count store_p50_ms store_p99_ms rss_mb)
+# A real siwa-receiver (a siwa_receiver login, so every job is held until the worker verifies it)
+# gets RATE distinct signed notifications a second for RATE_SECONDS from steady-driver.py, on a fixed
+# schedule; the delay runs from the receiver's 200 (sent after its commit) to the commit of the
+# effect (track_commit_timestamp of the change row), so it slightly understates the true
+# commit-to-effect delay (by the 200's trip back, a fraction of a millisecond on loopback).
+effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_ms answer_p50_ms answer_p99_ms non200 rss_mb fsync_ms)
   reset
+  local total=$((RATE * RATE_SECONDS))
+  "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$total" --output "$work/steady.txt" \
+    --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix steady- 2>/dev/null
+  local receiver_port; receiver_port=$(free_port)  # not `port`: wait_completed's loop sets that
+  env DATABASE_URL="$receiver_url" SIWA_CLIENT_IDS=com.example.app SIWA_LISTEN="127.0.0.1:$receiver_port" \
+    SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" SIWA_LOG_LEVEL=warn "$BIN/siwa-receiver" 2>>"$work/receiver.log" &
+  local receiver=$!
+  children+=("$receiver")
+  for _ in $(seq 200); do curl -fs "http://127.0.0.1:$receiver_port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fs "http://127.0.0.1:$receiver_port/readyz" >/dev/null || { echo "bench: siwa-receiver not ready" >&2; tail -5 "$work/receiver.log" >&2; exit 1; }
   start_workers 1
+  wait_completed 0 30 "worker start"
   sleep 1
-  cat >"$work/insert.sql" <<'SQL'
-INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-VALUES ('c' || :client_id || '-' || gen_random_uuid(), 'com.example.app', 'steady-' || gen_random_uuid(), 'email-enabled',
-        clock_timestamp(), 'x@privaterelay.appleid.com', true,
-        jsonb_build_object('iss', 'https://appleid.apple.com', 'aud', 'com.example.app', 'events', repeat('e', 180)),
-        repeat(md5(random()::text), 28));
-SQL
-  rm -f "$work"/steady.*
-  (cd "$work" && "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PG_PORT" -U postgres -c 4 -j 2 -R "$RATE" -T "$RATE_SECONDS" \
-    --log --log-prefix=steady -f "$work/insert.sql" postgres >"$work/pgbench-steady.out" 2>&1) \
-    || { tail -5 "$work/pgbench-steady.out" >&2; exit 1; }
+  sql -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
+  local driver; driver=$(python3 "$here/steady-driver.py" "http://127.0.0.1:$receiver_port/apple/notifications" "$work/steady.txt" \
+    "$RATE" "$work/steady.tsv" 64)
+  if [[ $(awk '{print $7}' <<<"$driver") != 0 ]]; then
+    echo "bench: the receiver did not answer 200 to every notification (statuses: $(cut -f4 "$work/steady.tsv" | sort | uniq -c | tr '\n' ' '))" >&2
+    tail -5 "$work/receiver.log" >&2
+    exit 1
+  fi
   wait_drained 60 "the steady-rate run"
   local rss; rss=$(peak_rss_mb)
+  local fsync_ms; fsync_ms=$(sql -c "SELECT round((wal_sync_time / nullif(wal_sync, 0))::numeric, 2) FROM pg_stat_wal")
+  sql -c "ALTER SYSTEM RESET track_wal_io_timing" -c "SELECT pg_reload_conf()" >/dev/null
   stop_workers
-  local store; store=$(cat "$work"/steady.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "%.2f %.2f", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
-  # client, end of the transaction (epoch s)
-  cat "$work"/steady.* | awk '{printf "%s\t%s.%06d\n", $1, $5, $6}' >"$work/steady.tsv"
+  kill -TERM "$receiver" 2>/dev/null || true
+  wait "$receiver" 2>/dev/null || true
   local delay; delay=$(sql -F ' ' <<SQL
-CREATE TEMP TABLE stored (client int, committed double precision);
-\\copy stored FROM '$work/steady.tsv'
-WITH s AS (SELECT client, committed, row_number() OVER (PARTITION BY client ORDER BY committed) AS k FROM stored),
-     n AS (SELECT split_part(substr(n.jti, 2), '-', 1)::int AS client, n.jti,
-                  row_number() OVER (PARTITION BY split_part(substr(n.jti, 2), '-', 1) ORDER BY n.received_at) AS k
-             FROM siwa.notifications n),
-     d AS (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - s.committed AS d
-             FROM n JOIN s USING (client, k) JOIN siwa.account_changes c ON c.notification_jti = n.jti)
+CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
+\\copy answered FROM '$work/steady.tsv'
+WITH d AS (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - a.answered AS d
+             FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti
+            WHERE a.status = 200)
 SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2),
        round((percentile_cont(0.99) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2), count(*)
   FROM d;
 SQL
 )
-  out=($delay $store "$rss")
+  local forged; forged=$(sql -c "SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged' OR processed_at IS NULL")
+  [[ $forged == 0 ]] || { echo "bench: $forged steady notifications refused or left unprocessed" >&2; exit 1; }
+  [[ $(wc -w <<<"$delay") == 3 ]] || { echo "bench: no effect delay measured ($delay; driver: $driver)" >&2; exit 1; }
+  out=($delay $driver "$rss" "${fsync_ms:-0}")
 }
 
 # --- procrastinate --------------------------------------------------------------------------------
@@ -353,7 +405,7 @@ procrastinate_ready() {
 peer_url="postgresql://postgres@127.0.0.1:$PG_PORT/peer"
 procrastinate_setup() {
   sql -c "CREATE DATABASE peer"
-  "$BIN/siwa" migrate --database-url "$peer_url" >/dev/null 2>&1
+  "$migrate_bin" migrate --database-url "$peer_url" >/dev/null 2>&1
   (cd "$here/procrastinate-peer" && PYTHONPATH=. PEER_DATABASE_URL=$peer_url "$procrastinate_venv/bin/procrastinate" \
     --app peer.app schema --apply >"$work/peer.log" 2>&1) || { cat "$work/peer.log" >&2; return 1; }
 }
@@ -409,7 +461,7 @@ import re, sys
 metrics, statements, wal, started, ended, jobs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 values = {}
 for line in open(metrics):
-    m = re.match(r'^(siwa_worker_notification_batch_(?:seconds|jobs)_(?:sum|count))(?:\{[^}]*\})? (\S+)$', line)
+    m = re.match(r'^(siwa_worker_notification_(?:batch_seconds|batch_jobs|verify_seconds)_(?:sum|count))(?:\{[^}]*\})? (\S+)$', line)
     if m: values[m.group(1)] = float(m.group(2))
 wall = ended - started
 batches = values.get("siwa_worker_notification_batch_seconds_count", 0)
@@ -422,10 +474,13 @@ print(f"  a batch as the worker sees it (round trip, commit included): mean {100
       f"batches in flight on average {batch_sum / wall:.2f}")
 rows = [line.rstrip("\n").split("\t") for line in open(statements) if line.strip()]
 top = next((r for r in rows if "run_notification_batch" in r[4] and r[4].lstrip().upper().startswith("SELECT JOB_ID")), None)
+verify_sum = values.get("siwa_worker_notification_verify_seconds_sum", 0)
+print(f"  verifying the held notifications in the worker (read, RS256 and columns; inside the batch's transaction): "
+      f"mean {1000 * verify_sum / max(batches, 1):.2f} ms a batch, {1e6 * verify_sum / max(jobs, 1):.0f} us a job")
 if top:
     top_ms = float(top[1])
     print(f"  inside PostgreSQL, siwa.run_notification_batch: mean {float(top[2]):.2f} ms a batch; the rest of the round trip "
-          f"(commit, network, the worker) {1000 * batch_sum / max(batches, 1) - float(top[2]):.2f} ms")
+          f"(verifying, BEGIN and COMMIT, network, the worker) {1000 * batch_sum / max(batches, 1) - float(top[2]):.2f} ms")
 sync = [line.rstrip("\n").split("\t") for line in open(wal) if line.strip()][0]
 print(f"  WAL: {int(sync[0]):,} records, {int(sync[1]) / 1e6:.1f} MB, {sync[2]} fsyncs, {float(sync[3]):.0f} ms in fsync "
       f"({float(sync[3]) / max(int(sync[2]), 1):.2f} ms each)")
@@ -439,6 +494,7 @@ PY
 # --- the runs -------------------------------------------------------------------------------------
 declare -A result mix_name
 mix_name=([a]="(a) unseen subs" [b]="(b) linked accounts" [c]="(c) hot accounts, out of order" [d]="(d) with exchanges and revokes")
+echo "==> every notification stored by a siwa_receiver login, so held; each worker verifies its jws (RS256, the fake Apple's key) and columns before applying it (StoredNotificationGate); the raw peer reads the same held rows with their jws but does no RSA"
 echo "==> $N notification jobs a run$( [[ " $MIXES " == *" d "* ]] && echo ", plus $APPLE_JOBS exchanges and $APPLE_JOBS revokes in (d)"); worker settings: $(env | grep '^SIWA_' | tr '\n' ' ')"
 # Warm-up, not reported: the first run on a fresh cluster pays for cold caches.
 saved_n=$N; N=$((N / 4)); run_worker a 1; N=$saved_n
@@ -448,21 +504,21 @@ for round in $(seq "$REPEAT"); do
     run_raw "$mix"; read -r r1n r1a r1all r1changes r1cpu <<<"${out[*]}"
     echo "    raw SQL, $RAW_CONNECTIONS connections:  $r1all jobs/s (notifications $r1n/s, Apple kinds $r1a/s), $r1changes changes;" \
          "CPU per job: PostgreSQL $r1cpu us"
-    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes w1cpu w1wcpu <<<"${out[*]}"
+    run_worker "$mix" 1; read -r w1n w1a w1all w1rss w1changes w1cpu w1wcpu w1def <<<"${out[*]}"
     echo "    1 worker process:        $w1all jobs/s (notifications $w1n/s, Apple kinds $w1a/s), $w1changes changes;" \
-         "CPU per job: PostgreSQL $w1cpu us, worker $w1wcpu us; RSS $w1rss MB"
-    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu <<<"${out[*]}"
+         "CPU per job: PostgreSQL $w1cpu us, worker $w1wcpu us; RSS $w1rss MB; $w1def jobs deferred (account busy)"
+    run_worker "$mix" 2; read -r w2n w2a w2all w2rss w2changes w2cpu w2wcpu w2def <<<"${out[*]}"
     echo "    2 worker processes:      $w2all jobs/s (notifications $w2n/s, Apple kinds $w2a/s), $w2changes changes;" \
-         "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB"
+         "CPU per job: PostgreSQL $w2cpu us, worker $w2wcpu us; RSS $w2rss MB; $w2def jobs deferred (account busy)"
     c1all=0; c2all=0
     if [[ -n $compare_bin ]]; then
       run_bin=$compare_bin
-      run_worker "$mix" 1; read -r c1n c1a c1all c1rss c1changes c1cpu c1wcpu <<<"${out[*]}"
+      run_worker "$mix" 1; read -r c1n c1a c1all c1rss c1changes c1cpu c1wcpu c1def <<<"${out[*]}"
       echo "    1 process, COMPARE_BIN:  $c1all jobs/s (notifications $c1n/s, Apple kinds $c1a/s), $c1changes changes;" \
-           "CPU per job: PostgreSQL $c1cpu us, worker $c1wcpu us; RSS $c1rss MB"
-      run_worker "$mix" 2; read -r c2n c2a c2all c2rss c2changes c2cpu c2wcpu <<<"${out[*]}"
+           "CPU per job: PostgreSQL $c1cpu us, worker $c1wcpu us; RSS $c1rss MB; $c1def jobs deferred (account busy)"
+      run_worker "$mix" 2; read -r c2n c2a c2all c2rss c2changes c2cpu c2wcpu c2def <<<"${out[*]}"
       echo "    2 processes, COMPARE_BIN: $c2all jobs/s (notifications $c2n/s, Apple kinds $c2a/s), $c2changes changes;" \
-           "CPU per job: PostgreSQL $c2cpu us, worker $c2wcpu us; RSS $c2rss MB"
+           "CPU per job: PostgreSQL $c2cpu us, worker $c2wcpu us; RSS $c2rss MB; $c2def jobs deferred (account busy)"
       run_bin=
     fi
     run_raw "$mix"; read -r r2n r2a r2all r2changes r2cpu <<<"${out[*]}"
@@ -475,9 +531,11 @@ if [[ -z ${NO_PROFILE:-} ]]; then
   echo "--- profile: mix (a), 1 worker process"
   profile
 fi
-effect_delay; read -r p50 p99 delay_count store50 store99 delay_rss <<<"${out[*]}"
-echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s, 1 worker process: effect delay p50 $p50 ms, p99 $p99 ms" \
-     "($delay_count effects); the store itself (pgbench INSERT latency) p50 $store50 ms, p99 $store99 ms; RSS $delay_rss MB"
+effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss fsync_ms <<<"${out[*]}"
+echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiver (held -> verified -> applied), 1 worker process:"
+echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
+echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
+echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
 peer1=0; peer2=0
 if [[ -z ${NO_PEER:-} ]] && procrastinate_ready && procrastinate_setup; then
   procrastinate_run 1 && peer1=$out
@@ -489,10 +547,10 @@ else
 fi
 
 echo
-python3 - "$peer1" "$peer2" "$p50" "$p99" "$delay_rss" "$RAW_CONNECTIONS" "$(for m in $MIXES; do echo "$m=${result[$m]}"; done)" <<'PY'
+python3 - "$peer1" "$peer2" "$p50" "$p99" "$delay_rss" "$RAW_CONNECTIONS" "$achieved" "$RATE" "$(for m in $MIXES; do echo "$m=${result[$m]}"; done)" <<'PY'
 import statistics, sys
 peer1, peer2, p50, p99, delay_rss = (float(x) for x in sys.argv[1:6])
-raw_connections = sys.argv[6]
+raw_connections, achieved, rate = sys.argv[6], float(sys.argv[7]), float(sys.argv[8])
 names = {"a": "(a) unseen", "b": "(b) linked", "c": "(c) hot", "d": "(d) + Apple jobs"}
 def row(name, value, target, ok):
     verdict = "" if ok is None else ("ok" if ok else "BELOW TARGET")
@@ -500,7 +558,7 @@ def row(name, value, target, ok):
 print(f"  {'figure':<40} {'value':>14}   {'target':<26}")
 rss = [delay_rss]
 one_rates = []; two_rates = []
-for line in sys.argv[7].splitlines():
+for line in sys.argv[9].splitlines():
     mix, runs = line.split("=", 1)
     runs = [[float(x) for x in r.split()] for r in runs.split(";") if r]
     # Ratios per round (both sides in the same round), then their median over the rounds.
@@ -524,6 +582,7 @@ if peer1 > 0 and peer2 > 0 and one_rates:
     row("(a) 2 workers / procrastinate 2 processes", f"{two_rates[0] / peer2:.1f}x", ">= 20x", two_rates[0] >= 20 * peer2)
 else:
     print("  procrastinate ratios: NOT MEASURED (the peer did not run, or mix (a) was not run)")
+row("steady rate achieved (the delay is judged at it)", f"{achieved:,.0f}/s", f">= 97% of {rate:,.0f}/s", achieved >= 0.97 * rate)
 row("effect delay p50 at steady rate", f"{p50:.2f} ms", "<= 5 ms", p50 <= 5)
 row("effect delay p99 at steady rate", f"{p99:.2f} ms", "<= 20 ms", p99 <= 20)
 row("worker RSS, peak of any process", f"{max(rss):.1f} MB", "<= 64 MB", max(rss) <= 64)

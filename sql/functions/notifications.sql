@@ -40,7 +40,11 @@ $$;
 -- per batch, one more per extra event of the busiest account.
 --
 -- Locks: the accounts the batch may touch are inserted (if missing) or locked in key order by one
--- statement, so two batches with overlapping accounts cannot deadlock on each other. Every
+-- statement, so two batches with overlapping accounts cannot deadlock on each other. An account
+-- another transaction holds right now (its row exists but cannot be locked at once: SKIP LOCKED)
+-- is not waited for: every event of its user is left unprocessed, for the caller to leave queued
+-- (siwa.run_notification_batch reports those jobs `deferred`), so concurrent batches on shared
+-- accounts do not queue up behind each other's locks. Every
 -- notification row is written once (outcome and, when its account is deleted, the erasure);
 -- every account row once per applied event; account_changes gets one row and one
 -- NOTIFY siwa_account_changes per applied effect, with the account's state after it.
@@ -112,9 +116,25 @@ BEGIN
                       WHERE EXISTS (SELECT 1 FROM siwa.accounts a WHERE a.client_id = mem.client_id AND a.sub = b.sub))
           ) x
          WHERE grouped
+    ), busy AS (
+        -- Users with a targeted account another transaction holds (the row is there, the lock is not
+        -- to be had now). The lock taken here on the others is the one `locked` takes anyway.
+        -- Scalar subqueries, not EXISTS: two primary-key probes per event, never a join the planner
+        -- could turn into a scan of every account (a generic plan from an empty table's statistics).
+        SELECT DISTINCT coalesce(t.group_id, t.client_id) AS user_key, t.sub
+          FROM t
+         WHERE t.known
+           AND (SELECT true FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub)
+           AND (SELECT true FROM siwa.accounts a WHERE a.client_id = t.target AND a.sub = t.sub
+                   FOR UPDATE SKIP LOCKED) IS NULL
+    ), kept AS (
+        -- Whole users only: ranks stay gapless, and a user's events are applied together or not at all.
+        SELECT t.* FROM t
+         WHERE NOT EXISTS (SELECT 1 FROM busy
+                            WHERE busy.user_key = coalesce(t.group_id, t.client_id) AND busy.sub = t.sub)
     ), locked AS (
         INSERT INTO siwa.accounts AS a (client_id, sub, status)
-        SELECT DISTINCT t.target, t.sub, 'active' FROM t
+        SELECT DISTINCT t.target, t.sub, 'active' FROM kept t
          WHERE t.known
          ORDER BY 1, 2
         ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
@@ -123,7 +143,7 @@ BEGIN
            array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
            array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
       INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
-      FROM t;
+      FROM kept t;
 
     -- Round r applies the r-th event of every account at once (almost always one round).
     FOR r IN 1 .. coalesce(rounds, 0) LOOP
@@ -232,14 +252,15 @@ $$;
 
 -- Applies one stored notification (siwa.apply_notifications with a batch of one) and returns the
 -- outcome recorded on it: `applied`, `no_change`, `stale`, `ignored_account_deleted`,
--- `ignored_unknown_type`, or `missing` (pruned by retention before it ran).
+-- `ignored_unknown_type`, `missing` (pruned by retention before it ran), or `deferred` (left
+-- unprocessed: its account is held by another transaction right now).
 CREATE OR REPLACE FUNCTION siwa.apply_notification(p_jti text, p_job_id bigint) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     result text;
 BEGIN
     PERFORM siwa.apply_notifications(ARRAY[p_jti], ARRAY[p_job_id]);
-    SELECT n.outcome INTO result FROM siwa.notifications n WHERE n.jti = p_jti;
+    SELECT coalesce(n.outcome, 'deferred') INTO result FROM siwa.notifications n WHERE n.jti = p_jti;
     RETURN coalesce(result, 'missing');
 END
 $$;

@@ -54,14 +54,21 @@ $$;
 -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
 -- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
 -- the lease (kept in the signature for callers).
+-- p_verified: held jobs (run_at infinity, see siwa.queue_notification_jobs) the caller has locked
+-- in this same transaction and verified (WorkerCore/StoredNotificationGate.swift). They are taken
+-- first, and due jobs fill the rest of p_limit: a held job is released and applied in one
+-- transaction, never written twice, and a rollback leaves it held, to be verified again.
 -- p_isolate = false: the whole batch with siwa.apply_notifications, set-based, no subtransactions
 -- (fast path; any error aborts the whole batch, the caller retries with p_isolate = true).
 -- p_isolate = true: each job with siwa.apply_notification in its own subtransaction, in
 -- event_time order; a job that raises is failed with backoff (or discarded at max_attempts) and
--- the rest commit. Returns one row per claimed job.
+-- the rest commit. Returns one row per claimed job (state `completed`, `available` after a failure,
+-- `discarded`, `lost` when the fence did not match, or `deferred`: left queued, its account busy).
+-- (Before p_verified the signature had six arguments; a call with six still resolves to this one.)
+DROP FUNCTION IF EXISTS siwa.run_notification_batch(text, integer, double precision, boolean, double precision, double precision);
 CREATE OR REPLACE FUNCTION siwa.run_notification_batch(
     p_worker text, p_limit integer, p_lease_seconds double precision, p_isolate boolean,
-    p_backoff_base double precision, p_backoff_cap double precision
+    p_backoff_base double precision, p_backoff_cap double precision, p_verified bigint[] DEFAULT '{}'
 ) RETURNS TABLE (job_id bigint, jti text, outcome text, error text, state text, delay_seconds double precision)
 LANGUAGE plpgsql
 -- Claim and completion are key-driven (the claim index in order, then primary keys), whatever
@@ -89,11 +96,15 @@ BEGIN
     SELECT array_agg(d.id ORDER BY d.priority, d.run_at, d.id), array_agg(d.notification_jti ORDER BY d.priority, d.run_at, d.id),
            array_agg(d.attempt ORDER BY d.priority, d.run_at, d.id)
       INTO ids, jtis, attempts
-      FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
-             WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
-             ORDER BY j.priority, j.run_at, j.id
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED) d;
+      FROM (SELECT v.* FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
+                               WHERE j.id = ANY(p_verified) AND j.state = 'available' AND j.kind = 'notification'
+                                 FOR UPDATE) v  -- locked already, by the caller's verification
+            UNION ALL
+            SELECT due.* FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
+                                WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
+                                ORDER BY j.priority, j.run_at, j.id
+                                LIMIT greatest(p_limit - coalesce(cardinality(p_verified), 0), 0)
+                                  FOR UPDATE SKIP LOCKED) due) d;
 
     IF ids IS NULL THEN
         RETURN;
@@ -138,23 +149,34 @@ BEGIN
     END IF;
 
     -- Completion, fenced by the row lock and by state and attempt as read at the claim. The
-    -- outcome is the one recorded on the notification (`missing`: pruned before it ran).
+    -- outcome is the one recorded on the notification (`missing`: pruned before it ran). A job
+    -- whose notification is still unprocessed was deferred (its account was busy, see
+    -- siwa.apply_notifications): it stays queued as it was, written only to release it if it was
+    -- a verified held job (so it is not verified again), and is reported `deferred`.
     RETURN QUERY
     WITH d AS (
-        SELECT u.id, u.attempt, coalesce(n.outcome, 'missing') AS outcome, n.received_at
+        SELECT u.id, u.attempt, u.jti, coalesce(n.outcome, 'missing') AS outcome, n.received_at,
+               n.jti IS NOT NULL AND n.processed_at IS NULL AS deferred
           FROM unnest(done_ids, done_attempts, done_jtis) AS u(id, attempt, jti)
           LEFT JOIN siwa.notifications n ON n.jti = u.jti
     ), completed AS (
         UPDATE siwa.jobs j
            SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
-               locked_by = NULL, locked_until = NULL
+               run_at = least(j.run_at, now()), locked_by = NULL, locked_until = NULL
           FROM d
-         WHERE j.id = d.id AND j.state = 'available' AND j.attempt = d.attempt
+         WHERE j.id = d.id AND NOT d.deferred AND j.state = 'available' AND j.attempt = d.attempt
         RETURNING j.id, j.notification_jti, d.outcome, d.received_at
+    ), released AS (
+        UPDATE siwa.jobs j SET run_at = now()
+          FROM d
+         WHERE j.id = d.id AND d.deferred AND j.state = 'available' AND j.run_at = 'infinity'
     )
     SELECT c.id, c.notification_jti, c.outcome, NULL::text, 'completed'::text,
            extract(epoch FROM clock_timestamp() - c.received_at)::double precision
-      FROM completed c;
+      FROM completed c
+    UNION ALL
+    SELECT d.id, d.jti, NULL::text, NULL::text, 'deferred'::text, NULL::double precision
+      FROM d WHERE d.deferred;
 END
 $$;
 
@@ -166,7 +188,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
                                   siwa.run_notification_batch(text, integer, double precision, boolean,
-                                                              double precision, double precision)
+                                                              double precision, double precision, bigint[])
            TO siwa_worker;
     END IF;
 END

@@ -1,15 +1,27 @@
 -- Raw peer of mix (c), hot accounts (deploy/bench/worker.sh): 50 email events of accounts that get
--- 100 events each, out of order. The same writes as the worker, set-based, one statement: claim 50,
+-- 100 events each, out of order. The same writes as the worker, set-based: read 50 held jobs with what
+-- verifying them needs (FOR UPDATE SKIP LOCKED), then in one statement
 -- lock their accounts in key order, apply every event newer than the account's last email event
 -- (stale ones are only marked processed), write each account once with its newest event, append one
 -- change row with one pg_notify per applied event, complete the jobs. (The worker writes an account
 -- once per applied event, in event_time order: the rows it leaves are the same.)
+-- The notifications are stored by a siwa_receiver login, so their jobs are held until verified
+-- (sql/functions/queue.sql); the RSA verification itself is the worker's CPU, not SQL.
+BEGIN;
+-- What the worker reads to verify the held notifications (StoredNotificationGate): 50 held jobs
+-- locked SKIP LOCKED with every column it checks and the jws, all shipped to the client.
+SELECT coalesce(array_agg(h.id), '{}') AS ids,
+       string_agg(concat_ws('|', h.jti, h.client_id, h.sub, h.event_type, h.event_ms, h.email, h.is_private_email, h.jws), E'\n') AS held
+  FROM (SELECT j.id, n.jti, n.client_id, n.sub, n.event_type, round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
+               n.email, n.is_private_email, n.jws
+          FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 50
+           FOR UPDATE OF j SKIP LOCKED) h
+\gset
 WITH c AS (
-    SELECT id, notification_jti FROM siwa.jobs
-     WHERE state = 'available' AND kind = 'notification' AND run_at <= now()
-     ORDER BY priority, run_at, id
-     LIMIT 50
-       FOR UPDATE SKIP LOCKED
+    SELECT id, notification_jti FROM siwa.jobs WHERE id = ANY(:ids::bigint[])
 ), b AS (
     SELECT n.jti, n.client_id, n.sub, n.event_type, n.event_time, n.email, n.is_private_email, c.id AS job_id
       FROM c JOIN siwa.notifications n ON n.jti = c.notification_jti
@@ -50,6 +62,7 @@ WITH c AS (
 )
 UPDATE siwa.jobs j
    SET state = 'completed', attempt = j.attempt + 1,
-       outcome = CASE WHEN e.applied THEN 'applied' ELSE 'stale' END, finalized_at = now()
+       outcome = CASE WHEN e.applied THEN 'applied' ELSE 'stale' END, finalized_at = now(), run_at = least(j.run_at, now())
   FROM e
  WHERE j.id = e.job_id AND (SELECT sent FROM told) >= 0;
+COMMIT;

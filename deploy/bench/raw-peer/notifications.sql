@@ -1,14 +1,26 @@
 -- Raw peer of mixes (a) and (b) (deploy/bench/worker.sh): the writes the worker makes for 50
--- notification jobs, set-based, in one statement: claim 50 (FOR UPDATE SKIP LOCKED), mark the
+-- notification jobs, set-based: read 50 held jobs
+-- with what verifying them needs (FOR UPDATE SKIP LOCKED), then in one statement, mark the
 -- notifications processed (erasing a deleted account's), upsert the 50 account rows, append 50
 -- change rows with one pg_notify each, complete the jobs. Every sub appears once in these mixes,
 -- so each event is applied (the worker decides that with the ordering rules; this peer knows it).
+-- The notifications are stored by a siwa_receiver login, so their jobs are held until verified
+-- (sql/functions/queue.sql); the RSA verification itself is the worker's CPU, not SQL.
+BEGIN;
+-- What the worker reads to verify the held notifications (StoredNotificationGate): 50 held jobs
+-- locked SKIP LOCKED with every column it checks and the jws, all shipped to the client.
+SELECT coalesce(array_agg(h.id), '{}') AS ids,
+       string_agg(concat_ws('|', h.jti, h.client_id, h.sub, h.event_type, h.event_ms, h.email, h.is_private_email, h.jws), E'\n') AS held
+  FROM (SELECT j.id, n.jti, n.client_id, n.sub, n.event_type, round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
+               n.email, n.is_private_email, n.jws
+          FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+         ORDER BY j.priority, j.run_at, j.id
+         LIMIT 50
+           FOR UPDATE OF j SKIP LOCKED) h
+\gset
 WITH c AS (
-    SELECT id, notification_jti FROM siwa.jobs
-     WHERE state = 'available' AND kind = 'notification' AND run_at <= now()
-     ORDER BY priority, run_at, id
-     LIMIT 50
-       FOR UPDATE SKIP LOCKED
+    SELECT id, notification_jti FROM siwa.jobs WHERE id = ANY(:ids::bigint[])
 ), n AS (
     UPDATE siwa.notifications n
        SET processed_at = now(), outcome = 'applied',
@@ -59,6 +71,7 @@ WITH c AS (
       FROM ch
 )
 UPDATE siwa.jobs j
-   SET state = 'completed', attempt = j.attempt + 1, outcome = 'applied', finalized_at = now()
+   SET state = 'completed', attempt = j.attempt + 1, outcome = 'applied', finalized_at = now(), run_at = least(j.run_at, now())
   FROM c
  WHERE j.id = c.id AND (SELECT sent FROM told) >= 0;
+COMMIT;
