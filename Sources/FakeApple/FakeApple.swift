@@ -158,8 +158,12 @@ package final class FakeApple: Sendable {
 
     /// Registers a refresh token as if a code exchange had issued it at `issuedAt` (imports,
     /// reconciliation tests).
+    /// A token dated before a grant the user has since ended is dead from the start, as Apple's would be.
     package func registerRefreshToken(_ token: String, clientID: String, sub: String, issuedAt: Date = Date()) {
-        state.withLock { $0.refreshTokens[token] = .init(clientID: clientID, sub: sub, issuedAt: issuedAt) }
+        state.withLock { state in
+            let ended = state.grantEnds[FakeAppleState.grantKey(clientID, sub)]?.contains { issuedAt < $0 } ?? false
+            state.refreshTokens[token] = .init(clientID: clientID, sub: sub, revoked: ended, issuedAt: issuedAt)
+        }
     }
 
     /// Queues answers for the next calls to `endpoint`, of every client ID or only of `clientID`
@@ -210,12 +214,7 @@ package final class FakeApple: Sendable {
     /// The user ended the grants of `(clientID, sub)` at Apple (withdrew consent in Settings, or
     /// deleted the Apple Account): every refresh token issued before `time` stops working.
     package func userEndedGrants(clientID: String, sub: String, issuedBefore time: Date) {
-        state.withLock { state in
-            for (token, entry) in state.refreshTokens
-            where entry.clientID == clientID && entry.sub == sub && entry.issuedAt < time {
-                state.refreshTokens[token]?.revoked = true
-            }
-        }
+        state.withLock { $0.endGrants(clientID: clientID, sub: sub, issuedBefore: time, inclusive: false) }
     }
 
     /// Every refresh token issued or registered for `(clientID, sub)`, oldest first. TEST ONLY.
@@ -367,10 +366,7 @@ package final class FakeApple: Sendable {
         state.withLock { state in
             if let code = form["code"] { state.codes[code]?.used = true }
             guard let token = form["refresh_token"] ?? form["token"], let grant = state.refreshTokens[token] else { return }
-            for (other, entry) in state.refreshTokens
-            where entry.clientID == grant.clientID && entry.sub == grant.sub && entry.issuedAt <= arrived {
-                state.refreshTokens[other]?.revoked = true
-            }
+            state.endGrants(clientID: grant.clientID, sub: grant.sub, issuedBefore: arrived, inclusive: true)
         }
     }
 

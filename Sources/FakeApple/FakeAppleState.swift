@@ -131,6 +131,20 @@ struct FakeAppleState {
         var parked: [@Sendable () -> Void] = []
     }
     var calls: [FakeAppleCall] = []
+    /// When the user ended their grants, per `grantKey`: a token registered later but dated before
+    /// one of these is dead from the start.
+    var grantEnds: [String: [Date]] = [:]
+
+    static func grantKey(_ clientID: String, _ sub: String) -> String { "\(clientID) \(sub)" }
+
+    /// Every token of `(clientID, sub)` issued before `time` (or at it, `inclusive`) stops working.
+    mutating func endGrants(clientID: String, sub: String, issuedBefore time: Date, inclusive: Bool) {
+        grantEnds[Self.grantKey(clientID, sub), default: []].append(inclusive ? time.addingTimeInterval(1e-6) : time)
+        for (token, entry) in refreshTokens
+        where entry.clientID == clientID && entry.sub == sub && (entry.issuedAt < time || (inclusive && entry.issuedAt == time)) {
+            refreshTokens[token]?.revoked = true
+        }
+    }
 
     static func failureKey(_ endpoint: String, _ clientID: String?) -> String {
         clientID.map { "\(endpoint) \($0)" } ?? endpoint
