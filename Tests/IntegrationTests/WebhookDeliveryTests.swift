@@ -219,8 +219,8 @@ struct WebhookDeliveryTests {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
             defer { connection.close() }
-            let port = freePort()
-            let url = "http://127.0.0.1:\(port)/hooks/siwa"
+            let refusing = try RefusingPort()
+            let url = "http://127.0.0.1:\(refusing.port)/hooks/siwa"
             let running = try await RunningDispatcher.start(database, url: url, on: connection)
             try await recordChanges(["waiting"], count: 2, tag: "w", on: connection)
             try await connection.waitFor(
@@ -229,8 +229,9 @@ struct WebhookDeliveryTests {
                 "SELECT errors::text AS e FROM siwa.jobs WHERE kind = 'webhook' ORDER BY id LIMIT 1")[0]
             #expect(try errors.decode(String.self, column: "e").contains("connection failed"))
 
-            let sink = try WebhookSink(secret: Self.secret, port: port)
+            let sink = try WebhookSink(secret: Self.secret, port: refusing.port)
             defer { sink.stop() }
+            refusing.release()
             try await sink.waitUntil { $0.filter { $0.status == 200 }.count == 2 }
             await running.stop()
             #expect(sink.firstDeliveries.compactMap(\.changeID) == (try await changeIDs("waiting", on: connection)))
