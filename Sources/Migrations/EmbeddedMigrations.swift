@@ -1606,13 +1606,27 @@ extension FunctionDefinitions {
                 SELECT EXISTS (SELECT 1 FROM updated);
             $$;
 
+            -- The transactions writing siwa.account_changes now (other than the caller's): every writer holds
+            -- the table's ROW EXCLUSIVE lock from before it takes a change id until it ends. A prepared
+            -- transaction has no pid. What the change feed waits for, and what `siwa status` names when one
+            -- holds the feed back.
+            CREATE OR REPLACE FUNCTION siwa.change_writers() RETURNS TABLE (virtualtransaction text, pid integer)
+            LANGUAGE sql VOLATILE
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                SELECT l.virtualtransaction, l.pid FROM pg_locks l
+                 WHERE l.locktype = 'relation' AND l.relation = 'siwa.account_changes'::regclass
+                   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid();
+            $$;
+
             -- The change feed (GET /v1/changes, and apps reading the table): the changes after p_after,
             -- ascending by id, at most p_limit, and only ids that no running transaction can still come to
             -- precede. A change id is taken when its row is written, not when its transaction commits, so a
             -- transaction holding a smaller id can commit after one holding a larger id: a reader that moved
             -- past the larger one would never see the smaller (two workers' batches do this all the time).
-            -- Every writer of siwa.account_changes holds its ROW EXCLUSIVE lock from before it takes an id
-            -- until it ends. So once every transaction holding that lock just after the newest id was read has
+            -- Every writer holds the table's ROW EXCLUSIVE lock from before it takes an id until it ends
+            -- (siwa.change_writers). So once every transaction holding it just after the newest id was read has
             -- ended, every id up to that one is final: committed, or never will be (a rollback's gap). Waits for
             -- them at most p_wait; past it (an app transaction left open), serves only the gap-free run that
             -- follows p_after, whose rows are all committed. A snapshot fixed for the whole transaction
@@ -1633,12 +1647,9 @@ extension FunctionDefinitions {
                 END IF;
                 IF current_setting('transaction_isolation') = 'read committed' THEN
                     LOOP
-                        SELECT array_agg(l.virtualtransaction) INTO writers
-                          FROM pg_locks l
-                         WHERE l.locktype = 'relation' AND l.relation = 'siwa.account_changes'::regclass
-                           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                           AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()
-                           AND (writers IS NULL OR l.virtualtransaction = ANY (writers));
+                        SELECT array_agg(w.virtualtransaction) INTO writers
+                          FROM siwa.change_writers() w
+                         WHERE writers IS NULL OR w.virtualtransaction = ANY (writers);
                         EXIT WHEN writers IS NULL OR clock_timestamp() >= deadline;
                         PERFORM pg_sleep(0.002);
                     END LOOP;
@@ -1666,11 +1677,11 @@ extension FunctionDefinitions {
                                               siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                               siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                               siwa.set_app_user_id(text, text, text),
-                                              siwa.account_changes_after(bigint, integer, interval)
+                                              siwa.account_changes_after(bigint, integer, interval), siwa.change_writers()
                        TO siwa_worker;
                 END IF;
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
-                    GRANT EXECUTE ON FUNCTION siwa.account_changes_after(bigint, integer, interval) TO siwa_app;
+                    GRANT EXECUTE ON FUNCTION siwa.account_changes_after(bigint, integer, interval), siwa.change_writers() TO siwa_app;
                 END IF;
             END
             $$;
