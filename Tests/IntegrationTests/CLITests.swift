@@ -97,6 +97,17 @@ import Testing
             #expect(text.stdout.contains("held back by a transaction writing changes") && text.stdout.contains("pid \(pid)")
                 && text.stdout.contains("application \"slow-app\""), "\(text.stdout)")
 
+            // A login that may not see other logins' sessions (no pg_read_all_stats) still learns
+            // of it: the same transaction is open a second later.
+            try await database.withLogin(inRole: "siwa_worker") { url in
+                let limited = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": url])
+                #expect(limited.status == 0, "\(limited.stderr)")
+                let seen = (try JSONSerialization.jsonObject(with: Data(limited.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any]
+                #expect(seen?["held_back_by_pid"] as? Int == Int(pid) && seen?["held_back_seconds"] is NSNull, "\(limited.stdout)")
+                let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": url])
+                #expect(text.stdout.contains("when it began is hidden from this login"), "\(text.stdout)")
+            }
+
             try await app.simpleQuery("COMMIT")
             let after = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
             #expect(after.stdout.contains("not held back"), "\(after.stdout)")

@@ -237,7 +237,7 @@ struct StatusReport {
             "replication": replication.jsonObject,
             "change_feed": [
                 "held_back_by_pid": changeFeedHoldback.map { $0.pid.map { $0 as Any } ?? NSNull() } ?? NSNull(),
-                "held_back_seconds": changeFeedHoldback.map { $0.seconds as Any } ?? NSNull(),
+                "held_back_seconds": changeFeedHoldback?.seconds.map { $0 as Any } ?? NSNull(),
             ] as [String: Any],
         ]
     }
@@ -253,32 +253,50 @@ struct ChangeFeedHoldback {
 
     /// nil: a prepared transaction (it has no session).
     var pid: Int32?
-    var seconds: Double
+    /// nil: when it began is hidden from this role (pg_stat_activity shows other logins' sessions
+    /// only to pg_read_all_stats); it was seen open at least `threshold` apart.
+    var seconds: Double?
     var application: String?
     var role: String?
 
     static func load(_ connection: PostgresConnection) async throws -> ChangeFeedHoldback? {
-        let rows = try await connection.query(
+        let writers = try await connection.query(
             """
-            SELECT w.pid, extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, p.prepared))::float8 AS seconds,
-                   a.application_name, coalesce(a.usename, p.owner) AS role
+            SELECT w.virtualtransaction, w.pid, a.application_name, coalesce(a.usename, p.owner) AS role,
+                   extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, p.prepared))::float8 AS seconds
               FROM siwa.change_writers() w
               LEFT JOIN pg_stat_activity a ON a.pid = w.pid
               LEFT JOIN pg_prepared_xacts p ON w.pid IS NULL AND w.virtualtransaction = '-1/' || p.transaction
-             ORDER BY 2 DESC NULLS LAST LIMIT 1
-            """)
-        guard let row = rows.first, let seconds = try row.decode(Double?.self, column: "seconds"), seconds >= threshold else {
-            return nil
+             ORDER BY seconds DESC NULLS LAST
+            """
+        ).map { row in
+            (
+                transaction: try row.decode(String.self, column: "virtualtransaction"),
+                holdback: ChangeFeedHoldback(
+                    pid: try row.decode(Int32?.self, column: "pid"), seconds: try row.decode(Double?.self, column: "seconds"),
+                    application: try row.decode(String?.self, column: "application_name"),
+                    role: try row.decode(String?.self, column: "role"))
+            )
         }
-        return ChangeFeedHoldback(
-            pid: try row.decode(Int32?.self, column: "pid"), seconds: seconds,
-            application: try row.decode(String?.self, column: "application_name"), role: try row.decode(String?.self, column: "role"))
+        if let oldest = writers.first, let seconds = oldest.holdback.seconds, seconds >= threshold { return oldest.holdback }
+        // Writers whose start this role cannot see: the ones still open a threshold later were
+        // open at least that long (pg_locks is read live, not from the transaction's snapshot).
+        let hidden = writers.filter { $0.holdback.seconds == nil }
+        guard !hidden.isEmpty else { return nil }
+        try await Task.sleep(for: .seconds(threshold))
+        let stillOpen = Set(
+            try await connection.query(
+                "SELECT virtualtransaction FROM siwa.change_writers() WHERE virtualtransaction = ANY (\(hidden.map(\.transaction)))"
+            ).map { try $0.decode(String.self, at: 0) })
+        return hidden.first { stillOpen.contains($0.transaction) }?.holdback
     }
 
     var summary: String {
         let who = pid.map { "pid \($0)" } ?? "a prepared transaction"
         let application = application.flatMap { $0.isEmpty ? nil : ", application \"\($0)\"" } ?? ""
-        return "held back by a transaction writing changes, open \(CLI.age(seconds)) (\(who)\(application)"
+        let open = seconds.map { "open \(CLI.age($0))" }
+            ?? "open over \(CLI.age(Self.threshold)) (when it began is hidden from this login: grant it pg_read_all_stats)"
+        return "held back by a transaction writing changes, \(open) (\(who)\(application)"
             + (role.map { ", role \($0)" } ?? "") + "): /v1/changes and siwa.account_changes_after serve nothing past it until it ends"
     }
 }
