@@ -39,7 +39,8 @@ echo "bench: building siwa-worker and siwa (release)"
     || { tail -20 /tmp/siwa-bench-build.log >&2; exit 1; }
 bin=$(cd "$root" && swift build -c release --show-bin-path)
 
-pg_throwaway_start fsync=on synchronous_commit=on || exit 1
+# track_commit_timestamp: the delay phase splits each change's delay at its commit.
+pg_throwaway_start fsync=on synchronous_commit=on track_commit_timestamp=on || exit 1
 pgbench=$PG_BIN/pgbench
 [[ -x "$pgbench" ]] || pgbench=$(command -v pgbench)
 [[ -x "$pgbench" ]] || { echo "bench: pgbench not found" >&2; exit 1; }
@@ -155,7 +156,31 @@ SQL
     python3 -c "print(round($changes / ($ended - $began)))"
 }
 
-delay() {  # -> "p50_ms p99_ms count"
+# Splits each delivered change's delay at its commit (pg_xact_commit_timestamp of the change's row):
+# created_at -> commit is the inserting transaction's own wait (its WAL flush), commit -> the sink's
+# receipt is ours (NOTIFY, claim, HTTP). Prints p50/p99/max of both, in ms.
+split_delay() {
+    curl -s "$sink/stats/deliveries" >"$PG_DIR/receipts.csv"
+    psql -d siwa <<SQL
+CREATE TEMP TABLE receipts (id bigint, at double precision);
+\copy receipts FROM '$PG_DIR/receipts.csv' WITH (FORMAT csv)
+WITH d AS (
+    SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - c.created_at) * 1000 AS commit_ms,
+           (r.at - extract(epoch FROM pg_xact_commit_timestamp(c.xmin))) * 1000 AS after_ms
+      FROM receipts r JOIN siwa.account_changes c ON c.id = r.id
+)
+SELECT format('created_at -> commit (the writer''s own commit): p50 %s ms, p99 %s ms, max %s ms; commit -> sink (NOTIFY, claim, HTTP): p50 %s ms, p99 %s ms, max %s ms',
+              round(percentile_cont(0.5) WITHIN GROUP (ORDER BY commit_ms)::numeric, 2),
+              round(percentile_cont(0.99) WITHIN GROUP (ORDER BY commit_ms)::numeric, 2),
+              round(max(commit_ms)::numeric, 2),
+              round(percentile_cont(0.5) WITHIN GROUP (ORDER BY after_ms)::numeric, 2),
+              round(percentile_cont(0.99) WITHIN GROUP (ORDER BY after_ms)::numeric, 2),
+              round(max(after_ms)::numeric, 2))
+  FROM d;
+SQL
+}
+
+delay() {  # -> "p50_ms p99_ms count" (the split at the commit goes to $PG_DIR/split.txt)
     reset
     start_worker
     for _ in $(seq 100); do
@@ -174,6 +199,7 @@ SQL
     stop_workers
     local total; total=$(psql -d siwa -c "SELECT count(*) FROM siwa.account_changes")
     check_books "$total"
+    split_delay >"$PG_DIR/split.txt"
     local s; s=$(stats)
     echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total"
 }
@@ -187,6 +213,7 @@ raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1
 raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
 read -r p50 p99 count < <(delay)
 echo "  delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
+echo "    split at the change's commit: $(cat "$PG_DIR/split.txt")"
 echo
 echo "bench: load at end:$(uptime | sed 's/.*load average://')"
 python3 - "$(nproc)" "${one[*]}" "${two[*]}" "$raw1" "$raw2" "$p50" "$p99" <<'PY'

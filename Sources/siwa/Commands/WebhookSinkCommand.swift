@@ -9,7 +9,8 @@ import WorkerCore
 /// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
 /// 204 at once, prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
 /// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
-/// (`POST /stats/reset` starts over; `GET /stats/wait?verified=N&seconds=S` answers the stats once
+/// (`POST /stats/reset` starts over; `GET /stats/deliveries` lists `change id,received at` in Unix
+/// seconds, for a benchmark to split each delay at the change's commit; `GET /stats/wait?verified=N&seconds=S` answers the stats once
 /// N deliveries were verified, or after S seconds: a benchmark waits without polling, so its
 /// own queries do not count against the deliveries).
 enum WebhookSinkCommand {
@@ -36,6 +37,8 @@ enum WebhookSinkCommand {
             handler: ClosureHTTPHandler { request, respond in
                 switch (request.method, request.path) {
                 case ("GET", "/stats"): respond(.json(books.statsJSON()))
+                case ("GET", "/stats/deliveries"):
+                    respond(HTTPResponse(status: 200, headers: [("Content-Type", "text/csv")], body: Array(books.deliveriesCSV().utf8)))
                 case ("GET", "/stats/wait"):
                     let target = request.query["verified"].flatMap(Int.init) ?? 0
                     let seconds = min(600, max(0, request.query["seconds"].flatMap(Int.init) ?? 60))
@@ -75,6 +78,8 @@ final class SinkBooks: Sendable {
         var outOfOrder = 0
         var lastID: [String: Int64] = [:]
         var delays: [Double] = []
+        /// Change id and receipt time (Unix seconds) of each first verified delivery.
+        var receipts: [(id: Int64, at: Double)] = []
         var first: Date?
         var last: Date?
         /// `whenVerified` callers still waiting, by the count they wait for.
@@ -153,7 +158,12 @@ final class SinkBooks: Sendable {
             state.lastID[account] = id
         }
         if let delay, state.delays.count < 1_000_000 { state.delays.append(delay) }
+        if let id, state.receipts.count < 1_000_000 { state.receipts.append((id, now.timeIntervalSince1970)) }
         return "verified"
+    }
+
+    func deliveriesCSV() -> String {
+        state.withLock { $0.receipts }.map { "\($0.id),\(String(format: "%.6f", $0.at))\n" }.joined()
     }
 
     func statsJSON() -> String {
