@@ -205,6 +205,7 @@ SQL
 }
 
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
+echo "bench: the sink is http:// on loopback, so workers use their direct HTTP/1.1 transport (https:// endpoints go through URLSession)"
 (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
 cpu_line() { echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"; }
 read -r -a one <<<"$(burn_down 1)"; echo "  burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"

@@ -9,7 +9,7 @@ import Locking
 
 /// POSTs to an `http://` endpoint on a loopback address (the only plain-HTTP endpoints
 /// `SIWA_WEBHOOK_URL` accepts: a receiver on the same host) over keep-alive HTTP/1.1 connections of
-/// our own, each exchange a few blocking calls on a thread that may block.
+/// our own, each exchange a few blocking calls on a thread of its own (see `send`).
 ///
 /// Why not URLSession here: on Linux each of its requests goes through curl handles, dispatch
 /// sources, timers and several thread hops. Measured by `deploy/bench/webhooks.sh`, that was about
@@ -30,9 +30,6 @@ final class LoopbackHTTPTransport: Sendable {
     private let hostHeader: String
     private let timeout: Duration
     private let idle = Locked<[LoopbackHTTPConnection]>([])
-    /// Blocking exchanges run here: a concurrent queue over threads that may block (overcommit),
-    /// never on the Swift concurrency pool.
-    private let queue = DispatchQueue(label: "siwa.webhooks.http", attributes: .concurrent)
 
     /// nil unless `url` is `http://` to a numeric loopback address or `localhost`.
     init?(url: URL, timeout: Duration) {
@@ -56,8 +53,15 @@ final class LoopbackHTTPTransport: Sendable {
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         let request = Array((head + "\r\n").utf8) + body
         let deadline = ContinuousClock.now + timeout
+        // A serial queue of its own per exchange: it runs on libdispatch's overcommit pool, which
+        // adds a thread whenever the others are busy, so exchanges blocked on slow endpoints never
+        // hold back the rest. (A concurrent queue, or the global one, runs on the pool sized to the
+        // CPUs: two slow endpoints would stall every delivery, and every timer of the process.)
+        // Never on the Swift concurrency pool either, for the same reason.
         return await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: self.exchange(request, deadline: deadline)) }
+            DispatchQueue(label: "siwa.webhooks.http").async {
+                continuation.resume(returning: self.exchange(request, deadline: deadline))
+            }
         }
     }
 
