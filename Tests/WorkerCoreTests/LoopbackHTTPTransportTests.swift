@@ -172,6 +172,15 @@ import Testing
         #expect(result.failureReason == "connection")
     }
 
+    @Test func localhostIsReached() async throws {
+        let server = try ScriptedHTTPServer { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+        defer { server.stop() }
+        let url = try #require(URL(string: "http://localhost:\(server.port)/hooks"))
+        #expect(await WebhookClient(url: url, timeout: .seconds(10), maxConnections: 1).send(body: [], headers: [])
+            == .answered(status: 200, bodyPrefix: ""))
+        #expect(server.heads.first?.lowercased().contains("\r\nhost: localhost:\(server.port)\r\n") == true)
+    }
+
     @Test func onlyLoopbackHTTPIsSpokenToDirectly() throws {
         for (text, direct) in [
             ("http://127.0.0.1:9/x", true), ("http://localhost/x", true), ("http://[::1]:8080/", true), ("http://127.1.2.3:9/", true),

@@ -25,7 +25,8 @@ final class LoopbackHTTPTransport: Sendable {
     static let maximumHeadBytes = 64 * 1024
     static let maximumKeptBodyBytes = 1 << 20
 
-    private let address: LoopbackAddress
+    /// Where to connect, in order: `localhost` is 127.0.0.1, then ::1 (a receiver may listen on either).
+    private let addresses: [LoopbackAddress]
     private let requestTarget: String
     private let hostHeader: String
     private let timeout: Duration
@@ -34,9 +35,12 @@ final class LoopbackHTTPTransport: Sendable {
     /// nil unless `url` is `http://` to a numeric loopback address or `localhost`.
     init?(url: URL, timeout: Duration) {
         guard url.scheme?.lowercased() == "http", let components = URLComponents(url: url, resolvingAgainstBaseURL: false),
-            let host = components.host, let address = LoopbackAddress(host: host, port: components.port ?? 80)
+            let host = components.host
         else { return nil }
-        self.address = address
+        let names = host.lowercased() == "localhost" ? ["127.0.0.1", "::1"] : [host]
+        let addresses = names.compactMap { LoopbackAddress(host: $0, port: components.port ?? 80) }
+        guard addresses.count == names.count else { return nil }
+        self.addresses = addresses
         let path = components.percentEncodedPath.isEmpty ? "/" : components.percentEncodedPath
         requestTarget = components.percentEncodedQuery.map { "\(path)?\($0)" } ?? path
         hostHeader = components.port.map { "\(url.host ?? host):\($0)" } ?? (url.host ?? host)
@@ -78,7 +82,7 @@ final class LoopbackHTTPTransport: Sendable {
                 reused?.close()
                 reused = nil
                 do throws(LoopbackHTTPFailure) {
-                    connection = try LoopbackHTTPConnection(to: address, deadline: deadline)
+                    connection = try connect(deadline: deadline)
                 } catch {
                     return error.result
                 }
@@ -103,6 +107,24 @@ final class LoopbackHTTPTransport: Sendable {
     }
 }
 
+extension LoopbackHTTPTransport {
+    /// A new connection to the first address that does not refuse it.
+    fileprivate func connect(deadline: ContinuousClock.Instant) throws(LoopbackHTTPFailure) -> LoopbackHTTPConnection {
+        var failure = LoopbackHTTPFailure.connection(operation: "connect", code: ECONNREFUSED, bytesReceived: 0)
+        for address in addresses {
+            do throws(LoopbackHTTPFailure) {
+                return try LoopbackHTTPConnection(to: address, deadline: deadline)
+            } catch {
+                guard case .connection(operation: "connect", let code, bytesReceived: _) = error,
+                    code == ECONNREFUSED || code == EADDRNOTAVAIL
+                else { throw error }
+                failure = error
+            }
+        }
+        throw failure
+    }
+}
+
 /// Where a loopback endpoint listens: IPv4 127.0.0.0/8 (`localhost` is 127.0.0.1) or IPv6 ::1.
 struct LoopbackAddress: Sendable {
     let family: Int32
@@ -111,8 +133,7 @@ struct LoopbackAddress: Sendable {
 
     init?(host: String, port: Int) {
         guard (0...65535).contains(port) else { return nil }
-        var name = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
-        if name.lowercased() == "localhost" { name = "127.0.0.1" }
+        let name = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
         var storage = sockaddr_storage()
         let isIPv4 = withUnsafeMutablePointer(to: &storage) { pointer in
             pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { v4 in
