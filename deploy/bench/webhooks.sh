@@ -235,7 +235,9 @@ info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the
 # what any worker would pay here (the floor).
 _, worker, sink, pg, busy = two
 total = worker + sink + pg
-info("2 workers: CPU per delivery, all parts", f"{total:.0f} us", f"worker(s) {worker:.0f} + sink {sink:.0f} + PostgreSQL {pg:.0f}; busy {busy:.0f}%")
+share = two[0] * total / 1e6 / cores
+info("2 workers: CPU per delivery, all parts", f"{total:.0f} us", f"worker(s) {worker:.0f} + sink {sink:.0f} + PostgreSQL {pg:.0f}")
+info("  share of the machine", f"{share:.0%}", f"used by these parts; the machine was {busy:.0f}% busy at normal priority (the rest: other processes)")
 info("  ceiling on these cores", f"{cores * 1e6 / total:.0f}/s", f"= {cores} cores / {total:.0f} us ({cores * 1e6 / total / 2:.0f} per worker)")
 info("  without the worker's own CPU", f"{cores * 1e6 / (sink + pg):.0f}/s", f"= {cores} cores / (sink + PostgreSQL {sink + pg:.0f} us)")
 line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
