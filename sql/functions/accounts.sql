@@ -40,6 +40,10 @@ $$;
 -- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
 -- The NOTIFY payload is bounded whatever the app stores (PostgreSQL refuses payloads of 8000
 -- bytes or more): the listener reads the row for the rest.
+-- The account's row is locked before the change takes its id (most callers hold it already): ids
+-- of one account then follow the order their transactions commit, which webhook deliveries rely
+-- on (sent lowest id first per account). A caller that had not locked it (a link's failed
+-- exchange) could otherwise take an id, and another writer a later one and commit first.
 CREATE OR REPLACE FUNCTION siwa.record_change(
     p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
 ) RETURNS bigint
