@@ -22,8 +22,9 @@
 # processed, no change row twice. RSS: each worker process's peak (VmHWM). CPU per job: what
 # PostgreSQL (every server process) and the workers used during the run, divided by its jobs; it
 # holds better than rates on a loaded machine.
-# Then a profile of one worker run of mix (a): the worker's batch histograms, pg_stat_statements
-# with the plpgsql's own statements, the WAL fsyncs. Then the effect delay at a steady RATE=1000
+# Then a profile of worker runs (PROFILE_RUNS, mix (a) with one process and (c) with one and two
+# by default): the workers' batch histograms, pg_stat_statements with the plpgsql's own statements,
+# the WAL fsyncs. Then the effect delay at a steady RATE=1000
 # notifications/s for RATE_SECONDS, one worker process: steady-driver.py posts distinct signed
 # notifications to a real siwa-receiver on a fixed schedule (the rate it achieved is printed); the
 # delay runs from the receiver's 200 (after its commit) to the commit of the effect
@@ -35,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path COMPARE_BIN=path
+#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -43,7 +44,7 @@ cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
 N=${N:-20000}
 REPEAT=${REPEAT:-1}
-MIXES=${MIXES:-a b c d}
+MIXES=${MIXES-a b c d}  # MIXES= (empty): no mix runs, only the profile and the delay
 APPLE_JOBS=${APPLE_JOBS:-200}
 RATE=${RATE:-1000}
 RATE_SECONDS=${RATE_SECONDS:-10}
@@ -138,7 +139,11 @@ load_held() {  # load_held MIX COUNT
                                      email text, private text, claims text, jws text)" \
       -c "\\copy bench_held_$1 FROM '$csv' WITH (FORMAT csv)" -c "GRANT SELECT ON bench_held_$1 TO bench_receiver"
 }
-for shape in a $([[ " $MIXES " == *" b "* ]] && echo b) $([[ " $MIXES " == *" c "* ]] && echo c); do load_held "$shape" "$N"; done
+profile_runs=${PROFILE_RUNS:-a:1 c:1 c:2}
+if [[ -n ${NO_PROFILE:-} ]]; then profile_runs=; fi
+for shape in a $([[ " $MIXES " == *" b "* ]] && echo b) $([[ " $MIXES $profile_runs " == *" c"[\ :]* ]] && echo c); do
+  load_held "$shape" "$N"
+done
 # store_held SHAPE [COUNT]: the receiver's INSERT (NotificationStore), one statement per part.
 store_held() {
   local parts; parts=$(sql -c "SELECT DISTINCT part FROM bench_held_$1 ORDER BY 1")
@@ -434,18 +439,21 @@ procrastinate_run() {  # procrastinate_run PROCESSES -> out=jobs/s
 }
 
 # --- profile --------------------------------------------------------------------------------------
-# Where a batch's time goes, on mix (a) with one worker process: the worker's own histograms (a
-# batch's round trip: claim, effects, completion and commit), pg_stat_statements with nested
-# statements tracked (the plpgsql's statements one by one), and the WAL fsyncs (pg_stat_wal).
-profile() {
+# Where a batch's time goes, on each mix of PROFILE_RUNS ("a:1 c:1 c:2": mix (a) with one worker
+# process, mix (c) with one and with two): the workers' own histograms (a batch's round trip: claim,
+# effects, completion and commit; the jobs left queued because their account was busy),
+# pg_stat_statements with nested statements tracked (the plpgsql's statements one by one), and the
+# WAL fsyncs (pg_stat_wal).
+profile() {  # profile MIX PROCESSES
   sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" \
       -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" >/dev/null
-  queue a worker >/dev/null
+  queue "$1" worker >/dev/null
   sql -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
   local started; started=$(now)
-  start_workers 1
+  start_workers "$2"
   wait_completed "$N" 300 "the profiled run"
-  curl -fs "http://127.0.0.1:${worker_ports[0]}/metrics" >"$work/metrics.txt" || true
+  : >"$work/metrics.txt"
+  for port in "${worker_ports[@]}"; do curl -fs "http://127.0.0.1:$port/metrics" >>"$work/metrics.txt" || true; done
   stop_workers
   local ended; ended=$(sql -c "SELECT extract(epoch FROM max(finalized_at)) FROM siwa.jobs")
   sql -F $'\t' -c "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows,
@@ -459,17 +467,18 @@ profile() {
   python3 - "$work/metrics.txt" "$work/statements.tsv" "$work/wal.tsv" "$started" "$ended" "$N" <<'PY'
 import re, sys
 metrics, statements, wal, started, ended, jobs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-values = {}
+values = {}  # summed over the worker processes
 for line in open(metrics):
-    m = re.match(r'^(siwa_worker_notification_(?:batch_seconds|batch_jobs|verify_seconds)_(?:sum|count))(?:\{[^}]*\})? (\S+)$', line)
-    if m: values[m.group(1)] = float(m.group(2))
+    m = re.match(r'^(siwa_worker_notification_(?:batch_seconds|batch_jobs|verify_seconds)_(?:sum|count)|siwa_worker_notifications_deferred_total)(?:\{[^}]*\})? (\S+)$', line)
+    if m: values[m.group(1)] = values.get(m.group(1), 0) + float(m.group(2))
 wall = ended - started
 batches = values.get("siwa_worker_notification_batch_seconds_count", 0)
 batch_sum = values.get("siwa_worker_notification_batch_seconds_sum", 0)
 if not batches:
     print("  (this siwa-worker build has no batch histograms: the worker's side is not shown)")
 print(f"  {jobs} jobs in {wall:.2f} s ({jobs / wall:,.0f} jobs/s): {batches:.0f} batches, "
-      f"{values.get('siwa_worker_notification_batch_jobs_sum', 0) / max(batches, 1):.0f} jobs each")
+      f"{values.get('siwa_worker_notification_batch_jobs_sum', 0) / max(batches, 1):.0f} jobs each; "
+      f"{values.get('siwa_worker_notifications_deferred_total', 0):.0f} jobs left queued (account busy)")
 print(f"  a batch as the worker sees it (round trip, commit included): mean {1000 * batch_sum / max(batches, 1):.2f} ms; "
       f"batches in flight on average {batch_sum / wall:.2f}")
 rows = [line.rstrip("\n").split("\t") for line in open(statements) if line.strip()]
@@ -527,15 +536,18 @@ for round in $(seq "$REPEAT"); do
     result[$mix]+="$w1all $w2all $r1all $r2all $w1rss $w2rss $c1all $c2all;"
   done
 done
-if [[ -z ${NO_PROFILE:-} ]]; then
-  echo "--- profile: mix (a), 1 worker process"
-  profile
-fi
+for run in $profile_runs; do
+  echo "--- profile: mix ${mix_name[${run%:*}]}, ${run#*:} worker process(es) (load $(cut -d' ' -f1 /proc/loadavg))"
+  profile "${run%:*}" "${run#*:}"
+done
+p50=0 p99=0 delay_count=0 sent=0 achieved=0 late50=0 late99=0 answer50=0 answer99=0 non200=0 delay_rss=0 fsync_ms=0
+if [[ -z ${NO_DELAY:-} ]]; then
 effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss fsync_ms <<<"${out[*]}"
 echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiver (held -> verified -> applied), 1 worker process:"
 echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
 echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
 echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
+fi
 peer1=0; peer2=0
 if [[ -z ${NO_PEER:-} ]] && procrastinate_ready && procrastinate_setup; then
   procrastinate_run 1 && peer1=$out
