@@ -36,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
+#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -365,6 +365,10 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   wait_completed 0 30 "worker start"
   sleep 1
   sql -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
+  if [[ -n ${DELAY_PROFILE:-} ]]; then  # the statements of the steady run, nested ones included
+    sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" \
+        -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_statements_reset()" >/dev/null 2>&1
+  fi
   local driver; driver=$(python3 "$here/steady-driver.py" "http://127.0.0.1:$receiver_port/apple/notifications" "$work/steady.txt" \
     "$RATE" "$work/steady.tsv" 64)
   if [[ $(awk '{print $7}' <<<"$driver") != 0 ]]; then
@@ -376,6 +380,13 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   local rss; rss=$(peak_rss_mb)
   local fsync_ms; fsync_ms=$(sql -c "SELECT round((wal_sync_time / nullif(wal_sync, 0))::numeric, 2) FROM pg_stat_wal")
   sql -c "ALTER SYSTEM RESET track_wal_io_timing" -c "SELECT pg_reload_conf()" >/dev/null
+  if [[ -n ${DELAY_PROFILE:-} ]]; then
+    sql -F $'\t' -c "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3),
+                            left(regexp_replace(query, '\s+', ' ', 'g'), 80)
+                       FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+                      ORDER BY total_exec_time DESC LIMIT 14" -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" \
+        -c "SELECT pg_reload_conf()" >"$work/delay-statements.txt"
+  fi
   stop_workers
   kill -TERM "$receiver" 2>/dev/null || true
   wait "$receiver" 2>/dev/null || true
@@ -390,6 +401,31 @@ SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2
   FROM d;
 SQL
 )
+  # Where the delay goes: from the 200 to the start of the batch that applied it (waiting for a loop:
+  # the doorbell, a batch in flight), and from there to its commit (verifying, effects, WAL flush);
+  # how many jobs that batch took; and the seconds of the run with the worst p99.
+  sql -F ' ' >"$work/delay-parts.txt" <<SQL
+CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
+\\copy answered FROM '$work/steady.tsv'
+CREATE TEMP TABLE parts AS
+SELECT a.due, extract(epoch FROM j.finalized_at) - a.answered AS waiting,
+       extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - j.finalized_at) AS batch,
+       extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - a.answered AS delay,
+       count(*) OVER (PARTITION BY c.xmin::text) AS jobs
+  FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti JOIN siwa.jobs j ON j.id = c.job_id
+ WHERE a.status = 200;
+SELECT 'waiting for a batch (200 -> its start): p50 ' || round((percentile_cont(0.5) WITHIN GROUP (ORDER BY waiting) * 1000)::numeric, 2)
+       || ' ms, p99 ' || round((percentile_cont(0.99) WITHIN GROUP (ORDER BY waiting) * 1000)::numeric, 2)
+       || ' ms; the batch (start -> commit): p50 ' || round((percentile_cont(0.5) WITHIN GROUP (ORDER BY batch) * 1000)::numeric, 2)
+       || ' ms, p99 ' || round((percentile_cont(0.99) WITHIN GROUP (ORDER BY batch) * 1000)::numeric, 2)
+       || ' ms; jobs in it: p50 ' || percentile_disc(0.5) WITHIN GROUP (ORDER BY jobs)
+       || ', p99 ' || percentile_disc(0.99) WITHIN GROUP (ORDER BY jobs) FROM parts;
+SELECT 'worst seconds of the run (second: p99 ms, max ms): ' || string_agg(s || ': ' || p99 || ', ' || mx, '; ')
+  FROM (SELECT s, round((percentile_cont(0.99) WITHIN GROUP (ORDER BY delay) * 1000)::numeric, 1) AS p99,
+               round((max(delay) * 1000)::numeric, 1) AS mx
+          FROM (SELECT floor(due - min(due) OVER ())::int AS s, delay FROM parts) x
+         GROUP BY s ORDER BY p99 DESC LIMIT 3) w;
+SQL
   local forged; forged=$(sql -c "SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged' OR processed_at IS NULL")
   [[ $forged == 0 ]] || { echo "bench: $forged steady notifications refused or left unprocessed" >&2; exit 1; }
   [[ $(wc -w <<<"$delay") == 3 ]] || { echo "bench: no effect delay measured ($delay; driver: $driver)" >&2; exit 1; }
@@ -547,6 +583,8 @@ echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiv
 echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
 echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
 echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
+sed 's/^/    /' "$work/delay-parts.txt"
+[[ -s $work/delay-statements.txt ]] && { echo "    statements of the steady run (calls, total ms, mean ms):"; sed 's/^/      /' "$work/delay-statements.txt"; }
 fi
 peer1=0; peer2=0
 if [[ -z ${NO_PEER:-} ]] && procrastinate_ready && procrastinate_setup; then
