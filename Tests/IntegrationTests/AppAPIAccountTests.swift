@@ -78,4 +78,85 @@ import Testing
             }
         }
     }
+
+    /// Change ids are taken when a row is written, not when its transaction commits: a transaction
+    /// that took the smaller id can commit after one that took a larger id. A reader paging by
+    /// `after` must not be handed the larger id while the smaller one may still commit, or it
+    /// passes it for good and never hears of that change (here: a deletion request).
+    @Test func aChangeCommittedAfterALargerIDIsNotSkippedByTheFeed() async throws {
+        try await withAppAPI { api in
+            let (start, app) = try await Self.signedIn(api, ["001.slow", "001.fast"])
+            defer { app.close() }
+            // The app's transaction takes the next id and stays open; another commits the one after.
+            _ = try await app.execute("BEGIN")
+            _ = try await app.execute("SELECT siwa.request_deletion(\(Self.clientID), '001.slow')")
+            _ = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.fast/deletion")
+
+            let meanwhile = try await api.request("GET", "/v1/changes?after=\(start)")
+            #expect(meanwhile.status == 200)
+            let seen = try #require(meanwhile.json["changes"] as? [[String: Any]])
+            #expect(seen.isEmpty, "a larger id served while a smaller one may still commit: \(meanwhile.body)")
+            let next = try #require(meanwhile.json["next"] as? Int)
+
+            _ = try await app.execute("COMMIT")
+            let after = try await api.request("GET", "/v1/changes?after=\(next)")
+            let changes = try #require(after.json["changes"] as? [[String: Any]])
+            #expect(changes.map { $0["sub"] as? String } == ["001.slow", "001.fast"], "\(after.body)")
+            #expect(changes.allSatisfy { $0["change"] as? String == "deletion_requested" })
+        }
+    }
+
+    /// Within its wait, the feed serves what the open transaction commits, in id order, and nothing
+    /// before it has. (A reader in a snapshot fixed for its transaction gets only the gap-free run.)
+    @Test func theFeedWaitsForAWriterStillRunningThenServesBothInOrder() async throws {
+        try await withAppAPI { api in
+            let (start, app) = try await Self.signedIn(api, ["001.w1", "001.w2"])
+            let reader = try await PostgresConnection.connect(to: api.lifecycle.database.url, logger: TestDatabase.logger)
+            defer { app.close(); reader.close() }
+            _ = try await app.execute("BEGIN")
+            _ = try await app.execute("SELECT siwa.request_deletion(\(Self.clientID), '001.w1')")
+            _ = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.w2/deletion")
+
+            _ = try await reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            let fixed = try await reader.query("SELECT sub FROM siwa.account_changes_after(\(start), 10, '0 s')")
+            #expect(fixed.isEmpty, "a fixed snapshot gets only the gap-free run after the cursor")
+            _ = try await reader.execute("COMMIT")
+
+            let pid = try #require(try await reader.query("SELECT pg_backend_pid()").first?.decode(Int32.self, at: 0))
+            let page = Task { try await reader.query("SELECT sub FROM siwa.account_changes_after(\(start), 10, '60 s')").map { try $0.decode(String.self, at: 0) } }
+            // Commit only once the reader is waiting, so the page can only be right by waiting.
+            let deadline = ContinuousClock.now + .seconds(60)
+            while try await api.lifecycle.scalar(String.self, "SELECT wait_event FROM pg_stat_activity WHERE pid = \(pid)") != "PgSleep" {
+                guard ContinuousClock.now < deadline else { throw HarnessError(message: "the feed never waited") }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            _ = try await app.execute("COMMIT")
+            #expect(try await page.value == ["001.w1", "001.w2"])
+        }
+    }
+
+    /// A change id that never commits (a rolled-back transaction) leaves a gap for good: the feed
+    /// goes past it once nothing that could fill it is still running.
+    @Test func aRolledBackChangeLeavesAGapTheFeedGoesPast() async throws {
+        try await withAppAPI { api in
+            let (start, app) = try await Self.signedIn(api, ["001.undone", "001.kept"])
+            defer { app.close() }
+            _ = try await app.execute("BEGIN")
+            _ = try await app.execute("SELECT siwa.request_deletion(\(Self.clientID), '001.undone')")
+            _ = try await app.execute("ROLLBACK")
+            _ = try await api.request("POST", "/v1/accounts/\(Self.clientID)/001.kept/deletion")
+            let page = try await api.request("GET", "/v1/changes?after=\(start)")
+            let changes = try #require(page.json["changes"] as? [[String: Any]])
+            #expect(changes.map { $0["sub"] as? String } == ["001.kept"], "\(page.body)")
+            #expect(page.json["next"] as? Int == changes.last?["id"] as? Int)
+        }
+    }
+
+    /// Signs `subs` in; returns the newest change id then and a connection of its own for an app
+    /// transaction.
+    private static func signedIn(_ api: AppAPIHarness, _ subs: [String]) async throws -> (Int64, PostgresConnection) {
+        for sub in subs { try await api.signedIn(sub: sub) }
+        let start = try #require(try await api.lifecycle.scalar(Int64.self, "SELECT max(id) FROM siwa.account_changes"))
+        return (start, try await PostgresConnection.connect(to: api.lifecycle.database.url, logger: TestDatabase.logger))
+    }
 }

@@ -71,6 +71,49 @@ import Testing
         }
     }
 
+    /// An app transaction that wrote a change and stays open holds the change feed back; status
+    /// names it, and stops once it ends.
+    @Test func statusNamesATransactionHoldingTheChangeFeedBack() async throws {
+        try await withMigratedDatabase { database in
+            let app = try await database.connect()
+            defer { app.close() }
+            let quiet = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
+            let quietFeed = try #require((try JSONSerialization.jsonObject(with: Data(quiet.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any])
+            #expect(quietFeed["held_back_by_pid"] is NSNull, "\(quiet.stdout)")
+
+            try await app.simpleQuery("SET application_name = 'slow-app'; BEGIN; SELECT siwa.request_deletion('com.example.app', 's1')")
+            let pid = try await app.query("SELECT pg_backend_pid()")[0].decode(Int32.self, at: 0)
+            // Named once it has been open longer than the feed waits (1 s).
+            let deadline = ContinuousClock.now + .seconds(60)
+            var feed: [String: Any] = [:]
+            repeat {
+                let run = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
+                #expect(run.status == 0, "\(run.stderr)")
+                feed = (try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any] ?? [:]
+            } while feed["held_back_by_pid"] as? Int == nil && ContinuousClock.now < deadline
+            #expect(feed["held_back_by_pid"] as? Int == Int(pid))
+            #expect((feed["held_back_seconds"] as? Double ?? 0) >= 1)
+            let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
+            #expect(text.stdout.contains("held back by a transaction writing changes") && text.stdout.contains("pid \(pid)")
+                && text.stdout.contains("application \"slow-app\""), "\(text.stdout)")
+
+            // A login that may not see other logins' sessions (no pg_read_all_stats) still learns
+            // of it: the same transaction is open a second later.
+            try await database.withLogin(inRole: "siwa_worker") { url in
+                let limited = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": url])
+                #expect(limited.status == 0, "\(limited.stderr)")
+                let seen = (try JSONSerialization.jsonObject(with: Data(limited.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any]
+                #expect(seen?["held_back_by_pid"] as? Int == Int(pid) && seen?["held_back_seconds"] is NSNull, "\(limited.stdout)")
+                let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": url])
+                #expect(text.stdout.contains("when it began is hidden from this login"), "\(text.stdout)")
+            }
+
+            try await app.simpleQuery("COMMIT")
+            let after = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
+            #expect(after.stdout.contains("not held back"), "\(after.stdout)")
+        }
+    }
+
     @Test func statusExitsOneWhenTheDatabaseIsUnreachable() async throws {
         let run = try await Siwa.run(
             ["status"], environment: ["DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none?connect_timeout=2"])

@@ -182,6 +182,7 @@ denied rcv siwa "SELECT siwa.accounts" "SELECT * FROM siwa.accounts"
 denied rcv siwa "SELECT notifications beyond jti" "SELECT email, jws FROM siwa.notifications"
 denied rcv siwa "SELECT siwa.jobs" "SELECT * FROM siwa.jobs"
 denied rcv siwa "SELECT siwa.account_changes" "SELECT * FROM siwa.account_changes"
+denied rcv siwa "call siwa.account_changes_after" "SELECT * FROM siwa.account_changes_after(0, 10)"
 denied rcv siwa "UPDATE siwa.notifications" "UPDATE siwa.notifications SET outcome = 'x'"
 denied rcv siwa "DELETE siwa.jobs" "DELETE FROM siwa.jobs"
 denied rcv siwa "INSERT siwa.accounts" "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('c', 's', 'active')"
@@ -223,6 +224,8 @@ expect "link_account queued an exchange job" \
     "$(q postgres siwa "SELECT kind || '/' || priority FROM siwa.jobs WHERE id = ${link:-0}")" "exchange/0"
 expect "app reads account_changes (deletion_requested)" \
     "$(q app siwa "SELECT change FROM siwa.account_changes WHERE sub = 's2' ORDER BY id DESC LIMIT 1")" deletion_requested
+expect "app reads the change feed with siwa.account_changes_after" \
+    "$(q app siwa "SELECT change FROM siwa.account_changes_after(0, 1000) WHERE sub = 's2' ORDER BY id DESC LIMIT 1")" deletion_requested
 expect "app calls siwa.request_deletion with a code, same job" \
     "$(q app siwa "SELECT siwa.request_deletion('com.example.app', 's2', 'c0de')")" "$del1"
 expect "app reads its account with siwa.account (no token)" \

@@ -1,5 +1,6 @@
 -- Functions of the app API (siwa-worker, SIWA_APP_API_LISTEN). The worker's own role calls them;
--- none is granted to siwa_app (apps that share the database call siwa.link_account and friends).
+-- only the change feed is granted to siwa_app as well (apps that share the database call
+-- siwa.link_account and friends, and read their changes through siwa.account_changes_after).
 
 -- Stores a new nonce (by its SHA-256) valid for p_ttl; returns when it expires.
 CREATE OR REPLACE FUNCTION siwa.issue_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS timestamptz
@@ -104,7 +105,69 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM updated);
 $$;
 
--- Privileges: the worker (which serves the app API) calls these; nobody else.
+-- The transactions writing siwa.account_changes now (other than the caller's): every writer holds
+-- the table's ROW EXCLUSIVE lock from before it takes a change id until it ends. A prepared
+-- transaction has no pid. What the change feed waits for, and what `siwa status` names when one
+-- holds the feed back.
+CREATE OR REPLACE FUNCTION siwa.change_writers() RETURNS TABLE (virtualtransaction text, pid integer)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT l.virtualtransaction, l.pid FROM pg_locks l
+     WHERE l.locktype = 'relation' AND l.relation = 'siwa.account_changes'::regclass
+       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+       AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid();
+$$;
+
+-- The change feed (GET /v1/changes, and apps reading the table): the changes after p_after,
+-- ascending by id, at most p_limit, and only ids that no running transaction can still come to
+-- precede. A change id is taken when its row is written, not when its transaction commits, so a
+-- transaction holding a smaller id can commit after one holding a larger id: a reader that moved
+-- past the larger one would never see the smaller (two workers' batches do this all the time).
+-- Every writer holds the table's ROW EXCLUSIVE lock from before it takes an id until it ends
+-- (siwa.change_writers). So once every transaction holding it just after the newest id was read has
+-- ended, every id up to that one is final: committed, or never will be (a rollback's gap). Waits for
+-- them at most p_wait; past it (an app transaction left open), serves only the gap-free run that
+-- follows p_after, whose rows are all committed. A snapshot fixed for the whole transaction
+-- (REPEATABLE READ, SERIALIZABLE) never sees what commits during the wait: the gap-free run only.
+CREATE OR REPLACE FUNCTION siwa.account_changes_after(p_after bigint, p_limit integer, p_wait interval DEFAULT interval '1 second')
+RETURNS SETOF siwa.account_changes
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    newest bigint;
+    writers text[];
+    deadline timestamptz := clock_timestamp() + p_wait;
+BEGIN
+    SELECT max(id) INTO newest FROM siwa.account_changes;
+    IF newest IS NULL OR newest <= p_after THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        LOOP
+            SELECT array_agg(w.virtualtransaction) INTO writers
+              FROM siwa.change_writers() w
+             WHERE writers IS NULL OR w.virtualtransaction = ANY (writers);
+            EXIT WHEN writers IS NULL OR clock_timestamp() >= deadline;
+            PERFORM pg_sleep(0.002);
+        END LOOP;
+        IF writers IS NULL THEN
+            RETURN QUERY SELECT * FROM siwa.account_changes c
+                          WHERE c.id > p_after AND c.id <= newest ORDER BY c.id LIMIT p_limit;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY
+        WITH run AS (
+            SELECT s.id, s.id - row_number() OVER (ORDER BY s.id) AS start
+              FROM (SELECT id FROM siwa.account_changes WHERE id > p_after AND id <= newest ORDER BY id LIMIT p_limit) s)
+        SELECT c.* FROM siwa.account_changes c JOIN run ON run.id = c.id
+         WHERE run.start = p_after ORDER BY c.id;
+END
+$$;
+
+-- Privileges: the worker (which serves the app API) calls these; apps, only the change feed.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -112,8 +175,12 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
-                                  siwa.set_app_user_id(text, text, text)
+                                  siwa.set_app_user_id(text, text, text),
+                                  siwa.account_changes_after(bigint, integer, interval), siwa.change_writers()
            TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
+        GRANT EXECUTE ON FUNCTION siwa.account_changes_after(bigint, integer, interval), siwa.change_writers() TO siwa_app;
     END IF;
 END
 $$;

@@ -196,8 +196,8 @@ struct AppAPIStore: Sendable {
         try await run { connection in
             try await connection.query(
                 """
-                SELECT id, client_id, sub, app_user_id, change, status, reason, created_at FROM siwa.account_changes
-                 WHERE id > \(after) ORDER BY id LIMIT \(limit)
+                SELECT id, client_id, sub, app_user_id, change, status, reason, created_at
+                  FROM siwa.account_changes_after(\(after), \(Int32(limit)))
                 """
             ).map { row in
                 Change(

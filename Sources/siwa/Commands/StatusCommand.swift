@@ -51,6 +51,9 @@ struct StatusReport {
     var webhookRegistration: WebhookQueue.Registration?
     var webhookBacklog: WebhookQueue.Backlog
     var replication: ReplicationStatus
+    /// The oldest transaction writing account changes, when it has been open long enough to hold
+    /// the change feed back (`siwa.account_changes_after` serves nothing past an id it may hold).
+    var changeFeedHoldback: ChangeFeedHoldback?
 
     var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
 
@@ -107,7 +110,8 @@ struct StatusReport {
             },
             notificationsLastHour: try received.decode(Int.self, column: "n"),
             rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog,
-            replication: try await ReplicationStatus.load(connection))
+            replication: try await ReplicationStatus.load(connection),
+            changeFeedHoldback: try await ChangeFeedHoldback.load(connection))
     }
 
     // MARK: Rendering
@@ -150,6 +154,7 @@ struct StatusReport {
         }
         facts.append(["rejected, last hour", rejectedText])
         facts += webhookFacts
+        facts.append(["change feed", changeFeedHoldback?.summary ?? "not held back"])
         facts.append(["replication", replication.summary])
         out += CLI.table(facts)
         for client in pausedClients {
@@ -230,6 +235,68 @@ struct StatusReport {
                 "rejected_by_reason": rejectionsLastHour,
             ] as [String: Any],
             "replication": replication.jsonObject,
+            "change_feed": [
+                "held_back_by_pid": changeFeedHoldback.map { $0.pid.map { $0 as Any } ?? NSNull() } ?? NSNull(),
+                "held_back_seconds": changeFeedHoldback?.seconds.map { $0 as Any } ?? NSNull(),
+            ] as [String: Any],
         ]
+    }
+}
+
+/// A transaction that has written account changes and stays open: until it ends, the change feed
+/// serves nothing past the ids it may hold (an app that began a transaction, called
+/// `siwa.request_deletion` and left it open, say).
+struct ChangeFeedHoldback {
+    /// Open longer than the feed waits for writers (1 s by default), so a reader got less than it
+    /// could: the workers' own batches take milliseconds.
+    static let threshold = 1.0
+
+    /// nil: a prepared transaction (it has no session).
+    var pid: Int32?
+    /// nil: when it began is hidden from this role (pg_stat_activity shows other logins' sessions
+    /// only to pg_read_all_stats); it was seen open at least `threshold` apart.
+    var seconds: Double?
+    var application: String?
+    var role: String?
+
+    static func load(_ connection: PostgresConnection) async throws -> ChangeFeedHoldback? {
+        let writers = try await connection.query(
+            """
+            SELECT w.virtualtransaction, w.pid, a.application_name, coalesce(a.usename, p.owner) AS role,
+                   extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, p.prepared))::float8 AS seconds
+              FROM siwa.change_writers() w
+              LEFT JOIN pg_stat_activity a ON a.pid = w.pid
+              LEFT JOIN pg_prepared_xacts p ON w.pid IS NULL AND w.virtualtransaction = '-1/' || p.transaction
+             ORDER BY seconds DESC NULLS LAST
+            """
+        ).map { row in
+            (
+                transaction: try row.decode(String.self, column: "virtualtransaction"),
+                holdback: ChangeFeedHoldback(
+                    pid: try row.decode(Int32?.self, column: "pid"), seconds: try row.decode(Double?.self, column: "seconds"),
+                    application: try row.decode(String?.self, column: "application_name"),
+                    role: try row.decode(String?.self, column: "role"))
+            )
+        }
+        if let oldest = writers.first, let seconds = oldest.holdback.seconds, seconds >= threshold { return oldest.holdback }
+        // Writers whose start this role cannot see: the ones still open a threshold later were
+        // open at least that long (pg_locks is read live, not from the transaction's snapshot).
+        let hidden = writers.filter { $0.holdback.seconds == nil }
+        guard !hidden.isEmpty else { return nil }
+        try await Task.sleep(for: .seconds(threshold))
+        let stillOpen = Set(
+            try await connection.query(
+                "SELECT virtualtransaction FROM siwa.change_writers() WHERE virtualtransaction = ANY (\(hidden.map(\.transaction)))"
+            ).map { try $0.decode(String.self, at: 0) })
+        return hidden.first { stillOpen.contains($0.transaction) }?.holdback
+    }
+
+    var summary: String {
+        let who = pid.map { "pid \($0)" } ?? "a prepared transaction"
+        let application = application.flatMap { $0.isEmpty ? nil : ", application \"\($0)\"" } ?? ""
+        let open = seconds.map { "open \(CLI.age($0))" }
+            ?? "open over \(CLI.age(Self.threshold)) (when it began is hidden from this login: grant it pg_read_all_stats)"
+        return "held back by a transaction writing changes, \(open) (\(who)\(application)"
+            + (role.map { ", role \($0)" } ?? "") + "): /v1/changes and siwa.account_changes_after serve nothing past it until it ends"
     }
 }

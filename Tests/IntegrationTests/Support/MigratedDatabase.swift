@@ -58,10 +58,15 @@ extension MigratedDatabase {
     /// creates one: `CREATE ROLE … LOGIN IN ROLE siwa_receiver`), dropped afterwards: roles are
     /// cluster-wide.
     func withReceiverLogin<T>(_ body: (_ url: String) async throws -> T) async throws -> T {
-        let user = "receiver_" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        try await withLogin(inRole: "siwa_receiver", body)
+    }
+
+    /// Runs `body` with the URL of a new login in `group` (no other privilege), dropped afterwards.
+    func withLogin<T>(inRole group: String, _ body: (_ url: String) async throws -> T) async throws -> T {
+        let user = group.replacingOccurrences(of: "siwa_", with: "") + "_" + String(UInt32.random(in: 0...UInt32.max), radix: 36)
         let admin = try await connect()
         defer { admin.close() }
-        try await admin.simpleQuery("CREATE ROLE \(user) LOGIN IN ROLE siwa_receiver")
+        try await admin.simpleQuery("CREATE ROLE \(user) LOGIN IN ROLE \(group)")
         func dropUser() async { try? await admin.simpleQuery("DROP OWNED BY \(user); DROP ROLE \(user)") }
         do {
             let value = try await body(url.replacingOccurrences(of: "postgres@", with: "\(user)@"))
