@@ -36,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
+#   RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -48,6 +48,7 @@ MIXES=${MIXES-a b c d}  # MIXES= (empty): no mix runs, only the profile and the 
 APPLE_JOBS=${APPLE_JOBS:-200}
 RATE=${RATE:-1000}
 RATE_SECONDS=${RATE_SECONDS:-10}
+WARMUP_SECONDS=${WARMUP_SECONDS:-2}
 PEER_JOBS=${PEER_JOBS:-3000}
 RAW_CONNECTIONS=${RAW_CONNECTIONS:-4}
 here=deploy/bench
@@ -345,13 +346,15 @@ run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
 
 # --- effect delay ---------------------------------------------------------------------------------
 # A real siwa-receiver (a siwa_receiver login, so every job is held until the worker verifies it)
-# gets RATE distinct signed notifications a second for RATE_SECONDS from steady-driver.py, on a fixed
-# schedule; the delay runs from the receiver's 200 (sent after its commit) to the commit of the
+# gets RATE distinct signed notifications a second for WARMUP_SECONDS + RATE_SECONDS from
+# steady-driver.py, on a fixed schedule; the first WARMUP_SECONDS are not measured (the worker's
+# first held notification fetches Apple's keys, and its statements are planned once per
+# connection: a steady state has neither, and 1 % of a 10 s run is a tenth of a second); the delay runs from the receiver's 200 (sent after its commit) to the commit of the
 # effect (track_commit_timestamp of the change row), so it slightly understates the true
 # commit-to-effect delay (by the 200's trip back, a fraction of a millisecond on loopback).
 effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_ms answer_p50_ms answer_p99_ms non200 rss_mb fsync_ms)
   reset
-  local total=$((RATE * RATE_SECONDS))
+  local total=$((RATE * (RATE_SECONDS + WARMUP_SECONDS)))
   "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$total" --output "$work/steady.txt" \
     --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix steady- 2>/dev/null
   local receiver_port; receiver_port=$(free_port)  # not `port`: wait_completed's loop sets that
@@ -384,8 +387,8 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
     sql -F $'\t' -c "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3),
                             left(regexp_replace(query, '\s+', ' ', 'g'), 80)
                        FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
-                      ORDER BY total_exec_time DESC LIMIT 14" -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" \
-        -c "SELECT pg_reload_conf()" >"$work/delay-statements.txt"
+                      ORDER BY total_exec_time DESC LIMIT 14" >"$work/delay-statements.txt"
+    sql -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" -c "SELECT pg_reload_conf()" >/dev/null
   fi
   stop_workers
   kill -TERM "$receiver" 2>/dev/null || true
@@ -393,6 +396,7 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   local delay; delay=$(sql -F ' ' <<SQL
 CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
 \\copy answered FROM '$work/steady.tsv'
+DELETE FROM answered WHERE due < (SELECT min(due) FROM answered) + $WARMUP_SECONDS;
 WITH d AS (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - a.answered AS d
              FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti
             WHERE a.status = 200)
@@ -407,6 +411,7 @@ SQL
   sql -F ' ' >"$work/delay-parts.txt" <<SQL
 CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
 \\copy answered FROM '$work/steady.tsv'
+DELETE FROM answered WHERE due < (SELECT min(due) FROM answered) + $WARMUP_SECONDS;
 CREATE TEMP TABLE parts AS
 SELECT a.due, extract(epoch FROM j.finalized_at) - a.answered AS waiting,
        extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - j.finalized_at) AS batch,
@@ -579,7 +584,7 @@ done
 p50=0 p99=0 delay_count=0 sent=0 achieved=0 late50=0 late99=0 answer50=0 answer99=0 non200=0 delay_rss=0 fsync_ms=0
 if [[ -z ${NO_DELAY:-} ]]; then
 effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss fsync_ms <<<"${out[*]}"
-echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiver (held -> verified -> applied), 1 worker process:"
+echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s (after ${WARMUP_SECONDS} s not measured) through siwa-receiver (held -> verified -> applied), 1 worker process:"
 echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
 echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
 echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
