@@ -21,7 +21,21 @@ import Testing
         case exchangeSucceeded = "worker: exchange answered 200"
         case exchangeFailed = "worker: exchange answered invalid_grant"
         case revoke = "worker: revoke steps until done, Apple answering 200"
+        case signIn = "app API: sign-in with a code (reads the account, then the exchange's token)"
+        case importToken = "operator: siwa accounts import"
+        case reconcileValid = "worker: reconcile, Apple says the token is valid"
+        case reconcileInvalid = "worker: reconcile, Apple answers invalid_grant"
         var description: String { rawValue }
+
+        /// Reads the account in a transaction of its own, then (after a call to Apple) writes in
+        /// another: the other operation may commit between the two.
+        var readsFirst: Bool { [.signIn, .reconcileValid, .reconcileInvalid].contains(self) }
+    }
+
+    /// What a read-first operation read.
+    enum Reading {
+        case signIn(pendingDeletion: Bool, deletionRequestsSeen: Int64)
+        case reconcile(storedToken: [UInt8]?)
     }
 
     struct Start: CustomStringConvertible {
@@ -29,10 +43,12 @@ import Testing
         var status: String?
         var linkQueued: Bool
         var deletionRequested: Bool
+        var reconcileQueued: Bool
         /// Notifications stored and pending: their types, in event-time order (all newer than the link).
         var notifications: [String]
         var description: String {
             "\(status ?? "no account")" + (linkQueued ? ", link queued" : "") + (deletionRequested ? ", deletion requested" : "")
+                + (reconcileQueued ? ", reconcile queued" : "")
                 + (notifications.isEmpty ? "" : ", pending \(notifications)")
         }
     }
@@ -54,6 +70,7 @@ import Testing
         let start = Start(
             status: [nil, "active", "deleted", "consent_revoked"].randomElement(using: &random)!,
             linkQueued: Bool.random(using: &random), deletionRequested: Int.random(in: 0..<3, using: &random) == 0,
+            reconcileQueued: Bool.random(using: &random),
             notifications: (0..<Int.random(in: 0...2, using: &random)).map { _ in types.randomElement(using: &random)! })
         return Trial(
             start: start, first: Operation.allCases.randomElement(using: &random)!,
@@ -63,8 +80,10 @@ import Testing
     /// Trials that once failed, run first every time:
     /// - a link's failed exchange recorded `link_failed` without the account's lock, reading a stale
     ///   status, while a deletion requested meanwhile took a later id and committed first;
-    /// - the same for a sub with no account row yet (the deletion creates it): nothing to lock.
-    static let regressions: [UInt64] = [0xaf74_22a7_cfe2_de15, 0xb050_8980_fc85_2a7a]
+    /// - the same for a sub with no account row yet (the deletion creates it): nothing to lock;
+    /// - an import onto a deleted account queued a late token's revoke, which a link queued before
+    ///   it took for a deletion requested after it: the new life's token was kept for a deletion.
+    static let regressions: [UInt64] = [0xaf74_22a7_cfe2_de15, 0xb050_8980_fc85_2a7a, 0xb21a_87b9_6db8_4802]
 
     @Test func concurrentOperationsEndAsOneAfterTheOther() async throws {
         let settings = SearchSettings(prefix: "SIWA_CONCURRENCY", countName: "TRIALS", defaultCount: 300)
@@ -87,10 +106,17 @@ import Testing
                 let trialSeed = index < Self.regressions.count ? Self.regressions[index] : master.next()
                 let trial = Self.trial(seed: trialSeed)
                 runs += 1
-                let serial = [
-                    try await Self.runSerially(trial, [trial.first, trial.second], sub: "s\(runs)-ab", on: observer),
-                    try await Self.runSerially(trial, [trial.second, trial.first], sub: "s\(runs)-ba", on: observer),
+                var serial = [
+                    try await Self.runSerially(trial, secondFirst: false, sub: "s\(runs)-ab", on: observer),
+                    try await Self.runSerially(trial, secondFirst: true, sub: "s\(runs)-ba", on: observer),
                 ]
+                // A read-first operation may also have read before the other and written after it.
+                if trial.first.readsFirst {
+                    serial.append(try await Self.runSplit(trial, splitSecond: false, sub: "s\(runs)-a-b-a", on: observer))
+                }
+                if trial.second.readsFirst {
+                    serial.append(try await Self.runSplit(trial, splitSecond: true, sub: "s\(runs)-b-a-b", on: observer))
+                }
                 let concurrent = try await Self.runConcurrently(
                     trial, sub: "s\(runs)-c", first: first, second: second, secondPID: secondPID, observer: observer)
                 if concurrent.blocked { blockedRuns += 1 }
@@ -104,6 +130,7 @@ import Testing
                     \(serial[0])
                     second then first:
                     \(serial[1])
+                    \(serial.count > 2 ? "with the other between a read and its write:\n\(serial[2...].map(\.description).joined(separator: "\n"))" : "")
                     """)
                 if !serial.contains(concurrent) { break }
             }
@@ -114,17 +141,20 @@ import Testing
 
     // MARK: Runs
 
-    static func runSerially(_ trial: Trial, _ operations: [Operation], sub: String, on connection: PostgresConnection) async throws -> Outcome {
+    /// The trial's two operations one after the other; each keeps its own token (the first's
+    /// exchange yields a1, the second's b2) whichever runs first.
+    static func runSerially(_ trial: Trial, secondFirst: Bool, sub: String, on connection: PostgresConnection) async throws -> Outcome {
         try await setUp(trial.start, sub: sub, on: connection)
         var refusals: [String] = []
-        for (index, operation) in operations.enumerated() {
+        let operations = [(trial.first, "a1"), (trial.second, "b2")]
+        for (operation, token) in secondFirst ? operations.reversed() : operations {
             try await connection.simpleQuery("BEGIN")
-            let refusal = try await perform(operation, sub: sub, token: index == 0 ? "a1" : "b2", on: connection)
+            let refusal = try await perform(operation, sub: sub, token: token, on: connection)
             try await connection.simpleQuery(refusal == nil ? "COMMIT" : "ROLLBACK")
             refusals.append("\(operation): \(refusal ?? "ok")")
         }
         // Report refusals in the trial's order (first, second), whichever ran first.
-        if operations.first != trial.first { refusals.reverse() }
+        if secondFirst { refusals.reverse() }
         return try await outcome(sub: sub, refusals: refusals, on: connection)
     }
 
@@ -178,6 +208,23 @@ import Testing
         return result
     }
 
+    /// The read-first operation (the trial's second when `splitSecond`) reads, the other runs and
+    /// commits, then the first writes what it read.
+    static func runSplit(_ trial: Trial, splitSecond: Bool, sub: String, on connection: PostgresConnection) async throws -> Outcome {
+        try await setUp(trial.start, sub: sub, on: connection)
+        let (split, splitToken, other, otherToken) =
+            splitSecond ? (trial.second, "b2", trial.first, "a1") : (trial.first, "a1", trial.second, "b2")
+        let reading = try await read(split, sub: sub, on: connection)
+        try await connection.simpleQuery("BEGIN")
+        let otherRefusal = try await perform(other, sub: sub, token: otherToken, on: connection)
+        try await connection.simpleQuery(otherRefusal == nil ? "COMMIT" : "ROLLBACK")
+        try await connection.simpleQuery("BEGIN")
+        let splitRefusal = try await perform(split, sub: sub, token: splitToken, reading: reading, on: connection)
+        try await connection.simpleQuery(splitRefusal == nil ? "COMMIT" : "ROLLBACK")
+        let refusals = ["\(split): \(splitRefusal ?? "ok")", "\(other): \(otherRefusal ?? "ok")"]
+        return try await outcome(sub: sub, refusals: splitSecond ? refusals.reversed() : refusals, on: connection)
+    }
+
     // MARK: Setting up, acting, observing
 
     static func setUp(_ start: Start, sub: String, on connection: PostgresConnection) async throws {
@@ -195,6 +242,10 @@ import Testing
         if start.deletionRequested {
             _ = try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub))")
         }
+        if start.reconcileQueued {
+            _ = try await connection.execute(
+                "INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts) VALUES ('reconcile', 3, \(clientID), \(sub), 5)")
+        }
         for (index, type) in start.notifications.enumerated() {
             // Newer than any link this run makes, so whether each applies does not hang on a clock.
             _ = try await connection.execute(
@@ -208,8 +259,32 @@ import Testing
 
     /// Runs `operation` in the connection's open transaction; a refusal (an SQLSTATE the caller
     /// gets) is returned, and the caller rolls back.
-    static func perform(_ operation: Operation, sub: String, token: String, on connection: PostgresConnection) async throws -> String? {
+    static func read(_ operation: Operation, sub: String, on connection: PostgresConnection) async throws -> Reading? {
+        switch operation {
+        case .signIn:
+            // The app API reads the account (and how many deletions were asked for) before it
+            // exchanges the code, and refuses a pending deletion there (403).
+            let read = try await connection.query(
+                "SELECT status, deletion_requests FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)")
+            return .signIn(
+                pendingDeletion: try read.first?.decode(String.self, column: "status") == "pending_deletion",
+                deletionRequestsSeen: try read.first?.decode(Int64.self, column: "deletion_requests") ?? 0)
+        case .reconcileValid, .reconcileInvalid:
+            return .reconcile(
+                storedToken: try await connection.query(
+                    "SELECT refresh_token_enc FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
+                ).first?.decode([UInt8]?.self, at: 0))
+        default:
+            return nil
+        }
+    }
+
+    static func perform(
+        _ operation: Operation, sub: String, token: String, reading: Reading? = nil, on connection: PostgresConnection
+    ) async throws -> String? {
         do {
+            var reading = reading
+            if reading == nil { reading = try await read(operation, sub: sub, on: connection) }
             switch operation {
             case .link:
                 _ = try await connection.query("SELECT siwa.link_account(\(clientID), \(sub), 'user-2', 'code-2')")
@@ -228,6 +303,17 @@ import Testing
                 } else {
                     _ = try await connection.query("SELECT siwa.exchange_failed(\(job.id), \(job.attempt), 'invalid_grant')")
                 }
+            case .signIn:
+                guard case .signIn(let pendingDeletion, let seen) = reading else { return "no reading" }
+                if pendingDeletion { return "account_deleting" }
+                _ = try await connection.query(
+                    "SELECT * FROM siwa.sign_in(\(clientID), \(sub), 'x@privaterelay.appleid.com', true, decode(\(token), 'hex'), \(seen))")
+            case .importToken:
+                _ = try await connection.query("SELECT siwa.account_imported(\(clientID), \(sub), 'user-9', decode(\(token + "ff"), 'hex'))")
+            case .reconcileValid, .reconcileInvalid:
+                guard case .reconcile(let stored) = reading, let stored, let job = try await claim("reconcile", sub: sub, on: connection) else { return nil }
+                _ = try await connection.query(
+                    "SELECT siwa.reconcile_result(\(job.id), \(job.attempt), \(stored), \(operation == .reconcileValid ? "valid" : "invalid_grant"))")
             case .revoke:
                 guard let job = try await claim("revoke", sub: sub, on: connection) else { return nil }
                 for _ in 0..<10 {

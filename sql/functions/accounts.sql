@@ -239,8 +239,11 @@ BEGIN
         RAISE EXCEPTION 'siwa.exchange_succeeded: no exchange job %', p_job_id USING ERRCODE = 'P0002';
     END IF;
     -- A deletion requested after this link was queued (its revoke job is younger) is not undone by it.
+    -- A late token's revoke (an import or a late exchange after a finished deletion) is no
+    -- deletion request: counted as one, it turned a new life's link into a revoked token.
     SELECT EXISTS (SELECT 1 FROM siwa.jobs r
-                    WHERE r.client_id = j.client_id AND r.sub = j.sub AND r.kind = 'revoke' AND r.id > j.id)
+                    WHERE r.client_id = j.client_id AND r.sub = j.sub AND r.kind = 'revoke' AND r.id > j.id
+                      AND NOT r.args ? 'late_token')
       INTO deletion_after;
     SELECT * INTO result
       FROM siwa.account_linked(j.client_id, j.sub, j.args->>'app_user_id', p_token_enc, p_email, p_is_private_email,
