@@ -104,25 +104,61 @@ package struct JobQueue: Sendable {
     /// Claims, applies and completes up to `limit` notification jobs in one statement (one
     /// transaction). The fast path uses no subtransactions; if any job raises, the batch is rolled
     /// back and run again with one subtransaction per job, so only the failing job is retried.
-    ///
-    /// `verifyHeld`, when given, runs first in the same transaction: it locks and verifies up to
-    /// `limit` held jobs and returns the genuine ones, which the batch takes before any due job
-    /// (one commit for both; a rollback leaves them held). It runs again for the isolated retry.
     package func runNotificationBatch(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
-        verifyHeld: (@Sendable (PostgresConnection, Int) async throws -> [Int64])? = nil
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy
     ) async throws -> [NotificationResult] {
         try await pool.withConnection { connection in
-            func run(isolate: Bool) async throws -> [NotificationResult] {
-                guard let verifyHeld else {
-                    return try await Self.runNotificationBatch(
-                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate)
-                }
-                return try await connection.withTransaction { connection in
-                    let verified = try await verifyHeld(connection, limit)
-                    return try await Self.runNotificationBatch(
+            do {
+                return try await Self.runNotificationBatch(
+                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: false)
+            } catch let error as PostgresError where error.code == .queryFailed {
+                return try await Self.runNotificationBatch(
+                    on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: true)
+            }
+        }
+    }
+
+    /// What a gate made of the held jobs it read in a batch's transaction.
+    package struct HeldVerdicts: Sendable, Equatable {
+        /// Verified and still locked: the batch applies them before any due job.
+        package var genuine: [Int64] = []
+        /// Recorded as forged in the transaction; reported (logged, counted) only once it commits.
+        package var forged: [Forged] = []
+
+        package struct Forged: Sendable, Equatable {
+            package var jobID: Int64
+            package var jti: String
+            package var reason: String
+
+            package init(jobID: Int64, jti: String, reason: String) {
+                self.jobID = jobID
+                self.jti = jti
+                self.reason = reason
+            }
+        }
+
+        package init(genuine: [Int64] = [], forged: [Forged] = []) {
+            self.genuine = genuine
+            self.forged = forged
+        }
+    }
+
+    /// `runNotificationBatch` with the held jobs first: `verifyHeld` runs in the same transaction,
+    /// locks and judges up to `limit` held jobs, and the batch takes the genuine ones before any due
+    /// job (one commit for both; a rollback leaves them held). It runs again for the isolated
+    /// retry, so the verdicts returned are those of the transaction that committed.
+    package func runVerifiedNotificationBatch(
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
+        verifyHeld: @Sendable (PostgresConnection, Int) async throws -> HeldVerdicts
+    ) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
+        try await pool.withConnection { connection in
+            func run(isolate: Bool) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
+                try await connection.withTransaction { connection in
+                    let held = try await verifyHeld(connection, limit)
+                    let results = try await Self.runNotificationBatch(
                         on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate,
-                        verified: verified)
+                        verified: held.genuine)
+                    return (results, held)
                 }
             }
             do {

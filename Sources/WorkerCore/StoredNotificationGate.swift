@@ -35,15 +35,15 @@ struct StoredNotificationGate: Sendable {
     }
 
     /// Judges up to `limit` held jobs in the caller's transaction (rows locked SKIP LOCKED, so
-    /// workers share the work) and returns the genuine ones, still locked, for the caller to apply
-    /// before it commits; forged ones are recorded in the same transaction. With nothing held it
-    /// costs one empty range of the claim index (priority 2, run_at infinity): one round trip per
-    /// batch. Jobs whose key cannot be had now (Apple unreachable) stay held for the next pass.
-    func verifyHeld(on connection: PostgresConnection, limit: Int) async throws -> [Int64] {
+    /// workers share the work) and returns the genuine ones,
+    /// still locked, for the caller to apply before it commits; forged ones are recorded in the
+    /// same transaction, and reported by `report(_:)` once it has committed (a batch that rolls
+    /// back and runs again judges them again). With nothing held it costs one empty range of the
+    /// claim index (priority 2, run_at infinity): one round trip per batch. Jobs whose key cannot
+    /// be had now (Apple unreachable) stay held for the next pass.
+    func verifyHeld(on connection: PostgresConnection, limit: Int) async throws -> JobQueue.HeldVerdicts {
         let rows = try await connection.query(JobQueue.heldNotificationsQuery(limit: limit))
-        guard !rows.isEmpty else { return [] }
-        var genuine: [Int64] = []
-        var refused: [(job: Int64, jti: String, reason: String)] = []
+        var verdicts = JobQueue.HeldVerdicts()
         for row in rows {
             let held = Held(
                 jobID: try row.decode(Int64.self, column: "id"), jti: try row.decode(String.self, column: "jti"),
@@ -55,28 +55,31 @@ struct StoredNotificationGate: Sendable {
                 isPrivateEmail: try row.decode(Bool?.self, column: "is_private_email"),
                 jws: try row.decode(String?.self, column: "jws"))
             switch await judge(held) {
-            case .genuine: genuine.append(held.jobID)
-            case .forged(let reason): refused.append((held.jobID, held.jti, reason))
+            case .genuine: verdicts.genuine.append(held.jobID)
+            case .forged(let reason): verdicts.forged.append(.init(jobID: held.jobID, jti: held.jti, reason: reason))
             case .undecided: continue
             }
         }
-        if !refused.isEmpty {
-            let jobs = refused.map(\.job)
-            let jtis = refused.map(\.jti)
+        if !verdicts.forged.isEmpty {
             try await connection.execute(
                 """
                 UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
-                 WHERE jti = ANY(\(jtis)) AND processed_at IS NULL
+                 WHERE jti = ANY(\(verdicts.forged.map(\.jti))) AND processed_at IS NULL
                 """)
-            try await JobQueue.completeForgedNotifications(jobs, on: connection)
-            for item in refused {
-                logger.error(
-                    "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
-                    metadata: ["jti": .string(item.jti), "job_id": .int(Int(item.job)), "reason": .string(item.reason)])
-            }
-            forged.increment(by: refused.count)
+            try await JobQueue.completeForgedNotifications(verdicts.forged.map(\.jobID), on: connection)
         }
-        return genuine
+        return verdicts
+    }
+
+    /// Logs and counts the forged notifications of a committed batch.
+    func report(_ verdicts: JobQueue.HeldVerdicts) {
+        guard !verdicts.forged.isEmpty else { return }
+        for item in verdicts.forged {
+            logger.error(
+                "stored notification does not verify against Apple's keys or its claims: recorded as forged, not applied",
+                metadata: ["jti": .string(item.jti), "job_id": .int(Int(item.jobID)), "reason": .string(item.reason)])
+        }
+        forged.increment(by: verdicts.forged.count)
     }
 
     private enum Verdict {

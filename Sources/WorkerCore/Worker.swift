@@ -224,18 +224,12 @@ package final class Worker: Sendable {
     /// One of `notificationConnections` loops. A loop that claimed a full batch rings the bell
     /// before going on, so an idle loop joins in while a backlog lasts; a trickle wakes one loop.
     ///
-    /// The batch size adapts to contention: a batch that had to leave jobs queued because another
-    /// batch held their accounts (`deferred`) halves the next limit, down to a sixteenth of
-    /// SIWA_NOTIFICATION_BATCH; a full batch without any doubles it back. Batches over disjoint
-    /// accounts (unseen subs, most linked ones) stay large, for throughput; batches over a few hot
-    /// accounts shrink until concurrent ones stop overlapping, instead of queueing on row locks.
+    /// The batch size adapts to contention (`NotificationBatchLimit`).
     private func notificationLoop() async {
-        let largest = configuration.notificationBatch
-        let smallest = max(1, largest / 16)
-        var limit = largest
+        var limit = NotificationBatchLimit(largest: configuration.notificationBatch)
         var failures = 0
         let (gate, metrics) = (gate, metrics)
-        let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> [Int64] = { connection, limit in
+        let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> JobQueue.HeldVerdicts = { connection, limit in
             let started = ContinuousClock.now
             defer { metrics.verifySeconds.observe((ContinuousClock.now - started).seconds) }
             return try await gate.verifyHeld(on: connection, limit: limit)
@@ -245,20 +239,17 @@ package final class Worker: Sendable {
                 var again = false
                 repeat {
                     let started = ContinuousClock.now
-                    let results = try await queue.runNotificationBatch(
-                        worker: configuration.workerID, limit: limit, lease: configuration.jobLease, policy: policy,
+                    let (results, held) = try await queue.runVerifiedNotificationBatch(
+                        worker: configuration.workerID, limit: limit.value, lease: configuration.jobLease, policy: policy,
                         verifyHeld: verifyHeld)
                     metrics.batchSeconds.observe((ContinuousClock.now - started).seconds)
+                    gate.report(held)
                     let deferred = results.count { $0.state == "deferred" }
                     let taken = results.count - deferred
                     metrics.batchJobs.observe(Double(taken))
-                    let full = taken == limit
-                    if deferred > 0 {
-                        metrics.deferred.increment(by: deferred)
-                        limit = max(smallest, limit / 2)
-                    } else if full {
-                        limit = min(largest, limit * 2)
-                    }
+                    let full = taken == limit.value
+                    if deferred > 0 { metrics.deferred.increment(by: deferred) }
+                    limit.record(taken: taken, deferred: deferred)
                     // A loop that deferred jobs waits for the bell; the next batch that took any job
                     // (its accounts' locks are gone with its commit) rings it.
                     let wake = state.withLock { state -> Bool in

@@ -19,13 +19,7 @@ struct ForgedNotificationTests {
                 let (receiver, base) = try await ReceiverProcessTests.startReceiver(
                     databaseURL: receiverURL, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
                 teardown.add { await receiver.stop() }
-                let worker = try ServiceProcess(
-                    "siwa-worker",
-                    environment: [
-                        "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
-                        "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info",
-                        "SIWA_POLL_INTERVAL": "200ms",
-                    ])
+                let worker = try Self.startWorker(database, keys: keys, ["SIWA_POLL_INTERVAL": "200ms"])
                 teardown.add { await worker.stop() }
                 let opsPort = try await worker.boundHTTPPort()
 
@@ -61,11 +55,78 @@ struct ForgedNotificationTests {
                 let jobs = try await admin.query(
                     "SELECT count(*) FROM siwa.jobs WHERE notification_jti LIKE 'forged-%' AND state = 'completed' AND outcome = 'forged'")
                 #expect(try jobs[0].decode(Int.self, at: 0) == 2)
+                let metrics = try await Self.metrics(port: opsPort, showing: "siwa_worker_notifications_forged_total 2\n")
+                #expect(metrics.contains("siwa_worker_notifications_forged_total 2\n"), "\(metrics)")
                 let errors = worker.log.split(separator: "\n").filter { $0.contains(#""level":"error""#) && $0.contains("forged") }
                 #expect(errors.count == 2, "\(worker.log)")
-                let metrics = try await HTTP.request("GET", "http://127.0.0.1:\(opsPort)/metrics").body
-                #expect(metrics.contains("siwa_worker_notifications_forged_total 2\n"), "\(metrics)")
             }
         } }
+    }
+
+    /// A batch that rolls back and runs again (its fast path raised, so the isolated path retries
+    /// it) judges its held notifications again: a forged one is logged and counted once, for the
+    /// transaction that committed (it was counted twice).
+    @Test func aForgedNotificationInABatchThatIsRunAgainIsCountedOnce() async throws {
+        try await withMigratedDatabase { database in try await database.withReceiverLogin { receiverURL in
+            try await withTeardown { teardown in
+                let admin = try await database.connect()
+                defer { admin.close() }
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                // An effect that raises, so the batch's fast path fails and the isolated path runs it again.
+                try await admin.simpleQuery(
+                    """
+                    CREATE FUNCTION public.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN IF NEW.sub = 'boom' THEN RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END $$;
+                    CREATE TRIGGER refuse_boom BEFORE INSERT OR UPDATE ON siwa.accounts
+                       FOR EACH ROW EXECUTE FUNCTION public.refuse_boom();
+                    """)
+                _ = try await database.queueNotifications(1, prefix: "boom", sub: "boom", on: admin)
+                let forger = try await PostgresConnection.connect(to: receiverURL, logger: TestDatabase.logger)
+                defer { forger.close() }
+                let forged = try keys.sign(
+                    TestAppleKeys.claims(type: "account-deleted", sub: "victim", jti: "forged-1"), with: try RSA.PrivateKey.generate())
+                try await forger.execute(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims, jws)
+                    VALUES ('forged-1', 'com.example.app', 'victim', 'account-deleted', now(), '{}', \(forged))
+                    """)
+                // One loop, started after both are queued: they are in its first batch.
+                let worker = try Self.startWorker(database, keys: keys, ["SIWA_NOTIFICATION_CONNECTIONS": "1"])
+                teardown.add { await worker.stop() }
+                let opsPort = try await worker.boundHTTPPort()
+                try await admin.waitFor(
+                    """
+                    SELECT count(*) FROM siwa.notifications n JOIN siwa.jobs j ON j.notification_jti = 'boom1'
+                     WHERE n.jti = 'forged-1' AND n.outcome = 'forged' AND jsonb_array_length(j.errors) > 0
+                    """, timeout: .seconds(30)
+                ) { $0 == 1 }
+                let metrics = try await Self.metrics(port: opsPort, showing: "siwa_worker_notifications_forged_total 1\n")
+                #expect(metrics.contains("siwa_worker_notifications_forged_total 1\n"), "\(metrics)")
+                let errors = worker.log.split(separator: "\n").filter { $0.contains(#""level":"error""#) && $0.contains("forged-1") }
+                #expect(errors.count == 1, "\(worker.log)")
+            }
+        } }
+    }
+
+    /// A worker that verifies held notifications with `keys` (Apple's calls otherwise disabled).
+    static func startWorker(_ database: MigratedDatabase, keys: TestAppleKeys, _ extra: [String: String]) throws -> ServiceProcess {
+        try ServiceProcess(
+            "siwa-worker",
+            environment: [
+                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
+                "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info",
+            ].merging(extra) { _, new in new })
+    }
+
+    /// The worker's /metrics once it shows `line`, or as it is after a bounded wait: forged
+    /// notifications are reported right after their batch commits, so just after the rows show them.
+    static func metrics(port: Int, showing line: String) async throws -> String {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while true {
+            let metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
+            if metrics.contains(line) || ContinuousClock.now >= deadline { return metrics }
+            try await Task.sleep(for: .milliseconds(20))
+        }
     }
 }

@@ -22,8 +22,9 @@
 # processed, no change row twice. RSS: each worker process's peak (VmHWM). CPU per job: what
 # PostgreSQL (every server process) and the workers used during the run, divided by its jobs; it
 # holds better than rates on a loaded machine.
-# Then a profile of one worker run of mix (a): the worker's batch histograms, pg_stat_statements
-# with the plpgsql's own statements, the WAL fsyncs. Then the effect delay at a steady RATE=1000
+# Then a profile of worker runs (PROFILE_RUNS, mix (a) with one process and (c) with one and two
+# by default): the workers' batch histograms, pg_stat_statements with the plpgsql's own statements,
+# the WAL fsyncs. Then the effect delay at a steady RATE=1000
 # notifications/s for RATE_SECONDS, one worker process: steady-driver.py posts distinct signed
 # notifications to a real siwa-receiver on a fixed schedule (the rate it achieved is printed); the
 # delay runs from the receiver's 200 (after its commit) to the commit of the effect
@@ -35,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 WORKER_BIN=path COMPARE_BIN=path
+#   RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -43,10 +44,11 @@ cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
 N=${N:-20000}
 REPEAT=${REPEAT:-1}
-MIXES=${MIXES:-a b c d}
+MIXES=${MIXES-a b c d}  # MIXES= (empty): no mix runs, only the profile and the delay
 APPLE_JOBS=${APPLE_JOBS:-200}
 RATE=${RATE:-1000}
 RATE_SECONDS=${RATE_SECONDS:-10}
+WARMUP_SECONDS=${WARMUP_SECONDS:-2}
 PEER_JOBS=${PEER_JOBS:-3000}
 RAW_CONNECTIONS=${RAW_CONNECTIONS:-4}
 here=deploy/bench
@@ -138,7 +140,11 @@ load_held() {  # load_held MIX COUNT
                                      email text, private text, claims text, jws text)" \
       -c "\\copy bench_held_$1 FROM '$csv' WITH (FORMAT csv)" -c "GRANT SELECT ON bench_held_$1 TO bench_receiver"
 }
-for shape in a $([[ " $MIXES " == *" b "* ]] && echo b) $([[ " $MIXES " == *" c "* ]] && echo c); do load_held "$shape" "$N"; done
+profile_runs=${PROFILE_RUNS:-a:1 c:1 c:2}
+if [[ -n ${NO_PROFILE:-} ]]; then profile_runs=; fi
+for shape in a $([[ " $MIXES " == *" b "* ]] && echo b) $([[ " $MIXES $profile_runs " == *" c"[\ :]* ]] && echo c); do
+  load_held "$shape" "$N"
+done
 # store_held SHAPE [COUNT]: the receiver's INSERT (NotificationStore), one statement per part.
 store_held() {
   local parts; parts=$(sql -c "SELECT DISTINCT part FROM bench_held_$1 ORDER BY 1")
@@ -340,13 +346,15 @@ run_raw() {  # run_raw MIX -> out=(notif/s apple/s all/s changes pg_cpu_us/job)
 
 # --- effect delay ---------------------------------------------------------------------------------
 # A real siwa-receiver (a siwa_receiver login, so every job is held until the worker verifies it)
-# gets RATE distinct signed notifications a second for RATE_SECONDS from steady-driver.py, on a fixed
-# schedule; the delay runs from the receiver's 200 (sent after its commit) to the commit of the
+# gets RATE distinct signed notifications a second for WARMUP_SECONDS + RATE_SECONDS from
+# steady-driver.py, on a fixed schedule; the first WARMUP_SECONDS are not measured (the worker's
+# first held notification fetches Apple's keys, and its statements are planned once per
+# connection: a steady state has neither, and 1 % of a 10 s run is a tenth of a second); the delay runs from the receiver's 200 (sent after its commit) to the commit of the
 # effect (track_commit_timestamp of the change row), so it slightly understates the true
 # commit-to-effect delay (by the 200's trip back, a fraction of a millisecond on loopback).
 effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_ms answer_p50_ms answer_p99_ms non200 rss_mb fsync_ms)
   reset
-  local total=$((RATE * RATE_SECONDS))
+  local total=$((RATE * (RATE_SECONDS + WARMUP_SECONDS)))
   "$BIN/siwa" simulate consent-revoked --client-id com.example.app --count "$total" --output "$work/steady.txt" \
     --fake-apple-url "http://127.0.0.1:$fake_port" --sub-prefix steady- 2>/dev/null
   local receiver_port; receiver_port=$(free_port)  # not `port`: wait_completed's loop sets that
@@ -360,6 +368,10 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   wait_completed 0 30 "worker start"
   sleep 1
   sql -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
+  if [[ -n ${DELAY_PROFILE:-} ]]; then  # the statements of the steady run, nested ones included
+    sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" \
+        -c "SELECT pg_reload_conf()" -c "SELECT pg_stat_statements_reset()" >/dev/null 2>&1
+  fi
   local driver; driver=$(python3 "$here/steady-driver.py" "http://127.0.0.1:$receiver_port/apple/notifications" "$work/steady.txt" \
     "$RATE" "$work/steady.tsv" 64)
   if [[ $(awk '{print $7}' <<<"$driver") != 0 ]]; then
@@ -371,12 +383,20 @@ effect_delay() {  # -> out=(p50_ms p99_ms count sent rate late_p50_ms late_p99_m
   local rss; rss=$(peak_rss_mb)
   local fsync_ms; fsync_ms=$(sql -c "SELECT round((wal_sync_time / nullif(wal_sync, 0))::numeric, 2) FROM pg_stat_wal")
   sql -c "ALTER SYSTEM RESET track_wal_io_timing" -c "SELECT pg_reload_conf()" >/dev/null
+  if [[ -n ${DELAY_PROFILE:-} ]]; then
+    sql -F $'\t' -c "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3),
+                            left(regexp_replace(query, '\s+', ' ', 'g'), 80)
+                       FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+                      ORDER BY total_exec_time DESC LIMIT 14" >"$work/delay-statements.txt"
+    sql -c "ALTER SYSTEM SET pg_stat_statements.track = 'none'" -c "SELECT pg_reload_conf()" >/dev/null
+  fi
   stop_workers
   kill -TERM "$receiver" 2>/dev/null || true
   wait "$receiver" 2>/dev/null || true
   local delay; delay=$(sql -F ' ' <<SQL
 CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
 \\copy answered FROM '$work/steady.tsv'
+DELETE FROM answered WHERE due < (SELECT min(due) FROM answered) + $WARMUP_SECONDS;
 WITH d AS (SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - a.answered AS d
              FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti
             WHERE a.status = 200)
@@ -385,6 +405,32 @@ SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2
   FROM d;
 SQL
 )
+  # Where the delay goes: from the 200 to the start of the batch that applied it (waiting for a loop:
+  # the doorbell, a batch in flight), and from there to its commit (verifying, effects, WAL flush);
+  # how many jobs that batch took; and the seconds of the run with the worst p99.
+  sql -F ' ' >"$work/delay-parts.txt" <<SQL
+CREATE TEMP TABLE answered (jti text, due double precision, answered double precision, status int);
+\\copy answered FROM '$work/steady.tsv'
+DELETE FROM answered WHERE due < (SELECT min(due) FROM answered) + $WARMUP_SECONDS;
+CREATE TEMP TABLE parts AS
+SELECT a.due, extract(epoch FROM j.finalized_at) - a.answered AS waiting,
+       extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - j.finalized_at) AS batch,
+       extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - a.answered AS delay,
+       count(*) OVER (PARTITION BY c.xmin::text) AS jobs
+  FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti JOIN siwa.jobs j ON j.id = c.job_id
+ WHERE a.status = 200;
+SELECT 'waiting for a batch (200 -> its start): p50 ' || round((percentile_cont(0.5) WITHIN GROUP (ORDER BY waiting) * 1000)::numeric, 2)
+       || ' ms, p99 ' || round((percentile_cont(0.99) WITHIN GROUP (ORDER BY waiting) * 1000)::numeric, 2)
+       || ' ms; the batch (start -> commit): p50 ' || round((percentile_cont(0.5) WITHIN GROUP (ORDER BY batch) * 1000)::numeric, 2)
+       || ' ms, p99 ' || round((percentile_cont(0.99) WITHIN GROUP (ORDER BY batch) * 1000)::numeric, 2)
+       || ' ms; jobs in it: p50 ' || percentile_disc(0.5) WITHIN GROUP (ORDER BY jobs)
+       || ', p99 ' || percentile_disc(0.99) WITHIN GROUP (ORDER BY jobs) FROM parts;
+SELECT 'worst seconds of the run (second: p99 ms, max ms): ' || string_agg(s || ': ' || p99 || ', ' || mx, '; ')
+  FROM (SELECT s, round((percentile_cont(0.99) WITHIN GROUP (ORDER BY delay) * 1000)::numeric, 1) AS p99,
+               round((max(delay) * 1000)::numeric, 1) AS mx
+          FROM (SELECT floor(due - min(due) OVER ())::int AS s, delay FROM parts) x
+         GROUP BY s ORDER BY p99 DESC LIMIT 3) w;
+SQL
   local forged; forged=$(sql -c "SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged' OR processed_at IS NULL")
   [[ $forged == 0 ]] || { echo "bench: $forged steady notifications refused or left unprocessed" >&2; exit 1; }
   [[ $(wc -w <<<"$delay") == 3 ]] || { echo "bench: no effect delay measured ($delay; driver: $driver)" >&2; exit 1; }
@@ -434,18 +480,21 @@ procrastinate_run() {  # procrastinate_run PROCESSES -> out=jobs/s
 }
 
 # --- profile --------------------------------------------------------------------------------------
-# Where a batch's time goes, on mix (a) with one worker process: the worker's own histograms (a
-# batch's round trip: claim, effects, completion and commit), pg_stat_statements with nested
-# statements tracked (the plpgsql's statements one by one), and the WAL fsyncs (pg_stat_wal).
-profile() {
+# Where a batch's time goes, on each mix of PROFILE_RUNS ("a:1 c:1 c:2": mix (a) with one worker
+# process, mix (c) with one and with two): the workers' own histograms (a batch's round trip: claim,
+# effects, completion and commit; the jobs left queued because their account was busy),
+# pg_stat_statements with nested statements tracked (the plpgsql's statements one by one), and the
+# WAL fsyncs (pg_stat_wal).
+profile() {  # profile MIX PROCESSES
   sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" \
       -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" >/dev/null
-  queue a worker >/dev/null
+  queue "$1" worker >/dev/null
   sql -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
   local started; started=$(now)
-  start_workers 1
+  start_workers "$2"
   wait_completed "$N" 300 "the profiled run"
-  curl -fs "http://127.0.0.1:${worker_ports[0]}/metrics" >"$work/metrics.txt" || true
+  : >"$work/metrics.txt"
+  for port in "${worker_ports[@]}"; do curl -fs "http://127.0.0.1:$port/metrics" >>"$work/metrics.txt" || true; done
   stop_workers
   local ended; ended=$(sql -c "SELECT extract(epoch FROM max(finalized_at)) FROM siwa.jobs")
   sql -F $'\t' -c "SELECT calls, round(total_exec_time::numeric, 1), round(mean_exec_time::numeric, 3), rows,
@@ -459,17 +508,18 @@ profile() {
   python3 - "$work/metrics.txt" "$work/statements.tsv" "$work/wal.tsv" "$started" "$ended" "$N" <<'PY'
 import re, sys
 metrics, statements, wal, started, ended, jobs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-values = {}
+values = {}  # summed over the worker processes
 for line in open(metrics):
-    m = re.match(r'^(siwa_worker_notification_(?:batch_seconds|batch_jobs|verify_seconds)_(?:sum|count))(?:\{[^}]*\})? (\S+)$', line)
-    if m: values[m.group(1)] = float(m.group(2))
+    m = re.match(r'^(siwa_worker_notification_(?:batch_seconds|batch_jobs|verify_seconds)_(?:sum|count)|siwa_worker_notifications_deferred_total)(?:\{[^}]*\})? (\S+)$', line)
+    if m: values[m.group(1)] = values.get(m.group(1), 0) + float(m.group(2))
 wall = ended - started
 batches = values.get("siwa_worker_notification_batch_seconds_count", 0)
 batch_sum = values.get("siwa_worker_notification_batch_seconds_sum", 0)
 if not batches:
     print("  (this siwa-worker build has no batch histograms: the worker's side is not shown)")
 print(f"  {jobs} jobs in {wall:.2f} s ({jobs / wall:,.0f} jobs/s): {batches:.0f} batches, "
-      f"{values.get('siwa_worker_notification_batch_jobs_sum', 0) / max(batches, 1):.0f} jobs each")
+      f"{values.get('siwa_worker_notification_batch_jobs_sum', 0) / max(batches, 1):.0f} jobs each; "
+      f"{values.get('siwa_worker_notifications_deferred_total', 0):.0f} jobs left queued (account busy)")
 print(f"  a batch as the worker sees it (round trip, commit included): mean {1000 * batch_sum / max(batches, 1):.2f} ms; "
       f"batches in flight on average {batch_sum / wall:.2f}")
 rows = [line.rstrip("\n").split("\t") for line in open(statements) if line.strip()]
@@ -527,15 +577,20 @@ for round in $(seq "$REPEAT"); do
     result[$mix]+="$w1all $w2all $r1all $r2all $w1rss $w2rss $c1all $c2all;"
   done
 done
-if [[ -z ${NO_PROFILE:-} ]]; then
-  echo "--- profile: mix (a), 1 worker process"
-  profile
-fi
+for run in $profile_runs; do
+  echo "--- profile: mix ${mix_name[${run%:*}]}, ${run#*:} worker process(es) (load $(cut -d' ' -f1 /proc/loadavg))"
+  profile "${run%:*}" "${run#*:}"
+done
+p50=0 p99=0 delay_count=0 sent=0 achieved=0 late50=0 late99=0 answer50=0 answer99=0 non200=0 delay_rss=0 fsync_ms=0
+if [[ -z ${NO_DELAY:-} ]]; then
 effect_delay; read -r p50 p99 delay_count sent achieved late50 late99 answer50 answer99 non200 delay_rss fsync_ms <<<"${out[*]}"
-echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s through siwa-receiver (held -> verified -> applied), 1 worker process:"
+echo "--- steady $RATE notifications/s for ${RATE_SECONDS} s (after ${WARMUP_SECONDS} s not measured) through siwa-receiver (held -> verified -> applied), 1 worker process:"
 echo "    achieved $achieved/s ($sent sent, $non200 not answered 200; sent late by p50 $late50 ms, p99 $late99 ms); the receiver's answer p50 $answer50 ms, p99 $answer99 ms"
 echo "    effect delay (the receiver's 200 -> the effect's commit, $delay_count effects): p50 $p50 ms, p99 $p99 ms; RSS $delay_rss MB"
 echo "    a WAL fsync took $fsync_ms ms on average meanwhile (every effect waits for one: its own commit's)"
+sed 's/^/    /' "$work/delay-parts.txt"
+[[ -s $work/delay-statements.txt ]] && { echo "    statements of the steady run (calls, total ms, mean ms):"; sed 's/^/      /' "$work/delay-statements.txt"; }
+fi
 peer1=0; peer2=0
 if [[ -z ${NO_PEER:-} ]] && procrastinate_ready && procrastinate_setup; then
   procrastinate_run 1 && peer1=$out

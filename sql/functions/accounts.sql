@@ -53,6 +53,20 @@ DECLARE
     change_id bigint;
 BEGIN
     SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
+    IF NOT FOUND THEN
+        -- No row to lock, but another transaction may be creating it (a deletion requested for a
+        -- sub whose queued link had not created it yet): its change took the smaller id and may
+        -- commit after ours. Hold the key as an inserter does: ON CONFLICT waits for an uncommitted
+        -- row with it and then reads it; a row inserted and deleted here makes a later inserter wait
+        -- for this transaction. Rare (a change for an account that does not exist).
+        INSERT INTO siwa.accounts (client_id, sub, status) VALUES (p_client_id, p_sub, 'deleted')
+        ON CONFLICT (client_id, sub) DO NOTHING;
+        IF FOUND THEN
+            DELETE FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+        ELSE
+            SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
+        END IF;
+    END IF;
     INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
     VALUES (p_client_id, p_sub, account.app_user_id, p_change, account.status, p_reason, p_jti, p_job_id)
     RETURNING id INTO change_id;

@@ -1,0 +1,141 @@
+import Foundation
+import JobQueue
+import Postgres
+import Testing
+
+/// Hot accounts: many events of one account in one notification batch. The fast path applies an
+/// account's email events in one set-based round (siwa.apply_notifications); the isolated path
+/// (one subtransaction per job, each applied alone) applies them one by one, in event_time order.
+/// Both must end the same, in every account state the events can meet.
+@Suite("Hot accounts in one notification batch")
+struct HotAccountBatchTests {
+    /// The account states, by sub: no row yet; linked after some events; with a newer email event
+    /// already applied (equal times included); consent revoked; a pending deletion (its email events
+    /// are ignored, and it is left to the rounds).
+    static let starts = ["new", "linked", "emailed", "revoked", "pending"]
+
+    /// (seconds after the base time, type, email, is_private_email), in the order they are queued.
+    static let events: [(Int, String, String?, Bool?)] = [
+        (12, "email-enabled", "a@privaterelay.appleid.com", true), (3, "email-disabled", "b@example.com", false),
+        (10, "email-enabled", nil, nil), (10, "email-disabled", "c@privaterelay.appleid.com", true),
+        (7, "email-enabled", "d@example.com", nil), (12, "email-enabled", "e@privaterelay.appleid.com", true),
+        (15, "email-disabled", nil, nil), (4, "email-enabled", "f@example.com", false),
+        (15, "email-enabled", "g@privaterelay.appleid.com", nil), (15, "email-enabled", nil, false),
+    ]
+
+    @Test func aHotAccountsEmailEventsInOneRoundEndAsOneByOne() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let listener = try await database.connect()
+            defer { listener.close() }
+            try await listener.listen("siwa_account_changes")
+            let pool = PostgresPool(conninfo: database.url, size: 1, logger: TestDatabase.logger)
+            defer { pool.close() }
+            let base = "timestamptz '2026-01-01 00:00:00+00'"
+            for path in ["fast", "slow"] {
+                for start in Self.starts {
+                    let sub = "\(start)-\(path)"
+                    let row: String? =
+                        switch start {
+                        case "linked": "'active', NULL, NULL, \(base) + interval '5 s'"
+                        case "emailed": "'active', \(base) + interval '10 s', 'enabled', \(base) + interval '1 s'"
+                        case "revoked": "'consent_revoked', \(base) + interval '3 s', 'disabled', \(base) + interval '1 s'"
+                        case "pending": "'pending_deletion', NULL, NULL, \(base) + interval '1 s'"
+                        default: nil
+                        }
+                    if let row {
+                        try await connection.execute(
+                            """
+                            INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, last_email_event_at, email_forwarding,
+                                                       linked_at, email, is_private_email)
+                            VALUES ('com.example.app', \(sub), 'user-' || \(sub), \(unsafeSQL: row), 'old@example.com', false)
+                            """)
+                    }
+                    for (index, event) in Self.events.enumerated() {
+                        let (seconds, type, email, isPrivate) = event
+                        try await connection.execute(
+                            """
+                            INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+                            VALUES (\(sub) || '-' || \(index), 'com.example.app', \(sub), \(type),
+                                    \(unsafeSQL: base) + make_interval(secs => \(Double(seconds))), \(email), \(isPrivate),
+                                    '{}', 'header.payload.signature')
+                            """)
+                    }
+                }
+            }
+            // Each path's batch takes only its own jobs (the others parked, as held ones would be).
+            func batch(_ path: String, isolate: Bool) async throws -> (results: [JobQueue.NotificationResult], accountUpdates: Int) {
+                try await connection.execute(
+                    """
+                    UPDATE siwa.jobs SET run_at = CASE WHEN sub LIKE '%-' || \(path) THEN now() ELSE 'infinity' END
+                     WHERE state = 'available'
+                    """)
+                return try await pool.withConnection { connection in
+                    try await connection.withTransaction { connection in
+                        let results = try await JobQueue.runNotificationBatch(
+                            on: connection, worker: "w", limit: 500, lease: .seconds(60),
+                            policy: RetryPolicy(base: .seconds(1), cap: .seconds(1)), isolate: isolate)
+                        let updates = try await connection.int(
+                            "SELECT n_tup_upd::int FROM pg_stat_xact_user_tables WHERE relid = 'siwa.accounts'::regclass")
+                        return (results, updates)
+                    }
+                }
+            }
+            let fast = try await batch("fast", isolate: false)
+            let slow = try await batch("slow", isolate: true)
+            #expect(fast.results.count == Self.starts.count * Self.events.count)
+            #expect(fast.results.allSatisfy { $0.state == "completed" })
+            #expect(slow.results.allSatisfy { $0.state == "completed" })
+            // One write per account that applied anything (pending_deletion applies nothing), not
+            // one per applied event: the events took one round.
+            #expect(fast.accountUpdates == 4, "account rows written \(fast.accountUpdates) times")
+
+            func outcomes(_ path: String) async throws -> [String] {
+                try await connection.query(
+                    """
+                    SELECT split_part(sub, '-', 1) || ' ' || split_part(jti, '-', 3) || ' ' || outcome
+                      FROM siwa.notifications WHERE sub LIKE '%-' || \(path)
+                     ORDER BY split_part(sub, '-', 1), split_part(jti, '-', 3)::int
+                    """
+                ).map { try $0.decode(String.self, at: 0) }
+            }
+            func accounts(_ path: String) async throws -> [String] {
+                try await connection.query(
+                    """
+                    SELECT concat_ws(' ', split_part(sub, '-', 1), status, email_forwarding, email, is_private_email,
+                                     last_email_event_at, app_user_id, updated_at IS NOT NULL)
+                      FROM siwa.accounts WHERE sub LIKE '%-' || \(path) ORDER BY sub
+                    """
+                ).map { try $0.decode(String.self, at: 0).replacingOccurrences(of: "-\(path)", with: "") }
+            }
+            func changes(_ path: String) async throws -> [String] {
+                try await connection.query(
+                    """
+                    SELECT concat_ws(' ', split_part(sub, '-', 1), split_part(notification_jti, '-', 3), change, status,
+                                     replace(app_user_id, '-' || \(path), ''))
+                      FROM siwa.account_changes WHERE sub LIKE '%-' || \(path) ORDER BY sub, id
+                    """
+                ).map { try $0.decode(String.self, at: 0) }
+            }
+            let fastOutcomes = try await outcomes("fast")
+            #expect(fastOutcomes == (try await outcomes("slow")))
+            #expect(try await accounts("fast") == (try await accounts("slow")))
+            let fastChanges = try await changes("fast")
+            #expect(fastChanges == (try await changes("slow")))
+            // The states were met: something applied, something stale, something unchanged, something ignored.
+            for outcome in ["applied", "stale", "no_change", "ignored_account_deleted"] {
+                #expect(fastOutcomes.contains { $0.hasSuffix(" \(outcome)") }, "no \(outcome) in \(fastOutcomes)")
+            }
+            // One NOTIFY per change row, on either path.
+            var told: [String: Int] = [:]
+            let deadline = ContinuousClock.now + .seconds(10)
+            while told.values.reduce(0, +) < fastChanges.count * 2, ContinuousClock.now < deadline {
+                for notification in try await listener.waitForNotifications(timeout: .milliseconds(200)) {
+                    told[notification.payload.contains("-fast\"") ? "fast" : "slow", default: 0] += 1
+                }
+            }
+            #expect(told == ["fast": fastChanges.count, "slow": fastChanges.count])
+        }
+    }
+}

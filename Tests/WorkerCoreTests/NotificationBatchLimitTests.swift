@@ -1,0 +1,38 @@
+import Testing
+import WorkerCore
+
+@Suite("Notification batch limit")
+struct NotificationBatchLimitTests {
+    @Test func startsLargestAndHalvesOnDeferralDownToASixteenth() {
+        var limit = NotificationBatchLimit(largest: 256)
+        #expect(limit.value == 256)
+        limit.record(taken: 200, deferred: 56)
+        #expect(limit.value == 128)
+        for _ in 0..<10 { limit.record(taken: 1, deferred: 1) }
+        #expect(limit.value == 16)
+    }
+
+    /// Grown back by a sixteenth per full batch, not doubled: a doubled limit overshot the size at
+    /// which concurrent batches over hot accounts stop deferring each other's jobs.
+    @Test func aFullBatchGrowsItBackBySteps() {
+        var limit = NotificationBatchLimit(largest: 256)
+        for _ in 0..<4 { limit.record(taken: 0, deferred: 1) }
+        #expect(limit.value == 16)
+        limit.record(taken: 16, deferred: 0)
+        #expect(limit.value == 32)
+        limit.record(taken: 32, deferred: 0)
+        #expect(limit.value == 48)
+        limit.record(taken: 20, deferred: 0)  // not full: the backlog ran out, nothing learned
+        #expect(limit.value == 48)
+        for _ in 0..<40 { limit.record(taken: limit.value, deferred: 0) }
+        #expect(limit.value == 256)
+    }
+
+    @Test func aBatchOfOneStaysPossible() {
+        var limit = NotificationBatchLimit(largest: 1)
+        limit.record(taken: 0, deferred: 1)
+        #expect(limit.value == 1)
+        limit.record(taken: 1, deferred: 0)
+        #expect(limit.value == 1)
+    }
+}
