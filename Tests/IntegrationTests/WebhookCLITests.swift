@@ -64,7 +64,7 @@ struct WebhookCLITests {
             try await WebhookDeliveryTests().recordChanges(["held"], count: 3, tag: "h", on: connection)
             try await WebhookDeliveryTests().recordChanges(["retried"], count: 1, tag: "r", on: connection)
             try await connection.waitFor(
-                "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state = 'discarded'") { $0 == 2 }
+                "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state = 'discarded'", timeout: .seconds(60)) { $0 == 2 }
             await running.stop()
 
             let json = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])

@@ -392,8 +392,9 @@ final class RunningDispatcher: Sendable {
                 retryPolicy: RetryPolicy(base: .milliseconds(20), cap: .milliseconds(200))),
             registry: registry, logger: TestDatabase.logger)
         let running = RunningDispatcher(dispatcher: dispatcher, task: Task { await dispatcher.run() }, registry: registry)
-        // Changes are queued from the registration on.
-        try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(30)) { $0 == 1 }
+        // Changes are queued from the registration on. (A bound, not a speed: at load 14 one
+        // registration took over 30 s to commit while the whole suite ran.)
+        try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(60)) { $0 == 1 }
         return running
     }
 

@@ -66,6 +66,20 @@ import Testing
         }
     }
 
+    @Test func exchangesBeyondTheThreadLimitWaitWithoutAThread() async throws {
+        // Five held requests through a transport allowed two blocking threads: the server never
+        // holds more than two at once, and all five are answered once it lets go.
+        let server = try ScriptedHTTPServer { _ in .heldUntilGateOpens("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+        defer { server.stop() }
+        let url = try #require(URL(string: "http://127.0.0.1:\(server.port)/hooks"))
+        let transport = try #require(LoopbackHTTPTransport(url: url, timeout: .seconds(60), threadLimit: 2))
+        let sends = (0..<5).map { _ in Task { await transport.send(body: [], headers: []) } }
+        try await server.waitForRequests(2)
+        server.openGate()
+        for send in sends { #expect(await send.value == .answered(status: 200, bodyPrefix: "")) }
+        #expect(server.mostHeldAtOnce == 2)
+    }
+
     @Test(arguments: transports) func aClosedConnectionIsReplacedWithoutFailingTheDelivery(_ transport: WebhookClient.Transport)
         async throws
     {
@@ -212,6 +226,8 @@ final class ScriptedHTTPServer: @unchecked Sendable {
         var bodies: [String] = []
         var descriptors: [Int32] = []
         var gateOpen = false
+        var held = 0
+        var mostHeld = 0
     }
 
     let port: Int
@@ -270,6 +286,9 @@ final class ScriptedHTTPServer: @unchecked Sendable {
     }
 
     func openGate() { state.withLock { $0.gateOpen = true } }
+
+    /// The most requests held unanswered at the same time.
+    var mostHeldAtOnce: Int { state.withLock { $0.mostHeld } }
 
     /// Waits (bounded) until `count` requests were read.
     func waitForRequests(_ count: Int) async throws {
@@ -331,8 +350,13 @@ final class ScriptedHTTPServer: @unchecked Sendable {
             case .closeWithoutAnswer:
                 return
             case .heldUntilGateOpens(let text):
+                state.withLock { state in
+                    state.held += 1
+                    state.mostHeld = max(state.mostHeld, state.held)
+                }
                 let deadline = Date().addingTimeInterval(60)
                 while !state.withLock({ $0.gateOpen }), Date() < deadline { usleep(5_000) }
+                state.withLock { $0.held -= 1 }
                 let bytes = Array(text.utf8)
                 _ = bytes.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             case .answer(let text, let thenClose):

@@ -40,7 +40,7 @@ echo "bench: building siwa-worker and siwa (release)"
 bin=$(cd "$root" && swift build -c release --show-bin-path)
 
 # track_commit_timestamp: the delay phase splits each change's delay at its commit.
-pg_throwaway_start fsync=on synchronous_commit=on track_commit_timestamp=on || exit 1
+pg_throwaway_start fsync=on synchronous_commit=on track_commit_timestamp=on track_functions=pl || exit 1
 pgbench=$PG_BIN/pgbench
 [[ -x "$pgbench" ]] || pgbench=$(command -v pgbench)
 [[ -x "$pgbench" ]] || { echo "bench: pgbench not found" >&2; exit 1; }
@@ -115,8 +115,18 @@ workers_cpu_s() { for pid in "${workers[@]}"; do cpu_s "$pid"; done | awk '{s +=
 # The machine's CPU ticks: busy at normal priority, and in total (niced builds of others are not busy).
 ticks() { awk '/^cpu / {print $2 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
 
-burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy_%" (CPU per delivery)
+# Commits, WAL flushes and claim / result-write calls so far (the claim and write counts from
+# pg_stat_user_functions: track_functions=pl).
+db_counts() {
+    psql -d siwa -c "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = 'siwa'),
+        (SELECT wal_sync FROM pg_stat_wal),
+        coalesce((SELECT calls FROM pg_stat_user_functions WHERE funcname = 'claim_webhook_deliveries'), 0),
+        coalesce((SELECT calls FROM pg_stat_user_functions WHERE funcname = 'finish_webhook_deliveries'), 0)" | tr '|' ' '
+}
+
+burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy_% commits wal_flushes claims writes" (per delivery)
     reset; queue "$changes"
+    local c0; read -r -a c0 <<<"$(db_counts)"
     local pg0 sink0 t0; pg0=$(pg_cpu_s); sink0=$(cpu_s "$sink_pid"); read -r -a t0 <<<"$(ticks)"
     local began; began=$(now)
     for _ in $(seq "$1"); do start_worker; done
@@ -131,8 +141,11 @@ burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy
     done
     stop_workers
     check_books "$changes"
+    sleep 0.5  # the workers' backends report their counts as they exit
+    local c1; read -r -a c1 <<<"$(db_counts)"
     python3 -c "n = $changes; print(round(n / ($ended - $began)), round($worker_cpu * 1e6 / n), round(($sink1 - $sink0) * 1e6 / n),
-        round(($pg1 - $pg0) * 1e6 / n), round(100 * (${t1[0]} - ${t0[0]}) / max(${t1[1]} - ${t0[1]}, 1)))"
+        round(($pg1 - $pg0) * 1e6 / n), round(100 * (${t1[0]} - ${t0[0]}) / max(${t1[1]} - ${t0[1]}, 1)),
+        *(f'{(b - a) / n:.3f}' for a, b in zip([$(IFS=,; echo "${c0[*]}")], [$(IFS=,; echo "${c1[*]}")])))"
 }
 
 raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
@@ -207,9 +220,13 @@ SQL
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
 echo "bench: the sink is http:// on loopback, so workers use their direct HTTP/1.1 transport (https:// endpoints go through URLSession)"
 (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
-cpu_line() { echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"; }
+cpu_line() {
+    echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"
+    echo "      per delivery: $6 commits, $7 WAL flushes, $8 claims, $9 result writes (a claim carries $(python3 -c "print(round(1 / max($8, 1e-9), 1))") on average)"
+}
 read -r -a one <<<"$(burn_down 1)"; echo "  burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"
 read -r -a two <<<"$(burn_down 2)"; echo "  burn-down, 2 worker processes: ${two[0]} deliveries/s; $(cpu_line "${two[@]}")"
+one=("${one[@]:0:5}"); two=("${two[@]:0:5}")
 raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1 connection:  $raw1 deliveries/s"
 raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
 read -r p50 p99 count < <(delay)

@@ -33,7 +33,14 @@ final class LoopbackHTTPTransport: Sendable {
     private let idle = Locked<[LoopbackHTTPConnection]>([])
 
     /// nil unless `url` is `http://` to a numeric loopback address or `localhost`.
-    init?(url: URL, timeout: Duration) {
+    /// Exchanges blocking a thread at once, at most. libdispatch's overcommit pool stops at 255
+    /// threads for the whole process, and the database connections' calls run there too: without a
+    /// cap, `SIWA_WEBHOOK_CONCURRENCY` near that against a hanging endpoint would stall them all.
+    /// Deliveries beyond it wait (without a thread) for a slot; their timeout starts when they go.
+    static let defaultThreadLimit = 128
+    private let threads: ThreadSlots
+
+    init?(url: URL, timeout: Duration, threadLimit: Int = LoopbackHTTPTransport.defaultThreadLimit) {
         guard url.scheme?.lowercased() == "http", let components = URLComponents(url: url, resolvingAgainstBaseURL: false),
             let host = components.host
         else { return nil }
@@ -45,6 +52,7 @@ final class LoopbackHTTPTransport: Sendable {
         requestTarget = components.percentEncodedQuery.map { "\(path)?\($0)" } ?? path
         hostHeader = components.port.map { "\(url.host ?? host):\($0)" } ?? (url.host ?? host)
         self.timeout = timeout
+        threads = ThreadSlots(threadLimit)
     }
 
     deinit {
@@ -56,6 +64,8 @@ final class LoopbackHTTPTransport: Sendable {
             + "User-Agent: siwa-notifications-webhooks\r\nContent-Length: \(body.count)\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         let request = Array((head + "\r\n").utf8) + body
+        await threads.acquire()
+        defer { threads.release() }
         let deadline = ContinuousClock.now + timeout
         // A serial queue of its own per exchange: it runs on libdispatch's overcommit pool, which
         // adds a thread whenever the others are busy, so exchanges blocked on slow endpoints never
@@ -123,6 +133,40 @@ extension LoopbackHTTPTransport {
         }
         throw failure
     }
+}
+
+/// A counting semaphore whose waiters suspend (they hold no thread while they wait).
+final class ThreadSlots: Sendable {
+    private let state: Locked<(free: Int, waiting: [CheckedContinuation<Void, Never>])>
+
+    init(_ count: Int) { state = Locked((max(1, count), [])) }
+
+    func acquire() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let granted = state.withLock { state -> Bool in
+                guard state.free > 0 else {
+                    state.waiting.append(continuation)
+                    return false
+                }
+                state.free -= 1
+                return true
+            }
+            if granted { continuation.resume() }
+        }
+    }
+
+    /// Hands the slot to the longest waiter, if any.
+    func release() {
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard !state.waiting.isEmpty else {
+                state.free += 1
+                return nil
+            }
+            return state.waiting.removeFirst()
+        }
+        next?.resume()
+    }
+
 }
 
 /// Where a loopback endpoint listens: IPv4 127.0.0.0/8 (`localhost` is 127.0.0.1) or IPv6 ::1.
