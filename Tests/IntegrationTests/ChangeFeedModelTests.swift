@@ -48,11 +48,9 @@ import Testing
     }
 
     @Test func everyCommittedChangeIsServedOnceInOrder() async throws {
-        let environment = ProcessInfo.processInfo.environment
-        let count = environment["SIWA_FEED_MODEL_SEQUENCES"].flatMap(Int.init) ?? 150
-        let seed = environment["SIWA_FEED_MODEL_SEED"].flatMap { UInt64($0.replacingOccurrences(of: "0x", with: ""), radix: 16) }
-            ?? UInt64.random(in: 0...UInt64.max)
-        print("change feed model: \(count) sequences, seed 0x\(String(seed, radix: 16))")
+        let settings = SearchSettings(prefix: "SIWA_FEED_MODEL", countName: "SEQUENCES", defaultCount: 150)
+        let (count, seed) = (settings.count, settings.seed)
+        print("change feed model: \(count) sequences, seed \(settings.seedText)")
         let database = try await MigratedDatabase.make()
         let reader = try await database.connect()
         let observer = try await database.connect()

@@ -25,8 +25,10 @@ struct WebhookCLITests {
         let failing = try await Siwa.run(["webhooks", "test"], environment: environment)
         #expect(failing.status == 1)
         #expect(failing.stdout.contains("answered 500"))
+        let refusing = try RefusingPort()
+        defer { refusing.release() }
         let down = try await Siwa.run(
-            ["webhooks", "test"], environment: environment.merging(["SIWA_WEBHOOK_URL": "http://127.0.0.1:\(freePort())/x"]) { $1 })
+            ["webhooks", "test"], environment: environment.merging(["SIWA_WEBHOOK_URL": "http://127.0.0.1:\(refusing.port)/x"]) { $1 })
         #expect(down.status == 1)
         #expect(down.stdout.contains("connection failed"))
     }

@@ -140,9 +140,14 @@ struct WebhookDeliveryTests {
             let errors = try await connection.query(
                 "SELECT errors::text AS e FROM siwa.jobs WHERE kind = 'webhook' AND args ->> 'change_id' = \(String(stuckIDs[0]))")
             #expect(try errors[0].decode(String.self, column: "e").contains("answered 500"))
+            // The gauges an alert watches (README, "What to alert on") see the stuck account's backlog.
+            try await running.waitForGauge("siwa_webhook_undelivered") { $0 == 3 }
+            try await running.waitForGauge("siwa_webhook_oldest_undelivered_seconds") { $0 > 0 }
 
             sink.answer { _, _ in .ok }
             try await sink.waitUntil { $0.filter { $0.sub == "stuck" && $0.status == 200 }.count == 3 }
+            try await running.waitForGauge("siwa_webhook_undelivered") { $0 == 0 }
+            try await running.waitForGauge("siwa_webhook_oldest_undelivered_seconds") { $0 == 0 }
             await running.stop()
 
             let stuck = sink.received.filter { $0.sub == "stuck" }
@@ -219,8 +224,8 @@ struct WebhookDeliveryTests {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
             defer { connection.close() }
-            let port = freePort()
-            let url = "http://127.0.0.1:\(port)/hooks/siwa"
+            let refusing = try RefusingPort()
+            let url = "http://127.0.0.1:\(refusing.port)/hooks/siwa"
             let running = try await RunningDispatcher.start(database, url: url, on: connection)
             try await recordChanges(["waiting"], count: 2, tag: "w", on: connection)
             try await connection.waitFor(
@@ -229,8 +234,9 @@ struct WebhookDeliveryTests {
                 "SELECT errors::text AS e FROM siwa.jobs WHERE kind = 'webhook' ORDER BY id LIMIT 1")[0]
             #expect(try errors.decode(String.self, column: "e").contains("connection failed"))
 
-            let sink = try WebhookSink(secret: Self.secret, port: port)
+            let sink = try WebhookSink(secret: Self.secret, port: refusing.port)
             defer { sink.stop() }
+            refusing.release()
             try await sink.waitUntil { $0.filter { $0.status == 200 }.count == 2 }
             await running.stop()
             #expect(sink.firstDeliveries.compactMap(\.changeID) == (try await changeIDs("waiting", on: connection)))
@@ -394,5 +400,20 @@ final class RunningDispatcher: Sendable {
     func stop() async {
         dispatcher.stop()
         await task.value
+    }
+
+    /// Waits (bounded) until the gauge `name` on this dispatcher's metrics satisfies `condition`
+    /// (the gauges are refreshed by the maintenance pass, every lease / 3).
+    func waitForGauge(_ name: String, timeout: Duration = .seconds(30), _ condition: (Double) -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            let line = registry.render().split(separator: "\n").first { $0.hasPrefix(name + " ") }
+            let value: Double? = line.flatMap { $0.split(separator: " ").last }.flatMap { Double(String($0)) }
+            if let value, condition(value) { return }
+            guard ContinuousClock.now < deadline else {
+                throw ServiceProcessError(message: "gauge \(name) did not reach its condition; last \(value.map { "\($0)" } ?? "absent")")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
     }
 }

@@ -39,7 +39,8 @@ echo "bench: building siwa-worker and siwa (release)"
     || { tail -20 /tmp/siwa-bench-build.log >&2; exit 1; }
 bin=$(cd "$root" && swift build -c release --show-bin-path)
 
-pg_throwaway_start fsync=on synchronous_commit=on || exit 1
+# track_commit_timestamp: the delay phase splits each change's delay at its commit.
+pg_throwaway_start fsync=on synchronous_commit=on track_commit_timestamp=on || exit 1
 pgbench=$PG_BIN/pgbench
 [[ -x "$pgbench" ]] || pgbench=$(command -v pgbench)
 [[ -x "$pgbench" ]] || { echo "bench: pgbench not found" >&2; exit 1; }
@@ -103,19 +104,35 @@ check_books() {  # check_books EXPECTED: every delivery verified, none out of or
         || { echo "bench: sink books wrong: expected $1 verified, got $s" >&2; exit 1; }
 }
 
-burn_down() {  # burn_down WORKERS -> deliveries/s
+# CPU seconds (user + system) of a process; with "children", also of its reaped children (the
+# postmaster: backends of connections that ended, such as psql's and pgbench's).
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" -v c="${2:-}" '{print ($14 + $15 + (c ? $16 + $17 : 0)) / hz}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pg_cpu_s() {
+    local postmaster; postmaster=$(head -1 "$PG_DIR/data/postmaster.pid")
+    { cpu_s "$postmaster" children; for child in $(pgrep -P "$postmaster"); do cpu_s "$child"; done; } | awk '{s += $1} END {print s + 0}'
+}
+workers_cpu_s() { for pid in "${workers[@]}"; do cpu_s "$pid"; done | awk '{s += $1} END {print s + 0}'; }
+# The machine's CPU ticks: busy at normal priority, and in total (niced builds of others are not busy).
+ticks() { awk '/^cpu / {print $2 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat; }
+
+burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy_%" (CPU per delivery)
     reset; queue "$changes"
+    local pg0 sink0 t0; pg0=$(pg_cpu_s); sink0=$(cpu_s "$sink_pid"); read -r -a t0 <<<"$(ticks)"
     local began; began=$(now)
     for _ in $(seq "$1"); do start_worker; done
-    local deadline=$((SECONDS + 180))
+    # The sink answers once it has verified them all: no polling query competes with the run.
+    curl -s "$sink/stats/wait?verified=$changes&seconds=180" >/dev/null
+    local ended; ended=$(now)
+    local worker_cpu pg1 sink1 t1; worker_cpu=$(workers_cpu_s); pg1=$(pg_cpu_s); sink1=$(cpu_s "$sink_pid"); read -r -a t1 <<<"$(ticks)"
+    local deadline=$((SECONDS + 60))
     until [[ $(undelivered) == 0 ]]; do
         (( SECONDS > deadline )) && { echo "bench: burn-down timed out ($(undelivered) left)" >&2; exit 1; }
         sleep 0.05
     done
-    local ended; ended=$(now)
     stop_workers
     check_books "$changes"
-    python3 -c "print(round($changes / ($ended - $began)))"
+    python3 -c "n = $changes; print(round(n / ($ended - $began)), round($worker_cpu * 1e6 / n), round(($sink1 - $sink0) * 1e6 / n),
+        round(($pg1 - $pg0) * 1e6 / n), round(100 * (${t1[0]} - ${t0[0]}) / max(${t1[1]} - ${t0[1]}, 1)))"
 }
 
 raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
@@ -139,7 +156,31 @@ SQL
     python3 -c "print(round($changes / ($ended - $began)))"
 }
 
-delay() {  # -> "p50_ms p99_ms count"
+# Splits each delivered change's delay at its commit (pg_xact_commit_timestamp of the change's row):
+# created_at -> commit is the inserting transaction's own wait (its WAL flush), commit -> the sink's
+# receipt is ours (NOTIFY, claim, HTTP). Prints p50/p99/max of both, in ms.
+split_delay() {
+    curl -s "$sink/stats/deliveries" >"$PG_DIR/receipts.csv"
+    psql -d siwa <<SQL
+CREATE TEMP TABLE receipts (id bigint, at double precision);
+\copy receipts FROM '$PG_DIR/receipts.csv' WITH (FORMAT csv)
+WITH d AS (
+    SELECT extract(epoch FROM pg_xact_commit_timestamp(c.xmin) - c.created_at) * 1000 AS commit_ms,
+           (r.at - extract(epoch FROM pg_xact_commit_timestamp(c.xmin))) * 1000 AS after_ms
+      FROM receipts r JOIN siwa.account_changes c ON c.id = r.id
+)
+SELECT format('created_at -> commit (the writer''s own commit): p50 %s ms, p99 %s ms, max %s ms; commit -> sink (NOTIFY, claim, HTTP): p50 %s ms, p99 %s ms, max %s ms',
+              round(percentile_cont(0.5) WITHIN GROUP (ORDER BY commit_ms)::numeric, 2),
+              round(percentile_cont(0.99) WITHIN GROUP (ORDER BY commit_ms)::numeric, 2),
+              round(max(commit_ms)::numeric, 2),
+              round(percentile_cont(0.5) WITHIN GROUP (ORDER BY after_ms)::numeric, 2),
+              round(percentile_cont(0.99) WITHIN GROUP (ORDER BY after_ms)::numeric, 2),
+              round(max(after_ms)::numeric, 2))
+  FROM d;
+SQL
+}
+
+delay() {  # -> "p50_ms p99_ms count" (the split at the commit goes to $PG_DIR/split.txt)
     reset
     start_worker
     for _ in $(seq 100); do
@@ -158,31 +199,47 @@ SQL
     stop_workers
     local total; total=$(psql -d siwa -c "SELECT count(*) FROM siwa.account_changes")
     check_books "$total"
+    split_delay >"$PG_DIR/split.txt"
     local s; s=$(stats)
     echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total"
 }
 
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
+echo "bench: the sink is http:// on loopback, so workers use their direct HTTP/1.1 transport (https:// endpoints go through URLSession)"
 (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
-one=$(burn_down 1);  echo "  burn-down, 1 worker process:   $one deliveries/s"
-two=$(burn_down 2);  echo "  burn-down, 2 worker processes: $two deliveries/s"
+cpu_line() { echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"; }
+read -r -a one <<<"$(burn_down 1)"; echo "  burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"
+read -r -a two <<<"$(burn_down 2)"; echo "  burn-down, 2 worker processes: ${two[0]} deliveries/s; $(cpu_line "${two[@]}")"
 raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1 connection:  $raw1 deliveries/s"
 raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
 read -r p50 p99 count < <(delay)
 echo "  delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
+echo "    split at the change's commit: $(cat "$PG_DIR/split.txt")"
 echo
 echo "bench: load at end:$(uptime | sed 's/.*load average://')"
-python3 - "$one" "$two" "$raw1" "$raw2" "$p50" "$p99" <<'PY'
+python3 - "$(nproc)" "${one[*]}" "${two[*]}" "$raw1" "$raw2" "$p50" "$p99" <<'PY'
 import sys
-one, two, raw1, raw2, p50, p99 = (float(x) for x in sys.argv[1:])
+cores = int(sys.argv[1])
+one, two = ([float(x) for x in a.split()] for a in sys.argv[2:4])
+raw1, raw2, p50, p99 = (float(x) for x in sys.argv[4:])
 def line(name, value, target, ok):
     print(f"  {name:<46} {value:>12}   target {target:<22} {'OK' if ok else 'BELOW TARGET'}")
 def info(name, value, note):
     print(f"  {name:<46} {value:>12}   {note}")
-line("1 worker", f"{one:.0f}/s", ">= 1000/s", one >= 1000)
-info("  SQL-only peer, 1 connection", f"{raw1:.0f}/s", f"(the database's ceiling; the worker reaches {one/raw1:.0%})")
-line("2 workers, per worker", f"{two/2:.0f}/s", ">= 1000/s", two / 2 >= 1000)
-info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the workers reach {two/raw2:.0%})")
+line("1 worker", f"{one[0]:.0f}/s", ">= 1000/s", one[0] >= 1000)
+info("  SQL-only peer, 1 connection", f"{raw1:.0f}/s", f"(the database's ceiling; the worker reaches {one[0]/raw1:.0%})")
+line("2 workers, per worker", f"{two[0]/2:.0f}/s", ">= 1000/s", two[0] / 2 >= 1000)
+info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the workers reach {two[0]/raw2:.0%})")
+# Every delivery costs CPU in the worker, the sink and PostgreSQL, all on these cores: their sum
+# caps the rate whatever the scheduling (the ceiling), and the part that is not the worker's is
+# what any worker would pay here (the floor).
+_, worker, sink, pg, busy = two
+total = worker + sink + pg
+share = two[0] * total / 1e6 / cores
+info("2 workers: CPU per delivery, all parts", f"{total:.0f} us", f"worker(s) {worker:.0f} + sink {sink:.0f} + PostgreSQL {pg:.0f}")
+info("  share of the machine", f"{share:.0%}", f"used by these parts; the machine was {busy:.0f}% busy at normal priority (the rest: other processes)")
+info("  ceiling on these cores", f"{cores * 1e6 / total:.0f}/s", f"= {cores} cores / {total:.0f} us ({cores * 1e6 / total / 2:.0f} per worker)")
+info("  without the worker's own CPU", f"{cores * 1e6 / (sink + pg):.0f}/s", f"= {cores} cores / (sink + PostgreSQL {sink + pg:.0f} us)")
 line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
 info("delay p99 at steady rate", f"{p99:.2f} ms", "(information: no target)")
 PY

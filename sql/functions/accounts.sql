@@ -40,6 +40,10 @@ $$;
 -- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
 -- The NOTIFY payload is bounded whatever the app stores (PostgreSQL refuses payloads of 8000
 -- bytes or more): the listener reads the row for the rest.
+-- The account's row is locked before the change takes its id (most callers hold it already): ids
+-- of one account then follow the order their transactions commit, which webhook deliveries rely
+-- on (sent lowest id first per account). A caller that had not locked it (a link's failed
+-- exchange) could otherwise take an id, and another writer a later one and commit first.
 CREATE OR REPLACE FUNCTION siwa.record_change(
     p_client_id text, p_sub text, p_change text, p_reason text, p_jti text, p_job_id bigint
 ) RETURNS bigint
@@ -48,7 +52,21 @@ DECLARE
     account siwa.accounts;
     change_id bigint;
 BEGIN
-    SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+    SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
+    IF NOT FOUND THEN
+        -- No row to lock, but another transaction may be creating it (a deletion requested for a
+        -- sub whose queued link had not created it yet): its change took the smaller id and may
+        -- commit after ours. Hold the key as an inserter does: ON CONFLICT waits for an uncommitted
+        -- row with it and then reads it; a row inserted and deleted here makes a later inserter wait
+        -- for this transaction. Rare (a change for an account that does not exist).
+        INSERT INTO siwa.accounts (client_id, sub, status) VALUES (p_client_id, p_sub, 'deleted')
+        ON CONFLICT (client_id, sub) DO NOTHING;
+        IF FOUND THEN
+            DELETE FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+        ELSE
+            SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
+        END IF;
+    END IF;
     INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
     VALUES (p_client_id, p_sub, account.app_user_id, p_change, account.status, p_reason, p_jti, p_job_id)
     RETURNING id INTO change_id;

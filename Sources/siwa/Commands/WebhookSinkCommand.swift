@@ -9,7 +9,10 @@ import WorkerCore
 /// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
 /// 204 at once, prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
 /// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
-/// (`POST /stats/reset` starts over).
+/// (`POST /stats/reset` starts over; `GET /stats/deliveries` lists `change id,received at` in Unix
+/// seconds, for a benchmark to split each delay at the change's commit; `GET /stats/wait?verified=N&seconds=S` answers the stats once
+/// N deliveries were verified, or after S seconds: a benchmark waits without polling, so its
+/// own queries do not count against the deliveries).
 enum WebhookSinkCommand {
     static func run(_ source: ConfigurationSource) async -> Int32 {
         let flags = source.withoutEnvironment()
@@ -31,19 +34,25 @@ enum WebhookSinkCommand {
         let books = SinkBooks()
         let server = HTTPServer(
             configuration: .init(host: listen.host, port: listen.port, connectionLimit: 4096, connectionTimeout: .seconds(30)),
-            handler: ClosureHTTPHandler(synchronous: { request in
+            handler: ClosureHTTPHandler { request, respond in
                 switch (request.method, request.path) {
-                case ("GET", "/stats"): return .json(books.statsJSON())
+                case ("GET", "/stats"): respond(.json(books.statsJSON()))
+                case ("GET", "/stats/deliveries"):
+                    respond(HTTPResponse(status: 200, headers: [("Content-Type", "text/csv")], body: Array(books.deliveriesCSV().utf8)))
+                case ("GET", "/stats/wait"):
+                    let target = request.query["verified"].flatMap(Int.init) ?? 0
+                    let seconds = min(600, max(0, request.query["seconds"].flatMap(Int.init) ?? 60))
+                    books.whenVerified(target, within: .seconds(seconds)) { respond(.json($0)) }
                 case ("POST", "/stats/reset"):
                     books.reset()
-                    return .json(#"{"reset":true}"#)
+                    respond(.json(#"{"reset":true}"#))
                 case ("POST", _):
                     let line = books.record(request, secret: secret)
                     if !quiet { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
-                    return .empty(status: 204)
-                default: return .json(status: 405, #"{"error":"method_not_allowed"}"#)
+                    respond(.empty(status: 204))
+                default: respond(.json(status: 405, #"{"error":"method_not_allowed"}"#))
                 }
-            }),
+            },
             logger: Logger(label: "webhook-sink", level: .warning))
         do {
             try server.start()
@@ -69,13 +78,40 @@ final class SinkBooks: Sendable {
         var outOfOrder = 0
         var lastID: [String: Int64] = [:]
         var delays: [Double] = []
+        /// Change id and receipt time (Unix seconds) of each first verified delivery.
+        var receipts: [(id: Int64, at: Double)] = []
         var first: Date?
         var last: Date?
+        /// `whenVerified` callers still waiting, by the count they wait for.
+        var waiters: [(target: Int, answer: @Sendable (String) -> Void)] = []
     }
 
     private let state = Locked(State())
 
-    func reset() { state.withLock { $0 = State() } }
+    func reset() {
+        let waiting = state.withLock { state in
+            defer { state = State() }
+            return state.waiters
+        }
+        for waiter in waiting { waiter.answer(statsJSON()) }
+    }
+
+    /// Calls `answer` with the stats once `target` deliveries were verified, or when `limit` has
+    /// passed, whichever comes first (the answer is sent once: the HTTP server ignores a second).
+    func whenVerified(_ target: Int, within limit: Duration, answer: @escaping @Sendable (String) -> Void) {
+        let reached = state.withLock { state in
+            if state.verified >= target { return true }
+            state.waiters.append((target, answer))
+            return false
+        }
+        if reached {
+            answer(statsJSON())
+            return
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(Int(limit.components.seconds) * 1000)) { [self] in
+            answer(statsJSON())
+        }
+    }
 
     /// Records one delivery and returns its line.
     func record(_ request: HTTPRequest, secret: WebhookSecret) -> String {
@@ -87,27 +123,47 @@ final class SinkBooks: Sendable {
         let id = (object?["id"] as? NSNumber)?.int64Value
         let account = "\(object?["client_id"] as? String ?? "") \(object?["sub"] as? String ?? "")"
         let delay = (object?["created_at"] as? String).flatMap(Self.parseTimestamp).map { now.timeIntervalSince($0) }
-        let verdict = state.withLock { state -> String in
-            state.received += 1
-            state.first = state.first ?? now
-            state.last = now
-            guard verified else {
-                state.badSignature += 1
-                return "BAD SIGNATURE"
-            }
-            state.verified += 1
-            if let id, id > 0 {
-                if let last = state.lastID[account], id <= last {
-                    if id == last { state.repeats += 1 } else { state.outOfOrder += 1 }
-                    return id == last ? "verified, REPEAT (dedupe on webhook-id)" : "verified, OUT OF ORDER"
-                }
-                state.lastID[account] = id
-            }
-            if let delay, state.delays.count < 1_000_000 { state.delays.append(delay) }
-            return "verified"
+        let (verdict, reached) = state.withLock { state -> (String, [@Sendable (String) -> Void]) in
+            let verdict = Self.book(&state, now: now, verified: verified, id: id, account: account, delay: delay)
+            guard state.waiters.contains(where: { $0.target <= state.verified }) else { return (verdict, []) }
+            let verified = state.verified
+            let reached = state.waiters.filter { $0.target <= verified }.map(\.answer)
+            state.waiters.removeAll { $0.target <= verified }
+            return (verdict, reached)
+        }
+        if !reached.isEmpty {
+            let stats = statsJSON()
+            for answer in reached { answer(stats) }
         }
         let change = object?["change"] as? String ?? "?"
         return "webhook-id \(request.header("webhook-id") ?? "-") \(account) \(change): \(verdict)"
+    }
+
+    private static func book(
+        _ state: inout State, now: Date, verified: Bool, id: Int64?, account: String, delay: Double?
+    ) -> String {
+        state.received += 1
+        state.first = state.first ?? now
+        state.last = now
+        guard verified else {
+            state.badSignature += 1
+            return "BAD SIGNATURE"
+        }
+        state.verified += 1
+        if let id, id > 0 {
+            if let last = state.lastID[account], id <= last {
+                if id == last { state.repeats += 1 } else { state.outOfOrder += 1 }
+                return id == last ? "verified, REPEAT (dedupe on webhook-id)" : "verified, OUT OF ORDER"
+            }
+            state.lastID[account] = id
+        }
+        if let delay, state.delays.count < 1_000_000 { state.delays.append(delay) }
+        if let id, state.receipts.count < 1_000_000 { state.receipts.append((id, now.timeIntervalSince1970)) }
+        return "verified"
+    }
+
+    func deliveriesCSV() -> String {
+        state.withLock { $0.receipts }.map { "\($0.id),\(String(format: "%.6f", $0.at))\n" }.joined()
     }
 
     func statsJSON() -> String {

@@ -1,0 +1,302 @@
+import Foundation
+import JobQueue
+import Postgres
+import Testing
+
+/// Two lifecycle operations on one account in transactions open at the same time (the lifecycle
+/// model runs each step alone; here the second starts while the first holds its locks), with the
+/// commits in either order. Whatever the schedule, the account must end as if the two had run one
+/// after the other, in one order or the other: the same status, tokens, queued jobs and change
+/// rows, the same refusals, and no deadlock.
+///
+/// `SIWA_CONCURRENCY_TRIALS` (default 300), `SIWA_CONCURRENCY_SEED` (default random, printed).
+@Suite struct LifecycleConcurrencyTests {
+    static let clientID = "com.example.app"
+
+    enum Operation: String, CaseIterable, CustomStringConvertible {
+        case link = "app: link_account"
+        case requestDeletion = "app: request_deletion"
+        case requestDeletionWithCode = "app: request_deletion with a code"
+        case applyNotification = "worker: notification batch (oldest pending)"
+        case exchangeSucceeded = "worker: exchange answered 200"
+        case exchangeFailed = "worker: exchange answered invalid_grant"
+        case revoke = "worker: revoke steps until done, Apple answering 200"
+        var description: String { rawValue }
+    }
+
+    struct Start: CustomStringConvertible {
+        /// nil: no account row.
+        var status: String?
+        var linkQueued: Bool
+        var deletionRequested: Bool
+        /// Notifications stored and pending: their types, in event-time order (all newer than the link).
+        var notifications: [String]
+        var description: String {
+            "\(status ?? "no account")" + (linkQueued ? ", link queued" : "") + (deletionRequested ? ", deletion requested" : "")
+                + (notifications.isEmpty ? "" : ", pending \(notifications)")
+        }
+    }
+
+    struct Trial: CustomStringConvertible {
+        var start: Start
+        var first: Operation
+        var second: Operation
+        /// When the second did not wait for the first's locks: whether it commits first.
+        var secondCommitsFirst: Bool
+        var description: String {
+            "from \(start): [\(first)] ‖ [\(second)]" + (secondCommitsFirst ? ", the second commits first if it can" : "")
+        }
+    }
+
+    static func trial(seed: UInt64) -> Trial {
+        var random = SeededGenerator(seed: seed)
+        let types = ["email-enabled", "email-disabled", "consent-revoked", "account-deleted"]
+        let start = Start(
+            status: [nil, "active", "deleted", "consent_revoked"].randomElement(using: &random)!,
+            linkQueued: Bool.random(using: &random), deletionRequested: Int.random(in: 0..<3, using: &random) == 0,
+            notifications: (0..<Int.random(in: 0...2, using: &random)).map { _ in types.randomElement(using: &random)! })
+        return Trial(
+            start: start, first: Operation.allCases.randomElement(using: &random)!,
+            second: Operation.allCases.randomElement(using: &random)!, secondCommitsFirst: Bool.random(using: &random))
+    }
+
+    /// Trials that once failed, run first every time:
+    /// - a link's failed exchange recorded `link_failed` without the account's lock, reading a stale
+    ///   status, while a deletion requested meanwhile took a later id and committed first;
+    /// - the same for a sub with no account row yet (the deletion creates it): nothing to lock.
+    static let regressions: [UInt64] = [0xaf74_22a7_cfe2_de15, 0xb050_8980_fc85_2a7a]
+
+    @Test func concurrentOperationsEndAsOneAfterTheOther() async throws {
+        let settings = SearchSettings(prefix: "SIWA_CONCURRENCY", countName: "TRIALS", defaultCount: 300)
+        let (count, seed) = (settings.count, settings.seed)
+        print("lifecycle concurrency: \(count) trials, seed \(settings.seedText)")
+        let database = try await MigratedDatabase.make()
+        let first = try await database.connect()
+        let second = try await database.connect()
+        let observer = try await database.connect()
+        try await withTeardown { teardown in
+            teardown.add {
+                for connection in [first, second, observer] { connection.close() }
+                await database.drop()
+            }
+            let secondPID = try await second.query("SELECT pg_backend_pid()")[0].decode(Int32.self, at: 0)
+            var master = SeededGenerator(seed: seed)
+            var runs = 0
+            var (blockedRuns, refusedRuns, orderMattered) = (0, 0, 0)
+            for index in 0..<(Self.regressions.count + count) {
+                let trialSeed = index < Self.regressions.count ? Self.regressions[index] : master.next()
+                let trial = Self.trial(seed: trialSeed)
+                runs += 1
+                let serial = [
+                    try await Self.runSerially(trial, [trial.first, trial.second], sub: "s\(runs)-ab", on: observer),
+                    try await Self.runSerially(trial, [trial.second, trial.first], sub: "s\(runs)-ba", on: observer),
+                ]
+                let concurrent = try await Self.runConcurrently(
+                    trial, sub: "s\(runs)-c", first: first, second: second, secondPID: secondPID, observer: observer)
+                if concurrent.blocked { blockedRuns += 1 }
+                if concurrent.refusals.contains(where: { !$0.hasSuffix(": ok") }) { refusedRuns += 1 }
+                if serial[0] != serial[1] { orderMattered += 1 }
+                #expect(serial.contains(concurrent), """
+                    trial 0x\(String(trialSeed, radix: 16)) \(trial)
+                    concurrent:
+                    \(concurrent)
+                    first then second:
+                    \(serial[0])
+                    second then first:
+                    \(serial[1])
+                    """)
+                if !serial.contains(concurrent) { break }
+            }
+            print("lifecycle concurrency: \(runs) trials; the second waited for the first's locks in \(blockedRuns), "
+                + "an operation was refused in \(refusedRuns), the two serial orders ended differently in \(orderMattered)")
+        }
+    }
+
+    // MARK: Runs
+
+    static func runSerially(_ trial: Trial, _ operations: [Operation], sub: String, on connection: PostgresConnection) async throws -> Outcome {
+        try await setUp(trial.start, sub: sub, on: connection)
+        var refusals: [String] = []
+        for (index, operation) in operations.enumerated() {
+            try await connection.simpleQuery("BEGIN")
+            let refusal = try await perform(operation, sub: sub, token: index == 0 ? "a1" : "b2", on: connection)
+            try await connection.simpleQuery(refusal == nil ? "COMMIT" : "ROLLBACK")
+            refusals.append("\(operation): \(refusal ?? "ok")")
+        }
+        // Report refusals in the trial's order (first, second), whichever ran first.
+        if operations.first != trial.first { refusals.reverse() }
+        return try await outcome(sub: sub, refusals: refusals, on: connection)
+    }
+
+    static func runConcurrently(
+        _ trial: Trial, sub: String, first: PostgresConnection, second: PostgresConnection, secondPID: Int32,
+        observer: PostgresConnection
+    ) async throws -> Outcome {
+        try await setUp(trial.start, sub: sub, on: observer)
+        try await first.simpleQuery("BEGIN")
+        let firstRefusal = try await perform(trial.first, sub: sub, token: "a1", on: first)
+        if firstRefusal != nil { try await first.simpleQuery("ROLLBACK") }
+        try await second.simpleQuery("BEGIN")
+        let operation = trial.second
+        let finished = LockedBox(false)
+        let running = Task {
+            defer { finished.value = true }
+            return try await perform(operation, sub: sub, token: "b2", on: second)
+        }
+        // The second either finishes its statements or waits for a lock the first holds (nothing
+        // else holds any).
+        let deadline = ContinuousClock.now + .seconds(60)
+        var blocked = false
+        while !finished.value {
+            let waitType = try await observer.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = \(secondPID)")
+                .first?.decode(String?.self, at: 0)
+            if waitType == "Lock" { blocked = true; break }
+            guard ContinuousClock.now < deadline else { throw HarnessError(message: "the second operation neither ran nor waited") }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        let secondRefusal: String?
+        let between: [String]
+        if blocked || !trial.secondCommitsFirst {
+            if firstRefusal == nil { try await first.simpleQuery("COMMIT") }
+            between = try await changes(sub: sub, on: observer)
+            secondRefusal = try await running.value
+            try await second.simpleQuery(secondRefusal == nil ? "COMMIT" : "ROLLBACK")
+        } else {
+            secondRefusal = try await running.value
+            try await second.simpleQuery(secondRefusal == nil ? "COMMIT" : "ROLLBACK")
+            between = try await changes(sub: sub, on: observer)
+            if firstRefusal == nil { try await first.simpleQuery("COMMIT") }
+        }
+        var result = try await outcome(
+            sub: sub, refusals: ["\(trial.first): \(firstRefusal ?? "ok")", "\(trial.second): \(secondRefusal ?? "ok")"], on: observer)
+        result.blocked = blocked
+        // What a reader saw between the commits stays the start of the account's changes: a later
+        // commit never slips a change in before one already visible (webhooks deliver per account
+        // in id order, and a feed reader moved past them).
+        result.changesSeenBetweenCommitsArePrefix = result.changes.starts(with: between)
+        if !result.changesSeenBetweenCommitsArePrefix { result.refusals.append("between the commits a reader saw \(between)") }
+        return result
+    }
+
+    // MARK: Setting up, acting, observing
+
+    static func setUp(_ start: Start, sub: String, on connection: PostgresConnection) async throws {
+        if let status = start.status {
+            _ = try await connection.execute(
+                """
+                INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, refresh_token_enc, linked_at, updated_at)
+                VALUES (\(clientID), \(sub), 'user-0', \(status), CASE WHEN \(status) = 'active' THEN '\\x00'::bytea END,
+                        now() - interval '1 hour', now() - interval '1 hour')
+                """)
+        }
+        if start.linkQueued {
+            _ = try await connection.query("SELECT siwa.link_account(\(clientID), \(sub), 'user-1', 'code-1')")
+        }
+        if start.deletionRequested {
+            _ = try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub))")
+        }
+        for (index, type) in start.notifications.enumerated() {
+            // Newer than any link this run makes, so whether each applies does not hang on a clock.
+            _ = try await connection.execute(
+                """
+                INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+                VALUES (\(sub + ".n\(index)"), \(clientID), \(sub), \(type), now() + interval '1 day' + \(Double(index))::float8 * interval '1 s',
+                        'x@privaterelay.appleid.com', true, '{}'::jsonb, 'header.payload.signature')
+                """)
+        }
+    }
+
+    /// Runs `operation` in the connection's open transaction; a refusal (an SQLSTATE the caller
+    /// gets) is returned, and the caller rolls back.
+    static func perform(_ operation: Operation, sub: String, token: String, on connection: PostgresConnection) async throws -> String? {
+        do {
+            switch operation {
+            case .link:
+                _ = try await connection.query("SELECT siwa.link_account(\(clientID), \(sub), 'user-2', 'code-2')")
+            case .requestDeletion:
+                _ = try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub))")
+            case .requestDeletionWithCode:
+                _ = try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub), 'code-3')")
+            case .applyNotification:
+                _ = try await JobQueue.runNotificationBatch(
+                    on: connection, worker: "model", limit: 1, lease: .seconds(60), policy: RetryPolicy(), isolate: false)
+            case .exchangeSucceeded, .exchangeFailed:
+                guard let job = try await claim("exchange", sub: sub, on: connection) else { return nil }
+                if operation == .exchangeSucceeded {
+                    _ = try await connection.query(
+                        "SELECT siwa.exchange_succeeded(\(job.id), decode(\(token), 'hex'), 'x@privaterelay.appleid.com', true)")
+                } else {
+                    _ = try await connection.query("SELECT siwa.exchange_failed(\(job.id), \(job.attempt), 'invalid_grant')")
+                }
+            case .revoke:
+                guard let job = try await claim("revoke", sub: sub, on: connection) else { return nil }
+                for _ in 0..<10 {
+                    let step = try await connection.query("SELECT action, token_enc FROM siwa.revoke_step(\(job.id), \(job.attempt))")[0]
+                    guard try step.decode(String.self, column: "action") == "revoke" else { break }
+                    _ = try await connection.query(
+                        "SELECT siwa.revoke_succeeded(\(job.id), \(try step.decode([UInt8].self, column: "token_enc")))")
+                }
+            }
+            return nil
+        } catch let error as PostgresError where error.sqlState != nil {
+            return "SQLSTATE \(error.sqlState ?? "")"
+        }
+    }
+
+    /// Leases the account's oldest available job of `kind`, as a worker's claim does.
+    static func claim(_ kind: String, sub: String, on connection: PostgresConnection) async throws -> (id: Int64, attempt: Int32)? {
+        try await connection.query(
+            """
+            UPDATE siwa.jobs SET state = 'running', attempt = attempt + 1, locked_by = 'model', locked_until = now() + interval '1 minute'
+             WHERE id = (SELECT id FROM siwa.jobs WHERE client_id = \(clientID) AND sub = \(sub) AND kind = \(kind)
+                           AND state = 'available' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+            RETURNING id, attempt
+            """
+        ).first.map { (try $0.decode(Int64.self, column: "id"), try $0.decode(Int32.self, column: "attempt")) }
+    }
+
+    struct Outcome: Equatable, CustomStringConvertible {
+        var account: String
+        var jobs: [String]
+        var changes: [String]
+        var refusals: [String]
+        /// Not part of the comparison: how the concurrent run went.
+        var blocked = false
+        var changesSeenBetweenCommitsArePrefix = true
+
+        static func == (lhs: Outcome, rhs: Outcome) -> Bool {
+            (lhs.account, lhs.jobs, lhs.changes, lhs.refusals) == (rhs.account, rhs.jobs, rhs.changes, rhs.refusals)
+        }
+        var description: String {
+            "  account \(account)\n  jobs \(jobs)\n  changes \(changes)\n  \(refusals.joined(separator: "; "))"
+        }
+    }
+
+    static func outcome(sub: String, refusals: [String], on connection: PostgresConnection) async throws -> Outcome {
+        let account = try await connection.query(
+            """
+            SELECT concat_ws(' ', status, 'token=' || coalesce(encode(refresh_token_enc, 'hex'), '-'),
+                             'retired=' || cardinality(retired_tokens_enc), 'email_forwarding=' || coalesce(email_forwarding, '-'),
+                             'deletion_requests=' || deletion_requests, 'app_user_id=' || coalesce(app_user_id, '-'),
+                             'sessions_revoked=' || (sessions_revoked_at IS NOT NULL))
+              FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)
+            """
+        ).first?.decode(String.self, at: 0)
+        let jobs = try await connection.query(
+            """
+            SELECT kind || '/' || state || coalesce('/' || outcome, '') FROM siwa.jobs
+             WHERE client_id = \(clientID) AND sub = \(sub) ORDER BY 1
+            """
+        ).map { try $0.decode(String.self, at: 0) }
+        return Outcome(account: account ?? "none", jobs: jobs, changes: try await changes(sub: sub, on: connection), refusals: refusals)
+    }
+
+    static func changes(sub: String, on connection: PostgresConnection) async throws -> [String] {
+        try await connection.query(
+            """
+            SELECT change || '/' || coalesce(status, '-') || coalesce('/' || reason, '') FROM siwa.account_changes
+             WHERE client_id = \(clientID) AND sub = \(sub) ORDER BY id
+            """
+        ).map { try $0.decode(String.self, at: 0) }
+    }
+}
