@@ -27,3 +27,34 @@ package struct NotificationBatchLimit: Sendable, Equatable {
         }
     }
 }
+
+/// How long a notification loop whose batch left jobs queued (their account held by another
+/// transaction) waits before trying again, unless its process's bell rings first.
+///
+/// The bell rings when a batch of the same process finishes; nothing tells the loop when a batch
+/// of another worker process, or an app transaction, lets the account go (releasing a deferred job
+/// queues no NOTIFY). So it tries again after about as long as its own batch took (the holder is
+/// most likely a batch like it), doubling while the account stays busy (an app transaction that
+/// holds it for long is not polled hard), and never later than the poll interval. Before, it waited
+/// for the poll interval (1 s): with two worker processes on hot accounts, a process whose loops had
+/// both deferred sat idle while the other worked (mix (c) of deploy/bench/worker.sh).
+package struct DeferredRetry: Sendable, Equatable {
+    package let pollInterval: Duration
+    /// Batches in a row that deferred jobs.
+    package private(set) var streak = 0
+
+    package init(pollInterval: Duration) {
+        self.pollInterval = pollInterval
+    }
+
+    package mutating func record(deferred: Int) {
+        streak = deferred > 0 ? streak + 1 : 0
+    }
+
+    /// The longest wait for the bell after a batch that took `batch`.
+    package func wait(after batch: Duration) -> Duration {
+        guard streak > 0 else { return pollInterval }
+        let first = max(batch, .milliseconds(1))
+        return min(pollInterval, first * (1 << min(streak - 1, 20)))
+    }
+}

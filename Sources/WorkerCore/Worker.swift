@@ -227,6 +227,8 @@ package final class Worker: Sendable {
     /// The batch size adapts to contention (`NotificationBatchLimit`).
     private func notificationLoop() async {
         var limit = NotificationBatchLimit(largest: configuration.notificationBatch)
+        var retry = DeferredRetry(pollInterval: configuration.pollInterval)
+        var lastBatch = Duration.zero
         var failures = 0
         let (gate, metrics) = (gate, metrics)
         let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> JobQueue.HeldVerdicts = { connection, limit in
@@ -242,7 +244,8 @@ package final class Worker: Sendable {
                     let (results, held) = try await queue.runVerifiedNotificationBatch(
                         worker: configuration.workerID, limit: limit.value, lease: configuration.jobLease, policy: policy,
                         verifyHeld: verifyHeld)
-                    metrics.batchSeconds.observe((ContinuousClock.now - started).seconds)
+                    lastBatch = ContinuousClock.now - started
+                    metrics.batchSeconds.observe(lastBatch.seconds)
                     gate.report(held)
                     let deferred = results.count { $0.state == "deferred" }
                     let taken = results.count - deferred
@@ -250,8 +253,10 @@ package final class Worker: Sendable {
                     let full = taken == limit.value
                     if deferred > 0 { metrics.deferred.increment(by: deferred) }
                     limit.record(taken: taken, deferred: deferred)
-                    // A loop that deferred jobs waits for the bell; the next batch that took any job
-                    // (its accounts' locks are gone with its commit) rings it.
+                    retry.record(deferred: deferred)
+                    // A loop that deferred jobs waits for the bell: the next batch of this process that
+                    // took any job (its accounts' locks are gone with its commit) rings it, and
+                    // `DeferredRetry` bounds the wait for a holder the bell cannot tell about.
                     let wake = state.withLock { state -> Bool in
                         let wake = full || (taken > 0 && state.deferredWaiting)
                         if taken > 0 { state.deferredWaiting = false }
@@ -287,7 +292,7 @@ package final class Worker: Sendable {
                 continue
             }
             if stopping { break }
-            await notificationBell.wait(timeout: configuration.pollInterval)
+            await notificationBell.wait(timeout: retry.wait(after: lastBatch))
         }
     }
 

@@ -138,4 +138,37 @@ struct HotAccountBatchTests {
             #expect(told == ["fast": fastChanges.count, "slow": fastChanges.count])
         }
     }
+
+    /// A loop whose batch left a job queued because another transaction held its account tries
+    /// again soon, not at the next poll: nothing tells it when that transaction (an app's, or another
+    /// worker process's batch) ends. With the poll at an hour, the job is applied once the account
+    /// is free (it waited for the hour).
+    @Test func aDeferredJobIsTriedAgainWithoutWaitingForThePoll() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let blocker = try await database.holdAccount("held", on: connection)
+            defer { blocker.close() }
+            _ = try await database.queueNotifications(1, prefix: "held", sub: "held", on: connection)
+            let worker = try database.startWorker(["SIWA_NOTIFICATION_CONNECTIONS": "1", "SIWA_POLL_INTERVAL": "1h"])
+            let port = try await worker.boundHTTPPort()
+            // Deferred at least once (the account is held), then the holder ends without a NOTIFY.
+            let deadline = ContinuousClock.now + .seconds(30)
+            while !(try await Self.deferredAtLeastOnce(port: port)), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(try await Self.deferredAtLeastOnce(port: port))
+            try await blocker.simpleQuery("ROLLBACK")
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.notifications WHERE processed_at IS NOT NULL", timeout: .seconds(30)) { $0 == 1 }
+            await worker.stop()
+        }
+    }
+
+    static func deferredAtLeastOnce(port: Int) async throws -> Bool {
+        let metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
+        return metrics.split(separator: "\n").contains {
+            $0.hasPrefix("siwa_worker_notifications_deferred_total ") && !$0.hasSuffix(" 0")
+        }
+    }
 }

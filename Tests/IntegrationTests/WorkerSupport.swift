@@ -23,6 +23,17 @@ extension MigratedDatabase {
             """)
     }
 
+    /// An account `sub` (active) whose row another transaction holds (FOR UPDATE) until the
+    /// returned connection rolls back; the caller closes it.
+    func holdAccount(_ sub: String, on connection: PostgresConnection) async throws -> PostgresConnection {
+        try await connection.execute(
+            "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('com.example.app', \(sub), 'active')")
+        let blocker = try await connect()
+        try await blocker.simpleQuery("BEGIN")
+        _ = try await blocker.query("SELECT 1 FROM siwa.accounts WHERE sub = \(sub) FOR UPDATE")
+        return blocker
+    }
+
     func startWorker(_ extra: [String: String] = [:]) throws -> ServiceProcess {
         try ServiceProcess(
             "siwa-worker",

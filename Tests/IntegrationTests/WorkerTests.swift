@@ -139,12 +139,8 @@ struct WorkerTests {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
             defer { connection.close() }
-            let blocker = try await database.connect()
+            let blocker = try await database.holdAccount("held", on: connection)
             defer { blocker.close() }
-            try await connection.execute(
-                "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('com.example.app', 'held', 'active')")
-            try await blocker.simpleQuery("BEGIN")
-            _ = try await blocker.query("SELECT 1 FROM siwa.accounts WHERE sub = 'held' FOR UPDATE")
             try await database.queueNotifications(1, prefix: "held", sub: "held", on: connection)
             try await database.queueNotifications(1, prefix: "free", on: connection)
             let worker = try database.startWorker(["SIWA_NOTIFICATION_CONNECTIONS": "1", "SIWA_POLL_INTERVAL": "100ms"])

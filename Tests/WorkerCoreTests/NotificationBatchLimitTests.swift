@@ -36,3 +36,28 @@ struct NotificationBatchLimitTests {
         #expect(limit.value == 1)
     }
 }
+
+@Suite("Retry after a deferral")
+struct DeferredRetryTests {
+    @Test func withoutADeferralTheLoopWaitsForThePoll() {
+        var retry = DeferredRetry(pollInterval: .seconds(1))
+        #expect(retry.wait(after: .milliseconds(20)) == .seconds(1))
+        retry.record(deferred: 0)
+        #expect(retry.wait(after: .milliseconds(20)) == .seconds(1))
+    }
+
+    @Test func afterADeferralAboutAsLongAsTheBatchDoublingWhileItLastsNeverPastThePoll() {
+        var retry = DeferredRetry(pollInterval: .seconds(1))
+        retry.record(deferred: 3)
+        #expect(retry.wait(after: .milliseconds(20)) == .milliseconds(20))
+        retry.record(deferred: 1)
+        #expect(retry.wait(after: .milliseconds(20)) == .milliseconds(40))
+        for _ in 0..<30 { retry.record(deferred: 1) }
+        #expect(retry.wait(after: .milliseconds(20)) == .seconds(1))
+        #expect(retry.wait(after: .zero) == .seconds(1))
+        retry.record(deferred: 0)
+        #expect(retry.wait(after: .milliseconds(20)) == .seconds(1))
+        retry.record(deferred: 1)
+        #expect(retry.wait(after: .zero) == .milliseconds(1))
+    }
+}
