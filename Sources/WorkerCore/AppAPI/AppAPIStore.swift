@@ -1,14 +1,19 @@
 import Foundation
-import Postgres
+package import Postgres
 import SiwaCore
 
 /// The app API's database side: one method per statement, each through the functions of
 /// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is
 /// bounded: the pool's lease wait, then `timeout` for the statement (cancelled at the server when
 /// it runs out), so no request waits on the database without end.
-struct AppAPIStore: Sendable {
+package struct AppAPIStore: Sendable {
     let pool: PostgresPool
     var timeout: Duration = .seconds(5)
+
+    package init(pool: PostgresPool, timeout: Duration = .seconds(5)) {
+        self.pool = pool
+        self.timeout = timeout
+    }
 
     /// An account as `siwa.account(...)` shows it: no token, only whether there is one.
     struct Account: Sendable {
@@ -92,9 +97,11 @@ struct AppAPIStore: Sendable {
         }
     }
 
-    func pruneNonces(limit: Int = 10_000) async throws -> Int {
+    /// Deletes expired nonces (at most `limit`); returns how many.
+    package func pruneNonces(limit: Int = 10_000) async throws -> Int {
         try await run { connection in
-            try await connection.query("SELECT siwa.prune_nonces(\(limit))")[0].decode(Int.self, at: 0)
+            // The function takes an integer; a Swift Int binds as bigint, which it does not accept.
+            try await connection.query("SELECT siwa.prune_nonces(\(Int32(clamping: limit)))")[0].decode(Int.self, at: 0)
         }
     }
 
