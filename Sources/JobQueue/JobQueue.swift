@@ -24,21 +24,11 @@ package struct JobQueue: Sendable {
 
     /// Claims up to `limit` due jobs of the Apple-calling kinds (everything but `notification` and
     /// `webhook`, which have claims of their own), oldest first by (priority, run_at, id), skipping rows
-    /// other workers hold and jobs of paused client IDs.
+    /// other workers hold and jobs of paused client IDs (`siwa.claim_call_jobs`, planned once a session).
     package static func claimQuery(worker: String, limit: Int, lease: Duration) -> PostgresQuery {
         """
-        UPDATE siwa.jobs j
-           SET state = 'running', attempt = j.attempt + 1, locked_by = \(worker),
-               locked_until = now() + make_interval(secs => \(lease.seconds))
-          FROM (SELECT c.id FROM siwa.jobs c
-                 WHERE c.state = 'available' AND c.kind NOT IN ('notification', 'webhook') AND c.run_at <= now()
-                   AND NOT EXISTS (SELECT 1 FROM siwa.paused_clients p
-                                    WHERE p.client_id = c.client_id AND p.next_probe_at > now())
-                 ORDER BY c.priority, c.run_at, c.id
-                 LIMIT \(limit)
-                   FOR UPDATE OF c SKIP LOCKED) due
-         WHERE j.id = due.id
-        RETURNING \(unsafeSQL: jobColumns)
+        SELECT id, kind, client_id, sub, notification_jti, args, attempt, max_attempts, error_count, created_at
+          FROM siwa.claim_call_jobs(\(worker)::text, \(limit)::integer, \(lease.seconds))
         """
     }
 
@@ -143,23 +133,26 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// `runNotificationBatch` with the held jobs first: `verifyHeld` runs in the same transaction,
-    /// locks and judges up to `limit` held jobs, and the batch takes the genuine ones before any due
-    /// job (one commit for both; a rollback leaves them held). It runs again for the isolated
-    /// retry, so the verdicts returned are those of the transaction that committed.
+    /// `runNotificationBatch` with the held jobs first, in one transaction of two round trips: BEGIN
+    /// travels with the read of up to `limit` held jobs (locked SKIP LOCKED), `verifyHeld` judges
+    /// them (and records the forged ones in the same transaction), and the batch, which takes the
+    /// genuine ones before any due job, travels with COMMIT. A rollback leaves them held. It runs
+    /// again for the isolated retry, so the verdicts returned are those of the transaction that committed.
     package func runVerifiedNotificationBatch(
         worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
-        verifyHeld: @Sendable (PostgresConnection, Int) async throws -> HeldVerdicts
+        verifyHeld: @Sendable (PostgresConnection, PostgresRows) async throws -> HeldVerdicts
     ) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
         try await pool.withConnection { connection in
             func run(isolate: Bool) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
-                try await connection.withTransaction { connection in
-                    let held = try await verifyHeld(connection, limit)
-                    let results = try await Self.runNotificationBatch(
-                        on: connection, worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate,
-                        verified: held.genuine)
-                    return (results, held)
+                var verdicts = HeldVerdicts()
+                let rows = try await connection.withTransaction(opening: Self.heldNotificationsQuery(limit: limit)) {
+                    connection, heldRows in
+                    let held = try await verifyHeld(connection, heldRows)
+                    verdicts = held
+                    return Self.notificationBatchQuery(
+                        worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: held.genuine)
                 }
+                return (try Self.notificationResults(rows), verdicts)
             }
             do {
                 return try await run(isolate: false)
@@ -173,13 +166,24 @@ package struct JobQueue: Sendable {
         on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
         isolate: Bool, verified: [Int64] = []
     ) async throws -> [NotificationResult] {
-        let rows = try await connection.query(
-            """
-            SELECT job_id, jti, outcome, error, state, delay_seconds
-              FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
-                                                \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[])
-            """)
-        return try rows.map { row in
+        try notificationResults(
+            try await connection.query(
+                notificationBatchQuery(
+                    worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: verified)))
+    }
+
+    static func notificationBatchQuery(
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy, isolate: Bool, verified: [Int64]
+    ) -> PostgresQuery {
+        """
+        SELECT job_id, jti, outcome, error, state, delay_seconds
+          FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
+                                            \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[])
+        """
+    }
+
+    static func notificationResults(_ rows: PostgresRows) throws -> [NotificationResult] {
+        try rows.map { row in
             NotificationResult(
                 jobID: try row.decode(Int64.self, column: "job_id"), jti: try row.decode(String?.self, column: "jti"),
                 outcome: try row.decode(String?.self, column: "outcome"),
@@ -253,21 +257,12 @@ package struct JobQueue: Sendable {
     // MARK: Held notifications (StoredNotificationGate)
 
     /// Up to `limit` held notification jobs (stored by a `siwa_receiver` login, `run_at` infinity),
-    /// locked SKIP LOCKED, with every column the gate checks and the jws, oldest first.
-    /// `run_at >= 'infinity'` (the same rows as `=`) and the claim index's order: with `=` and
-    /// `ORDER BY id`, the planner may walk the primary key past every completed job, a cost that
-    /// grows with the queue's history (6-10 ms a batch with 18,000 completed, 0.3 ms this way).
+    /// locked SKIP LOCKED, with every column the gate checks and the jws, oldest first
+    /// (`siwa.held_notification_jobs`, planned once a session).
     package static func heldNotificationsQuery(limit: Int) -> PostgresQuery {
         """
-        SELECT j.id, n.jti, n.client_id, n.sub, n.event_type,
-               round(extract(epoch FROM n.event_time) * 1000)::int8 AS event_ms,
-               n.email, n.is_private_email, n.jws
-          FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
-         WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity'
-           AND j.kind = 'notification'
-         ORDER BY j.priority, j.run_at, j.id
-         LIMIT \(limit)
-           FOR UPDATE OF j SKIP LOCKED
+        SELECT id, jti, client_id, sub, event_type, event_ms, email, is_private_email, jws
+          FROM siwa.held_notification_jobs(\(limit)::integer)
         """
     }
 

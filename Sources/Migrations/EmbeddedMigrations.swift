@@ -2116,16 +2116,25 @@ extension FunctionDefinitions {
             END
             $$;
 
-            -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload is the
-            -- number of new jobs so a worker can size its claim.
+            -- One wake-up per statement, not per job: listeners claim in batches anyway. The payload says
+            -- which of a worker's loops have work: the number of new notification jobs (so a worker can size
+            -- its claim), then `calls` if Apple-calling jobs were queued and `webhooks` if deliveries were:
+            -- `12`, `0 webhooks`, `0 calls`. Waking every loop on every statement made each notification
+            -- stored cost a claim of Apple-calling jobs as well, found empty (deploy/bench/worker.sh, steady
+            -- rate). A worker that cannot read a payload wakes every loop (what workers before this did).
             CREATE OR REPLACE FUNCTION siwa.wake_workers() RETURNS trigger
             LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
             DECLARE
-                queued bigint;
+                notifications bigint;
+                calls bigint;
+                webhooks bigint;
             BEGIN
-                SELECT count(*) INTO queued FROM new_jobs;
-                IF queued > 0 THEN
-                    PERFORM pg_notify('siwa_jobs', queued::text);
+                SELECT count(*) FILTER (WHERE kind = 'notification'), count(*) FILTER (WHERE kind = 'webhook'),
+                       count(*) FILTER (WHERE kind NOT IN ('notification', 'webhook'))
+                  INTO notifications, webhooks, calls FROM new_jobs;
+                IF notifications + webhooks + calls > 0 THEN
+                    PERFORM pg_notify('siwa_jobs', concat_ws(' ', notifications, CASE WHEN calls > 0 THEN 'calls' END,
+                                                             CASE WHEN webhooks > 0 THEN 'webhooks' END));
                 END IF;
                 RETURN NULL;
             END
@@ -2137,6 +2146,67 @@ extension FunctionDefinitions {
             RETURNS interval
             LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
                 SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
+            $$;
+
+            -- The worker's other two statements that run with every batch or wake-up, as functions so each is
+            -- planned once per session (force_generic_plan). Sent as plain statements they were planned on
+            -- every call, about 0.4 ms each, most of it the planner reading the end of the claim index to
+            -- estimate `run_at <= now()` or `>= 'infinity'` against rows the statistics do not know yet: at
+            -- 1,000 notifications/s, a quarter of a core (deploy/bench/worker.sh DELAY_PROFILE=1).
+
+            -- Claims up to p_limit due jobs of the Apple-calling kinds (everything but `notification` and
+            -- `webhook`, which have claims of their own), oldest first by (priority, run_at, id), skipping rows
+            -- other workers hold and jobs of paused client IDs. The lease: state `running`, `attempt` grown
+            -- (the fencing token of every later write), `locked_until` now + p_lease_seconds.
+            CREATE OR REPLACE FUNCTION siwa.claim_call_jobs(p_worker text, p_limit integer, p_lease_seconds double precision)
+            RETURNS TABLE (id bigint, kind text, client_id text, sub text, notification_jti text, args text, attempt integer,
+                           max_attempts integer, error_count integer, created_at timestamptz)
+            LANGUAGE plpgsql
+            SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+            SET search_path = pg_catalog, pg_temp AS $$
+            #variable_conflict use_column
+            BEGIN
+                RETURN QUERY
+                UPDATE siwa.jobs j
+                   SET state = 'running', attempt = j.attempt + 1, locked_by = p_worker,
+                       locked_until = now() + make_interval(secs => p_lease_seconds)
+                  FROM (SELECT c.id FROM siwa.jobs c
+                         WHERE c.state = 'available' AND c.kind NOT IN ('notification', 'webhook') AND c.run_at <= now()
+                           AND NOT EXISTS (SELECT 1 FROM siwa.paused_clients p
+                                            WHERE p.client_id = c.client_id AND p.next_probe_at > now())
+                         ORDER BY c.priority, c.run_at, c.id
+                         LIMIT p_limit
+                           FOR UPDATE OF c SKIP LOCKED) due
+                 WHERE j.id = due.id
+                RETURNING j.id, j.kind, j.client_id, j.sub, j.notification_jti, j.args::text, j.attempt, j.max_attempts,
+                          jsonb_array_length(j.errors), j.created_at;
+            END
+            $$;
+
+            -- Up to p_limit held notification jobs (stored by a siwa_receiver login, run_at infinity, see
+            -- siwa.queue_notification_jobs), locked SKIP LOCKED in the caller's transaction, with every
+            -- column the worker's gate checks and the jws, oldest first (WorkerCore/StoredNotificationGate.swift).
+            -- `run_at >= 'infinity'` (the same rows as `=`) and the claim index's order: with `=` and
+            -- `ORDER BY id`, the planner may walk the primary key past every completed job, a cost that grows
+            -- with the queue's history (6-10 ms a batch with 18,000 completed, 0.3 ms this way).
+            CREATE OR REPLACE FUNCTION siwa.held_notification_jobs(p_limit integer)
+            RETURNS TABLE (id bigint, jti text, client_id text, sub text, event_type text, event_ms bigint, email text,
+                           is_private_email boolean, jws text)
+            LANGUAGE plpgsql
+            SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+            SET plan_cache_mode = force_generic_plan
+            SET search_path = pg_catalog, pg_temp AS $$
+            #variable_conflict use_column
+            BEGIN
+                RETURN QUERY
+                SELECT j.id, n.jti, n.client_id, n.sub, n.event_type, round(extract(epoch FROM n.event_time) * 1000)::int8,
+                       n.email, n.is_private_email, n.jws
+                  FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+                 WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT p_limit
+                   FOR UPDATE OF j SKIP LOCKED;
+            END
             $$;
 
             -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
@@ -2275,6 +2345,8 @@ extension FunctionDefinitions {
             BEGIN
                 IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
                     GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
+                                              siwa.claim_call_jobs(text, integer, double precision),
+                                              siwa.held_notification_jobs(integer),
                                               siwa.run_notification_batch(text, integer, double precision, boolean,
                                                                           double precision, double precision, bigint[])
                        TO siwa_worker;

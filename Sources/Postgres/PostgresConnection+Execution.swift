@@ -276,7 +276,7 @@ extension PostgresConnection {
         return affectedRows(of: result)
     }
 
-    private func preparedName(for query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> String {
+    func preparedName(for query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> String {
         let key = PreparedKey(sql: query.sql, types: query.binds.types)
         if let name = handle.preparedStatements[key] { return name }
         let name = "siwa_\(handle.preparedStatements.count + 1)"
@@ -296,12 +296,12 @@ extension PostgresConnection {
     }
 
     static func commit(on connection: OpaquePointer) throws(PostgresError) {
-        let tag = try simple("COMMIT", on: connection)
-        if tag == "ROLLBACK" {
-            throw PostgresError(
-                .queryFailed, message: "the transaction had failed; COMMIT rolled it back", sqlState: "25P02",
-                query: "COMMIT")
-        }
+        if try simple("COMMIT", on: connection) == "ROLLBACK" { throw commitRolledBack }
+    }
+
+    static var commitRolledBack: PostgresError {
+        PostgresError(
+            .queryFailed, message: "the transaction had failed; COMMIT rolled it back", sqlState: "25P02", query: "COMMIT")
     }
 
     static func isSuccess(_ status: ExecStatusType) -> Bool {

@@ -34,15 +34,14 @@ struct StoredNotificationGate: Sendable {
         var jws: String?
     }
 
-    /// Judges up to `limit` held jobs in the caller's transaction (rows locked SKIP LOCKED, so
-    /// workers share the work) and returns the genuine ones,
-    /// still locked, for the caller to apply before it commits; forged ones are recorded in the
-    /// same transaction, and reported by `report(_:)` once it has committed (a batch that rolls
-    /// back and runs again judges them again). With nothing held it costs one empty range of the
-    /// claim index (priority 2, run_at infinity): one round trip per batch. Jobs whose key cannot
-    /// be had now (Apple unreachable) stay held for the next pass.
-    func verifyHeld(on connection: PostgresConnection, limit: Int) async throws -> JobQueue.HeldVerdicts {
-        let rows = try await connection.query(JobQueue.heldNotificationsQuery(limit: limit))
+    /// Judges the held jobs the caller's transaction read and locked (`JobQueue.heldNotificationsQuery`,
+    /// SKIP LOCKED, so workers share the work) and returns the genuine ones, still locked, for the
+    /// caller to apply before it commits; forged ones are recorded in the same transaction, and
+    /// reported by `report(_:)` once it has committed (a batch that rolls back and runs again
+    /// judges them again). The read travels with the batch's BEGIN; with nothing held it costs one
+    /// empty range of the claim index (priority 2, run_at infinity). Jobs whose key cannot be had
+    /// now (Apple unreachable) stay held for the next pass.
+    func verifyHeld(_ rows: PostgresRows, on connection: PostgresConnection) async throws -> JobQueue.HeldVerdicts {
         var verdicts = JobQueue.HeldVerdicts()
         for row in rows {
             let held = Held(

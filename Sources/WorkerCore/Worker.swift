@@ -162,8 +162,9 @@ package final class Worker: Sendable {
 
     // MARK: Wake-ups
 
-    /// `LISTEN siwa_jobs` on a dedicated connection; each NOTIFY rings as many notification loops as
-    /// it announces full batches (at least one), and the Apple-calling loop.
+    /// `LISTEN siwa_jobs` on a dedicated connection; each burst of NOTIFYs rings as many notification
+    /// loops as it announces batches of notification jobs, and the Apple-calling loop and the
+    /// webhook dispatcher when it announces jobs of theirs (`JobWakeUp`).
     private func listenLoop() async {
         var connection: PostgresConnection?
         var failures = 0
@@ -188,9 +189,10 @@ package final class Worker: Sendable {
                 // SKIP LOCKED (the others' claims come back empty at once), and a random pause would
                 // only add to every effect's delay.
                 if !notifications.isEmpty, !stopping {
-                    for _ in 0..<batchesFor(notifications) { notificationBell.ring() }
-                    callBell.ring()
-                    webhooks?.wake()
+                    let wakeUp = JobWakeUp(notifications)
+                    for _ in 0..<batchesFor(wakeUp.notificationJobs) { notificationBell.ring() }
+                    if wakeUp.calls { callBell.ring() }
+                    if wakeUp.webhooks { webhooks?.wake() }
                 }
             } catch {
                 // A NOTIFY sent while we reconnect is missed; the poll picks its job up.
@@ -206,12 +208,11 @@ package final class Worker: Sendable {
         connection?.close()
     }
 
-    /// How many notification loops a wake-up should start: one per full batch the NOTIFY payloads
-    /// announce (each payload is the number of jobs one statement queued), at most one per loop.
-    private func batchesFor(_ notifications: [PostgresNotification]) -> Int {
-        let queued = notifications.reduce(0) { $0 + (Int($1.payload) ?? 1) }
+    /// How many notification loops a wake-up should start: one per full batch of the notification
+    /// jobs the NOTIFY payloads announce, at most one per loop; none when they announce none.
+    private func batchesFor(_ queued: Int) -> Int {
         let batches = (queued + configuration.notificationBatch - 1) / configuration.notificationBatch
-        return min(max(batches, 1), configuration.notificationConnections)
+        return min(batches, configuration.notificationConnections)
     }
 
     private func maintenanceBellFreeSleep(_ duration: Duration) async {
@@ -231,10 +232,11 @@ package final class Worker: Sendable {
         var lastBatch = Duration.zero
         var failures = 0
         let (gate, metrics) = (gate, metrics)
-        let verifyHeld: @Sendable (PostgresConnection, Int) async throws -> JobQueue.HeldVerdicts = { connection, limit in
+        let verifyHeld: @Sendable (PostgresConnection, PostgresRows) async throws -> JobQueue.HeldVerdicts = {
+            connection, rows in
             let started = ContinuousClock.now
             defer { metrics.verifySeconds.observe((ContinuousClock.now - started).seconds) }
-            return try await gate.verifyHeld(on: connection, limit: limit)
+            return try await gate.verifyHeld(rows, on: connection)
         }
         while !stopping {
             do {

@@ -71,7 +71,7 @@ struct WorkerMetrics: Sendable {
             help: "One notification batch as the worker sees it: verifying held notifications, claim, effects and completion, and its commit.")
         verifySeconds = registry.histogram(
             "siwa_worker_notification_verify_seconds",
-            help: "Inside one notification batch: reading and verifying the held notifications (jws and columns), before their effects.")
+            help: "Inside one notification batch: verifying the held notifications it read (jws and columns), before their effects.")
         deferred = registry.counter(
             "siwa_worker_notifications_deferred_total",
             help: "Notification jobs a batch left queued because another transaction held their account (a later batch takes them).")

@@ -219,6 +219,68 @@ struct PostgresConnectionTests {
         }
     }
 
+    /// The notification batch's transaction: BEGIN travels with the read, the write with COMMIT.
+    /// Whatever fails (the read, the caller's decision, the write, the COMMIT itself) leaves nothing
+    /// written and the session ready for the next transaction.
+    @Test func twoRoundTripTransactionsCommitOrRollBack() async throws {
+        struct Boom: Error {}
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery(
+                "CREATE TABLE ledger (n int PRIMARY KEY); INSERT INTO ledger VALUES (1); "
+                    + "CREATE TABLE once (n int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+            func ledger() async throws -> [Int] {
+                try await connection.query("SELECT n FROM ledger ORDER BY n").map { try $0.decode(Int.self, column: "n") }
+            }
+            let written = try await connection.withTransaction(opening: "SELECT max(n) AS top FROM ledger") {
+                transaction, opened in
+                let top = try opened[0].decode(Int.self, column: "top")
+                try await transaction.execute("INSERT INTO ledger VALUES (\(top + 10))")  // a statement of its own between
+                return "INSERT INTO ledger VALUES (\(top + 1)) RETURNING n"
+            }
+            #expect(try written.map { try $0.decode(Int.self, column: "n") } == [2])
+            #expect(try await ledger() == [1, 2, 11])
+
+            let duplicate = await #expect(throws: PostgresError.self) {
+                try await connection.withTransaction(opening: "SELECT 1") { transaction, _ in
+                    try await transaction.execute("INSERT INTO ledger VALUES (\(20))")
+                    return "INSERT INTO ledger VALUES (\(1))"
+                }
+            }
+            #expect(duplicate?.sqlState == "23505")
+            await #expect(throws: Boom.self) {
+                try await connection.withTransaction(opening: "INSERT INTO ledger VALUES (\(30))") { _, _ in throw Boom() }
+            }
+            var decided = false
+            let missing = await #expect(throws: PostgresError.self) {
+                try await connection.withTransaction(opening: "SELECT * FROM missing") { _, _ in
+                    decided = true
+                    return "INSERT INTO ledger VALUES (\(40))"
+                }
+            }
+            #expect(missing?.sqlState == "42P01" && !decided)
+            // Checked only at COMMIT: the write went through, the COMMIT fails, nothing stays.
+            let atCommit = await #expect(throws: PostgresError.self) {
+                try await connection.withTransaction(opening: "INSERT INTO ledger VALUES (\(50))") { _, _ in
+                    "INSERT INTO once VALUES (\(1)), (\(1))"
+                }
+            }
+            #expect(atCommit?.sqlState == "23505")
+            #expect(try await ledger() == [1, 2, 11])
+            #expect(try await connection.int("SELECT count(*) FROM once") == 0)
+
+            // Prepared once a session; a session that lost them (a pooling proxy) still commits once.
+            #expect(try await connection.int("SELECT count(*) FROM pg_prepared_statements") > 0)
+            try await connection.simpleQuery("DEALLOCATE ALL")
+            _ = try await connection.withTransaction(opening: "SELECT max(n) AS top FROM ledger") { _, opened in
+                "INSERT INTO ledger VALUES (\(try opened[0].decode(Int.self, column: "top") + 1))"
+            }
+            #expect(try await ledger() == [1, 2, 11, 12])
+            #expect(try await connection.int("SELECT count(*) FROM pg_prepared_statements") == 0)
+        }
+    }
+
     @Test func skipLockedSplitsRowsBetweenConnections() async throws {
         try await withTestSchema { schema in
             let first = try await schema.connect()

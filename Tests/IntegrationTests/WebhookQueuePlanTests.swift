@@ -29,8 +29,7 @@ struct WebhookQueuePlanTests {
             _ = try await connection.query("SELECT * FROM siwa.claim_webhook_deliveries('plan-test', 0, 60)")
             _ = try await connection.query("SELECT * FROM siwa.finish_webhook_deliveries('{}', '{}', '{}', '{}', '{}')")
 
-            let claim = try await buffers(
-                "\(unsafeSQL: Self.explain) SELECT * FROM siwa.claim_webhook_deliveries('plan-test', 32, 60)", on: connection)
+            let claim = try await connection.buffersTouched(by: "SELECT * FROM siwa.claim_webhook_deliveries('plan-test', 32, 60)")
             let claimed = try await connection.query(
                 "SELECT id, attempt, sub FROM siwa.jobs WHERE kind = 'webhook' AND state = 'running' ORDER BY id")
             #expect(claimed.count == 32)
@@ -43,11 +42,11 @@ struct WebhookQueuePlanTests {
             let actions = ["retry"] + Array(repeating: "completed", count: ids.count - 1)
             let texts = ["answered 503"] + Array(repeating: "delivered 204", count: ids.count - 1)
             let retryMilliseconds: [Int64] = [60_000] + Array(repeating: 0, count: ids.count - 1)
-            let finish = try await buffers(
-                """
-                \(unsafeSQL: Self.explain) SELECT * FROM siwa.finish_webhook_deliveries(
+            let finish = try await connection.buffersTouched(
+                by: """
+                SELECT * FROM siwa.finish_webhook_deliveries(
                     \(ids)::bigint[], \(attempts)::bigint[], \(actions)::text[], \(texts)::text[], \(retryMilliseconds)::bigint[])
-                """, on: connection)
+                """)
             #expect(finish < Self.queued / 4, "writing 32 results touched \(finish) buffers with \(Self.queued) queued")
             #expect(try await connection.int("SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state = 'completed'") == 31)
             // The retried one and its account's 3 later changes, due in a minute.
@@ -55,16 +54,5 @@ struct WebhookQueuePlanTests {
                 "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND sub = \(retriedSub) AND run_at > now() + interval '30 seconds'")
                 == 4)
         }
-    }
-
-    static let explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)"
-
-    /// Shared buffers (hit or read) an `explain`ed statement touched, its nested statements included.
-    func buffers(_ explained: PostgresQuery, on connection: PostgresConnection) async throws -> Int {
-        let rows = try await connection.query(explained)
-        let text = try rows[0].decode(String.self, column: "QUERY PLAN")
-        let plans = try #require(try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [[String: Any]])
-        let plan = try #require(plans.first?["Plan"] as? [String: Any])
-        return (plan["Shared Hit Blocks"] as? Int ?? 0) + (plan["Shared Read Blocks"] as? Int ?? 0)
     }
 }

@@ -50,6 +50,18 @@ extension PostgresConnection {
         try await self.query(query).first!.decode(Int.self, at: 0)
     }
 
+    /// Shared buffers (hit or read) `query` touched, run under EXPLAIN ANALYZE: the statements of
+    /// the functions it calls are counted too. What a statement costs in work, not in time.
+    func buffersTouched(by query: PostgresQuery) async throws -> Int {
+        var explained = query
+        explained.sql = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query.sql
+        let text = try await self.query(explained)[0].decode(String.self, column: "QUERY PLAN")
+        guard let plans = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [[String: Any]],
+            let plan = plans.first?["Plan"] as? [String: Any]
+        else { throw ServiceProcessError(message: "EXPLAIN gave no plan for \(query.sql): \(text)") }
+        return (plan["Shared Hit Blocks"] as? Int ?? 0) + (plan["Shared Read Blocks"] as? Int ?? 0)
+    }
+
     /// Polls `query` (one integer) until `done` says so, or fails after `timeout` with the last value.
     @discardableResult
     func waitFor(

@@ -3,6 +3,7 @@ import JobQueue
 import Logging
 import Postgres
 import Testing
+import WorkerCore
 
 #if canImport(Glibc)
     import Glibc
@@ -197,6 +198,36 @@ struct WorkerTests {
 extension WorkerTests {
 @Suite("Worker JobQueue library")
 struct JobQueueLibrary {
+    /// `siwa.wake_workers` names the loops that have work (`JobWakeUp`): stored notifications wake
+    /// notification loops only, a deletion request the Apple-calling loop, a change with a webhook
+    /// endpoint registered the dispatcher. Each woke all three before, and every notification
+    /// stored cost an empty claim of Apple-calling jobs.
+    @Test func wakeUpsNameTheKindsOfJobQueued() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            let listener = try await database.connect()
+            defer {
+                connection.close()
+                listener.close()
+            }
+            try await listener.listen("siwa_jobs")
+            func heard() async throws -> JobWakeUp {
+                JobWakeUp(try await listener.waitForNotifications(timeout: .seconds(5)))
+            }
+            try await database.queueNotifications(3, on: connection)
+            #expect(try await heard() == JobWakeUp(notificationJobs: 3))
+            _ = try await connection.query("SELECT siwa.request_deletion('com.example.app', 'carol')")
+            #expect(try await heard() == JobWakeUp(calls: true))
+            try await connection.execute("INSERT INTO siwa.webhook_endpoint (endpoint) VALUES ('http://127.0.0.1:9/hooks')")
+            try await connection.execute(
+                """
+                INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status)
+                VALUES ('com.example.app', 'dave', 'user-dave', 'email_enabled', 'active')
+                """)
+            #expect(try await heard() == JobWakeUp(webhooks: true))
+        }
+    }
+
     @Test func fencedCompletionRejectsTheFirstWorkerAfterRescue() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
@@ -377,9 +408,11 @@ struct JobQueueLibrary {
         }
     }
 
-    /// The gate's read of held jobs stays on the claim index once most of a backlog analyzed while
-    /// held has completed (written `= 'infinity' ORDER BY id`, it walked the primary key past
-    /// every completed job: jobs_pkey in this plan).
+    /// The gate's read of held jobs costs what it reads, not the queue's history, once most of a
+    /// backlog analyzed while held has completed. Written `= 'infinity' ORDER BY id`, it walked the
+    /// primary key past every completed job (21,761 buffers for 10 rows here; 132 this way). The
+    /// first call of a session also reads the catalogs, so it is not counted; the later ones run
+    /// the plan the session made once and kept.
     @Test func heldReadStaysOnTheClaimIndexAsTheBacklogCompletes() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
@@ -387,14 +420,22 @@ struct JobQueueLibrary {
             try await database.queueNotifications(20_000, on: connection)
             try await connection.simpleQuery("UPDATE siwa.jobs SET run_at = 'infinity'; ANALYZE siwa.jobs; ANALYZE siwa.notifications")
             try await connection.simpleQuery("UPDATE siwa.jobs SET state = 'completed' WHERE id <= 18000")
-            var explain = JobQueue.heldNotificationsQuery(limit: 250)
-            explain.sql = "EXPLAIN " + explain.sql
-            let plan = try await connection.query(explain).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
-            #expect(plan.contains("Index Scan using jobs_claim_notification"), "\(plan)")
-            #expect(!plan.contains("jobs_pkey"), "\(plan)")
+            for run in 0...2 {
+                try await connection.simpleQuery("BEGIN")
+                let buffers = try await connection.buffersTouched(by: JobQueue.heldNotificationsQuery(limit: 10))
+                try await connection.simpleQuery("ROLLBACK")
+                #expect(run == 0 || buffers < 1_000, "run \(run): reading 10 held jobs touched \(buffers) buffers with 18,000 completed")
+            }
+            try await connection.simpleQuery("BEGIN")
+            let held = try await connection.query(JobQueue.heldNotificationsQuery(limit: 10))
+            try await connection.simpleQuery("ROLLBACK")
+            #expect(try held.map { try $0.decode(Int64.self, column: "id") } == Array(18_001...18_010))
         }
     }
 
+    /// Both claims stay on their indexes after the table was analyzed empty and then filled. The
+    /// call claim touches 18 buffers after its session's first call (which reads the catalogs);
+    /// a sequential scan of the 20,000 notification jobs would touch several hundred.
     @Test func claimStaysAnIndexScanAfterTheTableWasAnalyzedEmpty() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
@@ -410,11 +451,17 @@ struct JobQueueLibrary {
                 """
             ).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
             #expect(notificationPlan.contains("Index Scan using jobs_claim_notification"), "\(notificationPlan)")
-            var explain = JobQueue.claimQuery(worker: "w", limit: 4, lease: .seconds(60))
-            explain.sql = "EXPLAIN " + explain.sql
-            let callPlan = try await connection.query(explain).map { try $0.decode(String.self, at: 0) }.joined(separator: "\n")
-            #expect(callPlan.contains("jobs_claim_calls"), "\(callPlan)")
-            #expect(!callPlan.contains("Seq Scan on jobs"), "\(callPlan)")
+            for run in 0...2 {
+                try await connection.simpleQuery("BEGIN")
+                let buffers = try await connection.buffersTouched(
+                    by: JobQueue.claimQuery(worker: "w", limit: 4, lease: .seconds(60)))
+                try await connection.simpleQuery("ROLLBACK")
+                #expect(run == 0 || buffers < 100, "run \(run): claiming Apple-calling jobs touched \(buffers) buffers with 20,000 notification jobs queued")
+            }
+            let pool = PostgresPool(conninfo: database.url, size: 1, logger: TestDatabase.logger)
+            defer { pool.close() }
+            let claimed = try await JobQueue(pool: pool).claim(worker: "w", limit: 4, lease: .seconds(60))
+            #expect(claimed.map(\.kind) == [.exchange] && claimed.map(\.attempt) == [1])
         }
     }
 }

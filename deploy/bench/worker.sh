@@ -525,7 +525,7 @@ print(f"  a batch as the worker sees it (round trip, commit included): mean {100
 rows = [line.rstrip("\n").split("\t") for line in open(statements) if line.strip()]
 top = next((r for r in rows if "run_notification_batch" in r[4] and r[4].lstrip().upper().startswith("SELECT JOB_ID")), None)
 verify_sum = values.get("siwa_worker_notification_verify_seconds_sum", 0)
-print(f"  verifying the held notifications in the worker (read, RS256 and columns; inside the batch's transaction): "
+print(f"  verifying the held notifications in the worker (RS256 and columns; inside the batch's transaction): "
       f"mean {1000 * verify_sum / max(batches, 1):.2f} ms a batch, {1e6 * verify_sum / max(jobs, 1):.0f} us a job")
 if top:
     top_ms = float(top[1])
