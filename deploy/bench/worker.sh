@@ -36,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" WORKER_BIN=path COMPARE_BIN=path
+#   RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" PERF=1 WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -258,20 +258,35 @@ stop_workers() {
 }
 per_job_us() { python3 -c "print(round(1e6 * $1 / $2))"; }
 # wait_completed COUNT SECONDS WHAT: until the running workers have completed COUNT jobs, read from
-# their /metrics (polling PostgreSQL would add its own CPU to what the run is charged).
+# their /metrics (polling PostgreSQL would add its own CPU to what the run is charged). One Python
+# process polls over kept-alive connections: a curl and an awk per worker every 100 ms took 8 % of
+# this machine's CPU from the workers being measured (perf, PERF=1), and the raw peer has no poller.
 wait_completed() {
-  local deadline=$((SECONDS + $2))
-  while :; do
-    local done=0
-    for port in "${worker_ports[@]}"; do
-      local n; n=$(curl -fs "http://127.0.0.1:$port/metrics" 2>/dev/null \
-        | awk '/^siwa_worker_jobs_completed_total/ {s += $2} END {print s + 0}') || n=0  # not listening yet
-      done=$((done + ${n:-0}))
-    done
-    (( done >= $1 )) && return 0
-    (( SECONDS > deadline )) && { echo "bench: $3 did not finish within $2 s ($done of $1 jobs)" >&2; exit 1; }
-    sleep 0.1
-  done
+  python3 - "$1" "$2" "$3" "${worker_ports[@]}" <<'PY' || exit 1
+import http.client, re, sys, time
+target, seconds, what, ports = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+deadline = time.monotonic() + seconds
+connections = {}
+def completed(port):
+    for _ in range(2):  # a kept-alive connection the worker closed is opened once more
+        try:
+            connection = connections.get(port) or http.client.HTTPConnection("127.0.0.1", int(port), timeout=5)
+            connections[port] = connection
+            connection.request("GET", "/metrics")
+            body = connection.getresponse().read().decode()
+            return sum(float(m.group(1)) for m in re.finditer(r"^siwa_worker_jobs_completed_total(?:\{[^}]*\})? (\S+)$", body, re.M))
+        except (OSError, http.client.HTTPException):
+            connections.pop(port, None)
+    return 0  # not listening yet
+while True:
+    done = sum(completed(port) for port in ports)
+    if done >= target:
+        sys.exit(0)
+    if time.monotonic() > deadline:
+        print(f"bench: {what} did not finish within {seconds:.0f} s ({done:.0f} of {target} jobs)", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(0.1)
+PY
 }
 wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or running
   local deadline=$((SECONDS + $1))
@@ -485,14 +500,41 @@ procrastinate_run() {  # procrastinate_run PROCESSES -> out=jobs/s
 # effects, completion and commit; the jobs left queued because their account was busy),
 # pg_stat_statements with nested statements tracked (the plpgsql's statements one by one), and the
 # WAL fsyncs (pg_stat_wal).
+# PERF=1: also where the CPU went while the workers drained (perf, every process of the machine
+# sampled): the share of each program, then the hottest functions of the worker and of PostgreSQL.
+perf_summary() {  # perf_summary DATA (while the workers still run: their pids name their threads)
+  command -v perf >/dev/null || { echo "  (PERF set, but perf is not installed)"; return; }
+  local pids; pids=$(IFS=,; echo "${workers[*]}")
+  echo "  CPU samples while draining (perf, whole machine, share of all samples): by program, then the hottest functions"
+  local worker_share; worker_share=$(perf report -i "$1" --pid "$pids" --sort pid --stdio 2>/dev/null \
+    | awk '/^ +[0-9.]+%/ {s += $1} END {printf "%.2f%%", s}' || true)
+  echo "    $(printf '%7s' "$worker_share")  siwa-worker (every thread)"
+  perf report -i "$1" --sort comm --stdio 2>/dev/null | grep -v -e 'qos' -e 'siwa-worker' \
+    | awk '/^ +[0-9.]+%/ && $1+0 >= 1 {printf "    %7s  %s\n", $1, $2}' | head -6 || true
+  for who in siwa-worker postgres; do
+    echo "    $who:"
+    if [[ $who == siwa-worker ]]; then set -- "$1" --pid "$pids"; else set -- "$1" --comm postgres; fi
+    perf report -i "$@" --sort dso,sym --stdio 2>/dev/null \
+      | awk '/^ +[0-9.]+%/ {pct=$1; $1=""; sub(/^ +/, ""); printf "      %7s  %s\n", pct, substr($0, 1, 110)}' | head -12 || true
+    set -- "${@:1:1}"
+  done
+}
+
 profile() {  # profile MIX PROCESSES
   sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" \
       -c "ALTER SYSTEM SET track_wal_io_timing = on" -c "SELECT pg_reload_conf()" >/dev/null
   queue "$1" worker >/dev/null
   sql -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
-  local started; started=$(now)
+  local started; started=$(now) perf_pid=
+  if [[ -n ${PERF:-} ]]; then  # CPU samples of the whole machine while the workers drain the queue
+    perf record -a -F 997 -o "$work/perf.data" >/dev/null 2>&1 & perf_pid=$!
+  fi
   start_workers "$2"
   wait_completed "$N" 300 "the profiled run"
+  if [[ -n $perf_pid ]]; then
+    kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true
+    perf_summary "$work/perf.data"; cp "$work/perf.data" /tmp/perf-last.data # TEMP
+  fi
   : >"$work/metrics.txt"
   for port in "${worker_ports[@]}"; do curl -fs "http://127.0.0.1:$port/metrics" >>"$work/metrics.txt" || true; done
   stop_workers
