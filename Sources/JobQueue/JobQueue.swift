@@ -138,14 +138,17 @@ package struct JobQueue: Sendable {
     /// them (and records the forged ones in the same transaction), and the batch, which takes the
     /// genuine ones before any due job, travels with COMMIT. A rollback leaves them held. It runs
     /// again for the isolated retry, so the verdicts returned are those of the transaction that committed.
+    /// `skipBusyAccounts`: read only held jobs of users no other batch is taking.
     package func runVerifiedNotificationBatch(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy, skipBusyAccounts: Bool = false,
         verifyHeld: @Sendable (PostgresConnection, PostgresRows) async throws -> HeldVerdicts
     ) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
         try await pool.withConnection { connection in
             func run(isolate: Bool) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
                 var verdicts = HeldVerdicts()
-                let rows = try await connection.withTransaction(opening: Self.heldNotificationsQuery(limit: limit)) {
+                let rows = try await connection.withTransaction(
+                    opening: Self.heldNotificationsQuery(limit: limit, skipBusyAccounts: skipBusyAccounts)
+                ) {
                     connection, heldRows in
                     let held = try await verifyHeld(connection, heldRows)
                     verdicts = held
@@ -258,11 +261,12 @@ package struct JobQueue: Sendable {
 
     /// Up to `limit` held notification jobs (stored by a `siwa_receiver` login, `run_at` infinity),
     /// locked SKIP LOCKED, with every column the gate checks and the jws, oldest first
-    /// (`siwa.held_notification_jobs`, planned once a session).
-    package static func heldNotificationsQuery(limit: Int) -> PostgresQuery {
+    /// (`siwa.held_notification_jobs`, planned once a session). `skipBusyAccounts`: only jobs of
+    /// users no other batch is taking (see the function).
+    package static func heldNotificationsQuery(limit: Int, skipBusyAccounts: Bool = false) -> PostgresQuery {
         """
         SELECT id, jti, client_id, sub, event_type, event_ms, email, is_private_email, jws
-          FROM siwa.held_notification_jobs(\(limit)::integer)
+          FROM siwa.held_notification_jobs(\(limit)::integer, \(skipBusyAccounts))
         """
     }
 

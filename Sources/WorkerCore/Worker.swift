@@ -43,6 +43,8 @@ package final class Worker: Sendable {
         /// A notification batch left jobs queued (their accounts were busy) and its loop waits for
         /// the bell: the next batch that takes any job rings it.
         var deferredWaiting = false
+        /// Whether batches skip users other batches are taking (shared by this process's loops).
+        var busyAccounts = BusyAccountAvoidance()
     }
 
     /// - Parameter registry: shared with the handlers so their counters appear on `/metrics`.
@@ -243,9 +245,10 @@ package final class Worker: Sendable {
                 var again = false
                 repeat {
                     let started = ContinuousClock.now
+                    let skipBusyAccounts = state.withLock { $0.busyAccounts.isActive(at: started) }
                     let (results, held) = try await queue.runVerifiedNotificationBatch(
                         worker: configuration.workerID, limit: limit.value, lease: configuration.jobLease, policy: policy,
-                        verifyHeld: verifyHeld)
+                        skipBusyAccounts: skipBusyAccounts, verifyHeld: verifyHeld)
                     lastBatch = ContinuousClock.now - started
                     metrics.batchSeconds.observe(lastBatch.seconds)
                     gate.report(held)
@@ -260,6 +263,7 @@ package final class Worker: Sendable {
                     // took any job (its accounts' locks are gone with its commit) rings it, and
                     // `DeferredRetry` bounds the wait for a holder the bell cannot tell about.
                     let wake = state.withLock { state -> Bool in
+                        state.busyAccounts.record(deferred: deferred, at: ContinuousClock.now)
                         let wake = full || (taken > 0 && state.deferredWaiting)
                         if taken > 0 { state.deferredWaiting = false }
                         if deferred > 0 { state.deferredWaiting = true }

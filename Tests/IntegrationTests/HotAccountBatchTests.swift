@@ -143,6 +143,45 @@ struct HotAccountBatchTests {
     /// again soon, not at the next poll: nothing tells it when that transaction (an app's, or another
     /// worker process's batch) ends. With the poll at an hour, the job is applied once the account
     /// is free (it waited for the hour).
+    /// Two batches over the same hot users at once. Skipping busy users, the second reads none of
+    /// the first one's users' jobs (it would only have deferred them once their accounts turned out
+    /// busy) and takes the other users' jobs; without skipping it reads them. Once the first
+    /// commits, its users are free again.
+    @Test func aBatchSkippingBusyUsersLeavesTheirJobsToTheBatchTakingThem() async throws {
+        try await withMigratedDatabase { database in
+            let first = try await database.connect()
+            let second = try await database.connect()
+            defer {
+                first.close()
+                second.close()
+            }
+            // Held jobs, alternating between alice and bob, then carol's two.
+            for (prefix, sub) in [("a", "alice"), ("b", "bob"), ("a2", "alice"), ("b2", "bob"), ("a3", "alice"), ("b3", "bob")] {
+                try await database.queueNotifications(1, prefix: prefix, sub: sub, on: first)
+            }
+            try await database.queueNotifications(2, prefix: "c", sub: "carol", on: first)
+            try await first.execute("UPDATE siwa.jobs SET run_at = 'infinity'")
+            func subs(_ rows: PostgresRows) throws -> [String] { try rows.map { try $0.decode(String.self, column: "sub") } }
+
+            try await first.simpleQuery("BEGIN")
+            let taken = try await first.query(JobQueue.heldNotificationsQuery(limit: 2, skipBusyAccounts: true))
+            #expect(try subs(taken) == ["alice", "bob"])
+            for skipping in [false, true] {
+                try await second.simpleQuery("BEGIN")
+                let rows = try await second.query(JobQueue.heldNotificationsQuery(limit: 10, skipBusyAccounts: skipping))
+                try await second.simpleQuery("ROLLBACK")
+                #expect(
+                    try subs(rows) == (skipping ? ["carol", "carol"] : ["alice", "bob", "alice", "bob", "carol", "carol"]),
+                    "skipping busy users: \(skipping)")
+            }
+            try await first.simpleQuery("COMMIT")
+            try await second.simpleQuery("BEGIN")
+            let after = try await second.query(JobQueue.heldNotificationsQuery(limit: 10, skipBusyAccounts: true))
+            try await second.simpleQuery("ROLLBACK")
+            #expect(try subs(after) == ["alice", "bob", "alice", "bob", "alice", "bob", "carol", "carol"])
+        }
+    }
+
     @Test func aDeferredJobIsTriedAgainWithoutWaitingForThePoll() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()

@@ -60,4 +60,20 @@ struct DeferredRetryTests {
         retry.record(deferred: 1)
         #expect(retry.wait(after: .zero) == .milliseconds(1))
     }
+
+    /// Asked for from a batch that deferred jobs until a window passes without another; a process
+    /// whose batches never meet busy accounts never asks (it would only fill the lock table).
+    @Test func busyUsersAreSkippedOnlyWhileBatchesMeetThem() {
+        let start = ContinuousClock.now
+        var avoidance = BusyAccountAvoidance(window: .seconds(10))
+        avoidance.record(deferred: 0, at: start)
+        #expect(!avoidance.isActive(at: start))
+        avoidance.record(deferred: 3, at: start + .seconds(1))
+        #expect(avoidance.isActive(at: start + .seconds(1)))
+        avoidance.record(deferred: 0, at: start + .seconds(6))  // a batch that did not defer changes nothing
+        #expect(avoidance.isActive(at: start + .milliseconds(10_999)))
+        #expect(!avoidance.isActive(at: start + .seconds(11)))
+        avoidance.record(deferred: 1, at: start + .seconds(20))
+        #expect(avoidance.isActive(at: start + .seconds(29)))
+    }
 }
