@@ -2200,7 +2200,6 @@ extension FunctionDefinitions {
             -- only while its batches meet busy accounts: each claimed user is one entry in PostgreSQL's lock
             -- table (max_locks_per_transaction x max_connections entries), and batches of distinct users,
             -- the usual load, do not need it.
-            DROP FUNCTION IF EXISTS siwa.held_notification_jobs(integer);
             CREATE OR REPLACE FUNCTION siwa.held_notification_jobs(p_limit integer, p_skip_busy_accounts boolean DEFAULT false)
             RETURNS TABLE (id bigint, jti text, client_id text, sub text, event_type text, event_ms bigint, email text,
                            is_private_email boolean, jws text)
