@@ -29,8 +29,8 @@ import Testing
     }
 
     static let releases = [
+        Release(commit: "6e46121", migrations: Set(1...9).union([14])),
         Release(commit: "a000c5f", migrations: Set(1...9).union([14])),
-        Release(commit: "701d7e9", migrations: Set(1...9)),
     ]
 
     @Test(arguments: releases) func workQueuedByARecentReleaseFinishesAfterTheUpgrade(_ release: Release) async throws {
