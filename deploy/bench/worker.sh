@@ -533,7 +533,7 @@ profile() {  # profile MIX PROCESSES
   wait_completed "$N" 300 "the profiled run"
   if [[ -n $perf_pid ]]; then
     kill -INT "$perf_pid" 2>/dev/null; wait "$perf_pid" 2>/dev/null || true
-    perf_summary "$work/perf.data"; cp "$work/perf.data" /tmp/perf-last.data # TEMP
+    perf_summary "$work/perf.data"
   fi
   : >"$work/metrics.txt"
   for port in "${worker_ports[@]}"; do curl -fs "http://127.0.0.1:$port/metrics" >>"$work/metrics.txt" || true; done
