@@ -77,11 +77,24 @@ package struct BusyAccountAvoidance: Sendable, Equatable {
         self.window = window
     }
 
+    /// Until then skipping is not asked for, whatever batches meet (see `standDown`).
+    package private(set) var stoodDownUntil: ContinuousClock.Instant?
+
     package mutating func record(deferred: Int, at now: ContinuousClock.Instant) {
         if deferred > 0 { lastDeferral = now }
     }
 
+    /// After a batch failed for lack of shared memory (PostgreSQL's lock table full, which these
+    /// locks may have filled): not asked for during the next `window`, so batches defer instead of
+    /// failing. Returns whether it was asked for (the failure may be ours).
+    package mutating func standDown(at now: ContinuousClock.Instant) -> Bool {
+        let wasActive = isActive(at: now)
+        stoodDownUntil = now + window
+        return wasActive
+    }
+
     package func isActive(at now: ContinuousClock.Instant) -> Bool {
+        if let stoodDownUntil, now < stoodDownUntil { return false }
         guard let lastDeferral else { return false }
         return now - lastDeferral < window
     }

@@ -281,6 +281,15 @@ package final class Worker: Sendable {
             } catch {
                 failures += 1
                 metrics.batchFailures.increment()
+                if (error as? PostgresError)?.sqlState == "53200",
+                    state.withLock({ $0.busyAccounts.standDown(at: ContinuousClock.now) })
+                {
+                    // Out of shared memory: most likely the lock table, full of the advisory locks
+                    // that keep batches over hot accounts apart. Batches defer instead for a while.
+                    logger.warning(
+                        "siwa-worker: PostgreSQL's lock table is full; batches stop skipping busy accounts for a while (raise max_locks_per_transaction)",
+                        metadata: ["kind": "notification", "error": "\(error)"])
+                }
                 if error.isPostgresConnectionProblem {
                     // No writable database (a restart, a failover): say so once, then try again
                     // soon, so the new primary's backlog starts draining within seconds.

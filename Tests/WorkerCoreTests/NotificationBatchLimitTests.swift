@@ -76,4 +76,21 @@ struct DeferredRetryTests {
         avoidance.record(deferred: 1, at: start + .seconds(20))
         #expect(avoidance.isActive(at: start + .seconds(29)))
     }
+
+    /// A batch that failed for lack of shared memory while skipping (the lock table full) stops
+    /// the skipping for a window, deferrals or not; one that failed without skipping reports no cause.
+    @Test func aFullLockTableStandsSkippingDown() {
+        let start = ContinuousClock.now
+        var avoidance = BusyAccountAvoidance(window: .seconds(10))
+        let idle = avoidance.standDown(at: start)
+        #expect(!idle)
+        avoidance.record(deferred: 2, at: start + .seconds(20))
+        #expect(avoidance.isActive(at: start + .seconds(21)))
+        let skipping = avoidance.standDown(at: start + .seconds(21))
+        #expect(skipping)
+        avoidance.record(deferred: 5, at: start + .seconds(25))
+        #expect(!avoidance.isActive(at: start + .seconds(30)))
+        #expect(avoidance.isActive(at: start + .seconds(31)))  // the deferral at 25 s still counts
+        #expect(!avoidance.isActive(at: start + .seconds(36)))
+    }
 }
