@@ -41,10 +41,6 @@ package final class LoopbackHTTPClient: Sendable {
         self.keptBodyBytes = min(max(0, keptBodyBytes), LoopbackHTTPConnection.maximumReadBodyBytes)
     }
 
-    deinit {
-        for connection in idle.withLock({ $0 }) { connection.close() }
-    }
-
     /// POSTs `body` (JSON) to `target` (a path and query; the URL's own when nil) with `headers`
     /// added; blocks until the answer or `deadline`. A kept connection the server closed meanwhile
     /// (it answered nothing at all on it) is replaced once by a fresh one: nothing was answered, so

@@ -54,6 +54,7 @@ final class LoopbackHTTPConnection: @unchecked Sendable {
         }
     }
 
+    // Closed with its last reference too: a client dropped with idle connections leaks no descriptor.
     deinit { close() }
 
     func close() {
