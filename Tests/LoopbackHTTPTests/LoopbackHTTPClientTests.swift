@@ -11,8 +11,9 @@ import Testing
 /// The HTTP/1.1 client of our own against a server that answers byte for byte as each test scripts
 /// it: the answer shapes a server may send (length, chunked, to the end of the stream, an interim
 /// 100), the body limit, keep-alive and its end, and the failures that must read as failures.
-/// Every wait is bounded by the deadline each test passes; none asserts how long anything took.
-@Suite struct LoopbackHTTPClientTests {
+/// Every wait is bounded by the deadline each test passes; none asserts how long anything took
+/// (the suite's time limit only turns a client that ignored its deadline into a failure, not a hang).
+@Suite(.timeLimit(.minutes(1))) struct LoopbackHTTPClientTests {
     func client(_ server: ScriptedHTTPServer, path: String = "/hooks/siwa?key=k%20v", keptBodyBytes: Int = 1 << 20) throws
         -> LoopbackHTTPClient
     {
