@@ -30,6 +30,8 @@ let package = Package(
         .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], swiftSettings: strict),
         .target(name: "CryptoCore", dependencies: ["COpenSSL"], swiftSettings: strict),
         .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
+        // The one HTTP/1.1 client of our own (POSTs to a server on this host; sockets, poll(2)).
+        .target(name: "LoopbackHTTP", dependencies: ["Locking"], swiftSettings: strict),
 
         // Building blocks.
         .target(name: "JSON", swiftSettings: strict),
@@ -47,7 +49,7 @@ let package = Package(
                 swiftSettings: strict),
         .target(name: "WorkerCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
-                               "Logging", "AppleClient", "JSON"],
+                               "Logging", "AppleClient", "JSON", "LoopbackHTTP"],
                 swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),
@@ -62,7 +64,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer"],
+                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "LoopbackHTTP"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
@@ -78,12 +80,16 @@ let package = Package(
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),
+        .testTarget(name: "LoopbackHTTPTests", dependencies: ["LoopbackHTTP", "ScriptedHTTPServer"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
                     dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres"], swiftSettings: strict),
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
+                    swiftSettings: strict),
+        // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
+        .target(name: "ScriptedHTTPServer", path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",

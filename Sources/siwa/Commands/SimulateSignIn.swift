@@ -1,6 +1,7 @@
 import AppleClient
 import Foundation
 import Locking
+import LoopbackHTTP
 import SiwaCore
 #if canImport(FoundationNetworking)
     import FoundationNetworking
@@ -157,11 +158,16 @@ enum SimulateSignIn {
     /// and the driver's own CPU per sign-in. Each of the C lanes is a thread with one keep-alive
     /// connection to the API and one to the fake Apple, so the driver spends little of the CPU it
     /// shares with what it measures.
+    /// Longest wait for one request's answer (connect, write and read); a stalled server fails it.
+    static let answerTimeout: Duration = .seconds(30)
+    /// Largest answer kept (the driver's answers are a few hundred bytes).
+    static let maximumAnswerBytes = 1 << 20
+
     private static func load(_ request: Request) async -> Int32 {
-        guard let apiPort = LoopbackHTTPConnection.loopbackPort(of: request.apiURL),
-            let applePort = LoopbackHTTPConnection.loopbackPort(of: request.fakeAppleURL)
-        else {
-            FileHandle.standardError.write(Data("siwa simulate sign-in: --count drives a local stack: --api-url and --fake-apple-url must be http://127.0.0.1:PORT\n".utf8))
+        // Each lane has its own clients: one keep-alive connection to each. Answers are JSON kept whole.
+        let client: @Sendable (URL) -> LoopbackHTTPClient? = { url in LoopbackHTTPClient(url: url, keptBodyBytes: Self.maximumAnswerBytes) }
+        guard client(request.apiURL) != nil, client(request.fakeAppleURL) != nil else {
+            FileHandle.standardError.write(Data("siwa simulate sign-in: --count drives a local stack: --api-url and --fake-apple-url must be http:// to 127.0.0.1:PORT (or another loopback address)\n".utf8))
             return 2
         }
         let started = ContinuousClock.now
@@ -169,8 +175,7 @@ enum SimulateSignIn {
         let results = Locked<(latencies: [Double], failures: Int, firstFailure: String?)>(([], 0, nil))
         let next = Locked(0)
         let lane: @Sendable () -> Void = {
-            let api = LoopbackHTTPConnection(port: apiPort)
-            let apple = LoopbackHTTPConnection(port: applePort)
+            guard let api = client(request.apiURL), let apple = client(request.fakeAppleURL) else { return }
             while true {
                 let index = next.withLock { value -> Int? in
                     guard value < request.count else { return nil }
@@ -184,7 +189,12 @@ enum SimulateSignIn {
                     while let outgoing = try flow.next(after: answer) {
                         let body = try JSONSerialization.data(withJSONObject: outgoing.json)
                         let reply = try (outgoing.target == .api ? api : apple).post(
-                            "/" + outgoing.path, json: Array(body), bearer: outgoing.bearer)
+                            Array(body), to: "/" + outgoing.path, headers: outgoing.bearer.map { [("Authorization", "Bearer \($0)")] } ?? [],
+                            deadline: .now + Self.answerTimeout)
+                        guard reply.bodyEnd == .whole else {
+                            let why = reply.bodyEnd == .cutShort ? "cut short by the server" : "over 1 MiB"
+                            throw Failure(description: "/\(outgoing.path) answered \(reply.status) with a body \(why)")
+                        }
                         answer = (reply.status, String(decoding: reply.body, as: UTF8.self))
                     }
                     let (status, body, took) = flow.result!

@@ -1,0 +1,184 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+import Foundation
+
+/// A TCP server on 127.0.0.1 that reads each request (head and Content-Length body) and writes
+/// the bytes `script` gives for it (numbered across connections), then closes if told to.
+package final class ScriptedHTTPServer: @unchecked Sendable {
+    // @unchecked: the listening descriptor is set once; all shared state is behind `state`'s lock.
+    package enum Reply: Sendable {
+        case answer(String, thenClose: Bool = false)
+        /// Never answers (the client's timeout ends it).
+        case silent
+        /// Closes the connection without a byte of answer.
+        case closeWithoutAnswer
+        /// Answers once `openGate()` was called (at most 60 s later).
+        case heldUntilGateOpens(String)
+    }
+
+    private struct State {
+        var accepted = 0
+        var closed = 0
+        var heads: [String] = []
+        var bodies: [String] = []
+        var descriptors: [Int32] = []
+        var gateOpen = false
+        var held = 0
+        var mostHeld = 0
+    }
+
+    package let port: Int
+    private let listener: Int32
+    private let state = LockedState(State())
+    private let script: @Sendable (Int) -> Reply
+
+    package init(script: @escaping @Sendable (Int) -> Reply) throws {
+        self.script = script
+        let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        guard withUnsafePointer(to: &address, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketFD, $0, length) } }) == 0,
+            listen(socketFD, 16) == 0,
+            withUnsafeMutablePointer(to: &address, {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(socketFD, $0, &length) }
+            }) == 0
+        else {
+            close(socketFD)
+            throw CocoaError(.fileWriteUnknown)
+        }
+        listener = socketFD
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let listening = socketFD
+        Thread.detachNewThread { [self] in
+            while true {
+                let connection = accept(listening, nil, nil)
+                guard connection >= 0 else {
+                    // stop() shut it down; closed here, so no other test's socket can reuse the
+                    // number while this thread still uses it.
+                    close(listening)
+                    return
+                }
+                state.withLock {
+                    $0.accepted += 1
+                    $0.descriptors.append(connection)
+                }
+                Thread.detachNewThread { [self] in serve(connection) }
+            }
+        }
+    }
+
+    package var accepted: Int { state.withLock { $0.accepted } }
+    package var heads: [String] { state.withLock { $0.heads } }
+    package var bodies: [String] { state.withLock { $0.bodies } }
+
+    /// Shuts the sockets down; each is closed by the thread using it (a number closed here could
+    /// be reused by a parallel test's socket while that thread still reads from it).
+    package func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        state.withLock { state in
+            for descriptor in state.descriptors { shutdown(descriptor, Int32(SHUT_RDWR)) }
+        }
+    }
+
+    package func openGate() { state.withLock { $0.gateOpen = true } }
+
+    /// The most requests held unanswered at the same time.
+    package var mostHeldAtOnce: Int { state.withLock { $0.mostHeld } }
+
+    /// Waits (bounded) until `count` requests were read.
+    package func waitForRequests(_ count: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while state.withLock({ $0.heads.count }) < count {
+            guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    /// Waits (bounded) until `count` connections were closed by the server.
+    package func waitForClosed(_ count: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while state.withLock({ $0.closed }) < count {
+            guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    private func serve(_ connection: Int32) {
+        var buffered: [UInt8] = []
+        func fill() -> Bool {
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let count = chunk.withUnsafeMutableBytes { recv(connection, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return false }
+            buffered += chunk[0..<count]
+            return true
+        }
+        defer {
+            state.withLock { state in
+                // Under the lock: stop() never shuts down a number this has given back.
+                state.descriptors.removeAll { $0 == connection }
+                close(connection)
+                state.closed += 1
+            }
+        }
+        while true {
+            var end = buffered.firstRange(of: [13, 10, 13, 10])
+            while end == nil {
+                guard fill() else { return }
+                end = buffered.firstRange(of: [13, 10, 13, 10])
+            }
+            let head = String(decoding: buffered[..<end!.upperBound], as: UTF8.self)
+            buffered.removeFirst(end!.upperBound)
+            let length = head.lowercased().split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
+                .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+            while buffered.count < length { guard fill() else { return } }
+            let body = String(decoding: buffered[..<length], as: UTF8.self)
+            buffered.removeFirst(length)
+            let index = state.withLock { state -> Int in
+                state.heads.append(head)
+                state.bodies.append(body)
+                return state.heads.count - 1
+            }
+            switch script(index) {
+            case .silent:
+                while fill() {}
+                return
+            case .closeWithoutAnswer:
+                return
+            case .heldUntilGateOpens(let text):
+                state.withLock { state in
+                    state.held += 1
+                    state.mostHeld = max(state.mostHeld, state.held)
+                }
+                let deadline = Date().addingTimeInterval(60)
+                while !state.withLock({ $0.gateOpen }), Date() < deadline { usleep(5_000) }
+                state.withLock { $0.held -= 1 }
+                let bytes = Array(text.utf8)
+                _ = bytes.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            case .answer(let text, let thenClose):
+                let bytes = Array(text.utf8)
+                _ = bytes.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if thenClose { return }
+            }
+        }
+    }
+}
+
+/// A value behind an NSLock (test support depends on no module of the package).
+private final class LockedState<Value>: @unchecked Sendable {
+    // @unchecked: `value` is only touched while `lock` is held.
+    private let lock = NSLock()
+    private var value: Value
+
+    init(_ value: Value) { self.value = value }
+
+    func withLock<T>(_ body: (inout Value) -> T) -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return body(&value)
+    }
+}
