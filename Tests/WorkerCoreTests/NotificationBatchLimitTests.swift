@@ -59,6 +59,10 @@ struct DeferredRetryTests {
         #expect(retry.wait(after: .milliseconds(20)) == .seconds(1))
         retry.record(deferred: 1)
         #expect(retry.wait(after: .zero) == .milliseconds(1))
+        // A long poll interval does not let a held account's job wait longer than 2 s.
+        var patient = DeferredRetry(pollInterval: .seconds(3600))
+        for _ in 0..<30 { patient.record(deferred: 1) }
+        #expect(patient.wait(after: .milliseconds(20)) == .seconds(2))
     }
 
     /// Asked for from a batch that deferred jobs until a window passes without another; a process
