@@ -38,8 +38,12 @@ let package = Package(
         .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], swiftSettings: strict),
         .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
         .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "JSON"], swiftSettings: strict),
-        // sql/ embedded, and the migrator that applies it (the only building block over libpq).
-        .target(name: "Migrations", dependencies: ["Logging", "Postgres"], swiftSettings: strict),
+        // sql/ embedded at build time (the EmbedSQL plugin runs embed-sql), and the migrator that
+        // applies it.
+        .target(name: "Migrations", dependencies: ["Logging", "Postgres"], resources: [.process("SQL")],
+                swiftSettings: strict, plugins: ["EmbedSQLPlugin"]),
+        .executableTarget(name: "embed-sql", swiftSettings: strict),
+        .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
         .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
 

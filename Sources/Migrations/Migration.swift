@@ -1,4 +1,4 @@
-/// One numbered file of `sql/`, embedded in the binary by `deploy/scripts/embed-sql.sh`.
+/// One numbered file of `sql/`, embedded in the binary at build time (the EmbedSQL plugin).
 /// Numbered migrations change the schema (tables, columns, indexes, triggers, roles); once shipped
 /// they are never edited.
 package struct Migration: Sendable, Equatable {

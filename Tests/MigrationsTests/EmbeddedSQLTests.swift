@@ -3,8 +3,8 @@ import Migrations
 import Testing
 
 @Suite struct EmbeddedMigrationsTests {
-    /// The binary carries sql/*.sql; this fails when someone edits one without re-running
-    /// deploy/scripts/embed-sql.sh.
+    /// The binary carries sql/*.sql exactly as the folder holds them (the EmbedSQL plugin writes them
+    /// in at build time): every numbered file, in order, with its version, and nothing else.
     @Test func embeddedMigrationsMatchSQLFolder() throws {
         let folder = URL(fileURLWithPath: #filePath)
             .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -14,7 +14,7 @@ import Testing
         #expect(files.map { String($0.dropLast(4)) } == Migration.embedded.map(\.name))
         for (file, migration) in zip(files, Migration.embedded) {
             let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
-            #expect(migration.sql.trimmingCharacters(in: .newlines) == Self.normalised(text), "\(file) drifted: run deploy/scripts/embed-sql.sh")
+            #expect(migration.sql.trimmingCharacters(in: .newlines) == Self.normalised(text), "\(file) differs from what the binary embeds")
             #expect(migration.version == Int(file.prefix(3)))
         }
     }
@@ -28,7 +28,7 @@ import Testing
         #expect(files.map { String($0.dropLast(4)) } == FunctionDefinitions.embedded.map(\.name))
         for (file, definitions) in zip(files, FunctionDefinitions.embedded) {
             let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
-            #expect(definitions.sql.trimmingCharacters(in: .newlines) == Self.normalised(text), "\(file) drifted: run deploy/scripts/embed-sql.sh")
+            #expect(definitions.sql.trimmingCharacters(in: .newlines) == Self.normalised(text), "\(file) differs from what the binary embeds")
         }
     }
 
