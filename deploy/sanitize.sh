@@ -8,6 +8,15 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
 deploy/scripts/install-deps.sh >/dev/null
 
+# The sanitizers run everything several times slower: the tests' fixed bounds on a client's wait
+# scale by SIWA_TEST_TIME_SCALE (Tests/IntegrationTests/Support/TestTimeScale.swift), and the
+# model-based tests try fewer random cases (their fixed regression cases and, for each case, every
+# order they enumerate still run). Each may be set by the caller.
+export SIWA_TEST_TIME_SCALE="${SIWA_TEST_TIME_SCALE:-4}"
+export SIWA_MODEL_SEQUENCES="${SIWA_MODEL_SEQUENCES:-150}"
+export SIWA_CONCURRENCY_TRIALS="${SIWA_CONCURRENCY_TRIALS:-60}"
+export SIWA_FEED_MODEL_SEQUENCES="${SIWA_FEED_MODEL_SEQUENCES:-40}"
+
 status=0
 for sanitizer in "${@:-thread address}"; do
   for s in $sanitizer; do
@@ -34,7 +43,8 @@ for sanitizer in "${@:-thread address}"; do
         | sed -E 's/ \(.*//; s/^ *#0 //' | sort | uniq -c
       status=1
     fi
-    echo "    $s: $result in $(( $(date +%s) - started )) s, $reports sanitizer reports in $reports_dir (log: /tmp/siwa-sanitize-$s.log)"
+    tests=$(grep -o -E "Test run with [0-9]+ tests?.*" "/tmp/siwa-sanitize-$s.log" | tail -1 || true)
+    echo "    $s: $result in $(( $(date +%s) - started )) s (${tests:-no test summary}), $reports sanitizer reports in $reports_dir (log: /tmp/siwa-sanitize-$s.log)"
   done
 done
 exit "$status"

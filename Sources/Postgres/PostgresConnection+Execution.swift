@@ -71,14 +71,22 @@ extension PostgresConnection {
             return state.nextOperation
         }
         return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
-                queue.async {
-                    continuation.resume(
-                        with: Result { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) })
-                }
-            }
+            try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
         } onCancel: {
             self.cancelRunning(operation)
+        }
+    }
+
+    /// Runs `body` on the queue and hands its outcome to the awaiting task, through `handOff` so that
+    /// ThreadSanitizer sees the order too.
+    func hop<T: Sendable>(_ body: @escaping @Sendable () throws(PostgresError) -> T) async throws -> T {
+        defer { handOff.receive() }
+        return try await withCheckedThrowingContinuation { continuation in
+            queue.async {
+                let outcome = Result(catching: body)
+                self.handOff.publish()
+                continuation.resume(with: outcome)
+            }
         }
     }
 

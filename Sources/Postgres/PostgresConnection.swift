@@ -28,6 +28,8 @@ package final class PostgresConnection: Sendable {
     let setupSQL: String
     let handle: ConnectionHandle
     let state: Locked<State>
+    /// Orders the queue's work before the awaiting task's reads where ThreadSanitizer can see it.
+    let handOff = QueueHandOff()
 
     struct State {
         var status: Status = .ok
@@ -95,15 +97,8 @@ package final class PostgresConnection: Sendable {
     ) async throws -> PostgresConnection {
         let connection = PostgresConnection(
             queue: DispatchQueue(label: "siwa.postgres.connection"), limits: limits, logger: logger)
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            connection.queue.async {
-                do {
-                    try connection.open(conninfo: conninfo, applicationName: applicationName)
-                    continuation.resume()
-                } catch {
-                    continuation.resume(throwing: error)
-                }
-            }
+        try await connection.hop { () throws(PostgresError) in
+            try connection.open(conninfo: conninfo, applicationName: applicationName)
         }
         return connection
     }

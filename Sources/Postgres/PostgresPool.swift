@@ -155,7 +155,11 @@ package final class PostgresPool: Sendable {
     private func waitForGrant(_ id: UInt64) async throws -> Grant {
         try await withThrowingTaskGroup(of: Grant?.self) { group in
             group.addTask {
-                try await withCheckedThrowingContinuation { continuation in
+                // `deliver` resumes under the lock, so taking it again after the await waits for that
+                // unlock: an order ThreadSanitizer sees also when the resume came before the await
+                // (see `QueueHandOff`), for whatever the releasing task did before handing over.
+                defer { self.state.withLock { _ in } }
+                return try await withCheckedThrowingContinuation { continuation in
                     self.state.withLock { state in
                         guard let waiter = state.waiters[id] else { return }
                         if let outcome = waiter.outcome {

@@ -127,7 +127,7 @@ import Testing
     }
 
     private func waitUntil(_ what: String, _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
         while !condition() {
             guard ContinuousClock.now < deadline else { throw HarnessError(message: "timed out waiting until \(what)") }
             try await Task.sleep(for: .milliseconds(10))

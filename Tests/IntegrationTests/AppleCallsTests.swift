@@ -29,7 +29,7 @@ struct AppleCallsTests {
         try apple.start()
         defer { apple.stop() }
 
-        let http = AppleHTTP(baseURL: URL(string: "http://127.0.0.1:\(apple.port)")!, timeout: .seconds(5))
+        let http = AppleHTTP(baseURL: URL(string: "http://127.0.0.1:\(apple.port)")!, timeout: TestTimeScale.scaled(.seconds(5)))
         let revoke = try await http.postForm(
             "auth/revoke", fields: [("client_id", "com.example.app"), ("client_secret", "s"), ("token", "t")])
         #expect(revoke.status == 307)

@@ -288,7 +288,7 @@ enum Siwa {
         process.standardError = try FileHandle(forWritingTo: errPath)
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while process.isRunning && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
         if process.isRunning {
             process.interrupt()

@@ -121,7 +121,7 @@ import Testing
     private func runPrintedLine(_ dev: ServiceProcess, containing marker: String, timeout: Duration) async throws -> (
         [String], String
     ) {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         var line: String?
         while line == nil {
             line = dev.log.split(separator: "\n").first { $0.contains(marker) }.map(String.init)

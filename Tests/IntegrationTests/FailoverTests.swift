@@ -96,7 +96,7 @@ struct FailoverTests {
                 }
             }
             func waitUntil(_ what: String, timeout: Duration = .seconds(30), _ done: () -> Bool) async throws {
-                let deadline = clock.now + timeout
+                let deadline = clock.now + TestTimeScale.scaled(timeout)
                 while !done() {
                     guard clock.now < deadline else { throw ServiceProcessError(message: "timed out waiting for \(what)") }
                     try await Task.sleep(for: .milliseconds(20))

@@ -24,7 +24,7 @@ struct FaultStorageTests {
 
     /// Polls `/readyz` until it answers `status` (bounded).
     static func waitForReadiness(_ base: String, _ status: Int, receiver: ServiceProcess) async throws {
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
         while ContinuousClock.now < deadline {
             if let (got, _) = try? await HTTP.request("GET", base + "/readyz"), got == status { return }
             guard receiver.isRunning else { break }

@@ -82,7 +82,7 @@ func residentKilobytes(_ pid: Int32) -> Int? {
 enum WideHTTP {
     static let session: URLSession = {
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 30
+        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 30)
         configuration.httpMaximumConnectionsPerHost = 512
         return URLSession(configuration: configuration)
     }()

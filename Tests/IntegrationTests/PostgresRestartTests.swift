@@ -13,7 +13,7 @@ struct PostgresRestartTests {
         let cluster = try await LocalPostgresCluster.start(logger: TestDatabase.logger)
         let startup = clock.now - started
         defer { cluster.destroyBlocking() }
-        #expect(startup < .seconds(60))
+        #expect(startup < TestTimeScale.scaled(.seconds(60)))
         print("LocalPostgresCluster.start took \(startup)")
 
         let pool = PostgresPool(conninfo: cluster.url, size: 2, logger: TestDatabase.logger)

@@ -400,11 +400,12 @@ private func count(_ connection: PostgresConnection, _ sql: String) async throws
 
 /// Polls `condition` until it holds (bounded); fails early when the command exits first.
 private func waitUntil(_ run: CommandRun, _ what: String, _ condition: () async throws -> Bool) async throws {
-    let deadline = ContinuousClock.now + .seconds(60)
+    let limit = TestTimeScale.scaled(.seconds(60))
+    let deadline = ContinuousClock.now + limit
     while ContinuousClock.now < deadline {
         if try await condition() { return }
         guard run.isRunning else { throw ServiceProcessError(message: "exited (\(run.status)) before \(what):\n\(run.stderr)") }
         try await Task.sleep(for: .milliseconds(10))
     }
-    throw ServiceProcessError(message: "no \(what) within 60 s:\n\(run.stderr)")
+    throw ServiceProcessError(message: "no \(what) within \(limit):\n\(run.stderr)")
 }

@@ -406,7 +406,7 @@ final class RunningDispatcher: Sendable {
     /// Waits (bounded) until the gauge `name` on this dispatcher's metrics satisfies `condition`
     /// (the gauges are refreshed by the maintenance pass, every lease / 3).
     func waitForGauge(_ name: String, timeout: Duration = .seconds(30), _ condition: (Double) -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while true {
             let line = registry.render().split(separator: "\n").first { $0.hasPrefix(name + " ") }
             let value: Double? = line.flatMap { $0.split(separator: " ").last }.flatMap { Double(String($0)) }

@@ -68,7 +68,7 @@ extension PostgresConnection {
         _ query: PostgresQuery, timeout: Duration = .seconds(15), sourceLocation: String = #function,
         until done: (Int) -> Bool
     ) async throws -> Int {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         var value = try await int(query)
         while !done(value) {
             guard ContinuousClock.now < deadline else {

@@ -28,7 +28,7 @@ final class AppAPIHarness: Sendable {
 
     /// - Parameter appleTimeout: the production bound (5 s) where a test is about it; wider elsewhere,
     ///   so a loaded machine cannot turn the in-process fake's slowness into a 502.
-    init(nonceLifetime: Duration = .seconds(300), appleTimeout: Duration = .seconds(20)) async throws {
+    init(nonceLifetime: Duration = .seconds(300), appleTimeout: Duration = TestTimeScale.scaled(.seconds(20))) async throws {
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("app-api-\(UUID().uuidString).log").path
         _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         let descriptor = open(logPath, O_WRONLY | O_APPEND)
@@ -80,7 +80,7 @@ final class AppAPIHarness: Sendable {
 
     static let session: URLSession = {
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 30
+        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 30)
         configuration.httpMaximumConnectionsPerHost = 32
         return URLSession(configuration: configuration)
     }()
@@ -157,7 +157,7 @@ final class AppAPIHarness: Sendable {
 }
 
 /// Runs `body` with a fresh app API and shuts it down afterwards.
-func withAppAPI<T>(appleTimeout: Duration = .seconds(20), _ body: (AppAPIHarness) async throws -> T) async throws -> T {
+func withAppAPI<T>(appleTimeout: Duration = TestTimeScale.scaled(.seconds(20)), _ body: (AppAPIHarness) async throws -> T) async throws -> T {
     let harness = try await AppAPIHarness(appleTimeout: appleTimeout)
     do {
         let value = try await body(harness)

@@ -66,7 +66,7 @@ final class EndToEndStack: @unchecked Sendable {
     /// The base URL from the `fake-apple listening on http://...` line.
     /// Bounded like `ServiceProcess.boundHTTPPort`: a last look after the deadline, 60 s.
     static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while true {
             if let range = process.log.range(of: #"listening on http://[0-9.]+:[0-9]+"#, options: .regularExpression) {
                 return String(process.log[range].dropFirst("listening on ".count))

@@ -28,8 +28,9 @@ final class LifecycleHarness: Sendable {
     /// What the handlers were built from (a test may build more handlers, e.g. with another timeout).
     let settings: AppleSettings
 
-    /// `timeout` bounds each Apple call; `hang` is how long an injected `.timeout` holds its answer,
-    /// far longer than `timeout`, so only a working client-side bound can end the call in time.
+    /// `timeout` bounds each Apple call (times `TestTimeScale`); `hang` is how long an injected
+    /// `.timeout` holds its answer, far longer than `timeout` (30 s against 5 s, or 20 s at the
+    /// sanitizers' ×4), so only a working client-side bound can end the call in time.
     init(
         timeout: Duration = .seconds(5), hang: Duration = .seconds(30), tokenKeys: String? = nil,
         logger: Logger? = nil, poolSize: Int = 2
@@ -48,11 +49,11 @@ final class LifecycleHarness: Sendable {
         self.tokenKeys = tokenKeys ?? Self.makeTokenKeys(["k1"])
         let settings = AppleSettings(
             teamID: Self.teamID, keyID: "TESTKEY", privateKeyPEMPath: keyPath, tokenKeys: self.tokenKeys,
-            baseURL: fake.baseURL, timeout: timeout)
+            baseURL: fake.baseURL, timeout: TestTimeScale.scaled(timeout))
         try settings.validate()
         self.settings = settings
         connection = try await database.connect()
-        pool = PostgresPool(conninfo: database.url, size: poolSize, logger: logger)
+        pool = PostgresPool(conninfo: database.url, size: poolSize, acquireTimeout: TestTimeScale.scaled(.seconds(5)), logger: logger)
         context = try makeAppleJobContext(settings: settings, pool: pool, logger: logger)
         exchange = ExchangeJobHandler(context: context)
         revoke = RevokeJobHandler(context: context)

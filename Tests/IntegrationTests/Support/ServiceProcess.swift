@@ -61,7 +61,7 @@ final class ServiceProcess: @unchecked Sendable {
     /// cores a start took over 20 s. The log is read once more after the deadline, so a line that
     /// arrived while this task was not scheduled still counts.
     func boundHTTPPort(timeout: Duration = .seconds(60)) async throws -> Int {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while true {
             for line in log.split(separator: "\n") where line.contains(#""msg":"http.server.started""#) {
                 if let range = line.range(of: #""http.port":[0-9]+"#, options: .regularExpression),
@@ -79,7 +79,7 @@ final class ServiceProcess: @unchecked Sendable {
 
     /// Waits for exit (bounded); returns the status, or nil if it is still running at the deadline.
     func waitForExit(timeout: Duration = .seconds(20)) async -> Int32? {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
         return process.isRunning ? nil : process.terminationStatus
     }

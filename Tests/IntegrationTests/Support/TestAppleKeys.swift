@@ -92,7 +92,7 @@ final class LockedBox<Value>: @unchecked Sendable {
 enum HTTP {
     static let session: URLSession = {
         let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 15
+        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 15)
         configuration.httpMaximumConnectionsPerHost = 64
         return URLSession(configuration: configuration)
     }()

@@ -118,7 +118,7 @@ final class CommandRun: @unchecked Sendable {
 
     /// Waits for exit (bounded); the status, or nil when it is still running at the deadline.
     func waitForExit(timeout: Duration) async -> Int32? {
-        let deadline = ContinuousClock.now + timeout
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
         return process.isRunning ? nil : process.terminationStatus
     }
