@@ -910,6 +910,24 @@ extension Migration {
             -- A constant default: no table rewrite on a live database.
             ALTER TABLE siwa.accounts ADD COLUMN deletion_requests bigint NOT NULL DEFAULT 0;
             """####),
+        Migration(
+            version: 17, name: "017_transfer_claim_needs_proof",
+            sql: ####"""
+            -- siwa.claim_transfer binds an imported transfer line to whatever `sub` its caller names. Only a
+            -- caller that has verified Apple's identity token (the worker's app API sign-in) may name one:
+            -- an app session could otherwise hand any user's line, and so their app_user_id, to an account
+            -- of its choosing. Earlier releases granted it to siwa_app; sql/functions/transfer.sql no longer
+            -- does, and this takes the grant back on databases that have it (privileges survive CREATE OR
+            -- REPLACE). Apps sign users in through POST /v1/sign-in, which claims the line itself.
+            DO $$
+            BEGIN
+                IF pg_catalog.to_regprocedure('siwa.claim_transfer(text, text, text, text, boolean)') IS NOT NULL
+                   AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
+                    REVOKE EXECUTE ON FUNCTION siwa.claim_transfer(text, text, text, text, boolean) FROM siwa_app;
+                END IF;
+            END
+            $$;
+            """####),
     ]
 }
 
@@ -922,7 +940,7 @@ extension FunctionDefinitions {
             -- path calls (the app's functions, the worker's exchange, revoke and reconcile handlers, the app
             -- API's sign-in). The Swift handlers only talk to Apple and hand the outcome to these functions.
             -- Notifications go through the same state machine in sql/functions/notifications.sql.
-            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+            -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
             --
             -- Events: `linked` (an exchange or a sign-in), `late_link` (an exchange queued before a deletion
             -- that has finished since), `deletion_requested`, `deletion_finished` (every token revoked),
@@ -1707,7 +1725,7 @@ extension FunctionDefinitions {
             name: "notifications",
             sql: ####"""
             -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
-            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+            -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
             -- Status changes go through the account state machine (siwa.account_next_status, accounts.sql).
 
@@ -2087,7 +2105,7 @@ extension FunctionDefinitions {
             name: "queue",
             sql: ####"""
             -- The job queue's functions: queueing triggers, backoff, and the notification hot path.
-            -- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+            -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
             -- A notification's job is written by the same statement that stores the notification, so the
             -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
@@ -2428,7 +2446,8 @@ extension FunctionDefinitions {
                      WHERE a.client_id = p_client_id AND a.sub = p_sub;
                 ELSIF source.sub IS NOT NULL THEN
                     -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
-                    -- team: neither the new team nor the new key can use them, so they go (README).
+                    -- team: neither the new team nor the new key can use them, so they go
+                    -- (deploy/README.md, "Moving an app to another team").
                     UPDATE siwa.accounts a
                        SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
                            email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
@@ -2450,10 +2469,11 @@ extension FunctionDefinitions {
             END
             $$;
 
-            -- App-facing (the app API's sign-in): an identity token carrying `transfer_sub` completes its
-            -- imported line at once, even before the import's exchange reached it. Returns the app_user_id
-            -- the account `(client_id, sub)` now carries, or NULL when no imported line matches (an ordinary
-            -- sign-in). Call it in the sign-in's transaction after the token is verified.
+            -- The app API's sign-in: an identity token carrying `transfer_sub` completes its imported line at
+            -- once, even before the import's exchange reached it. Returns the app_user_id the account
+            -- `(client_id, sub)` now carries, or NULL when no imported line matches (an ordinary sign-in).
+            -- Call it in the sign-in's transaction after the token is verified: the `sub` it is given is
+            -- taken as proven, so only the worker (which checks Apple's signature first) may call it.
             CREATE OR REPLACE FUNCTION siwa.claim_transfer(
                 client_id text, transfer_sub text, sub text, email text, is_private_email boolean
             ) RETURNS text
@@ -2461,8 +2481,8 @@ extension FunctionDefinitions {
                 SELECT siwa.complete_transfer(client_id, transfer_sub, sub, email, is_private_email, 'sign_in')
             $$;
 
-            -- Privileges: the worker (app API, and operators running the transfer commands with its login)
-            -- and the app (sign-in done in the app's own code) may claim; PUBLIC nothing (see queue.sql).
+            -- Privileges: the worker only (app API, and operators running the transfer commands with its
+            -- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see queue.sql).
             REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
             DO $$
             BEGIN
@@ -2470,9 +2490,6 @@ extension FunctionDefinitions {
                     GRANT EXECUTE ON FUNCTION siwa.complete_transfer(text, text, text, text, boolean, text),
                                               siwa.claim_transfer(text, text, text, text, boolean)
                        TO siwa_worker;
-                END IF;
-                IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
-                    GRANT EXECUTE ON FUNCTION siwa.claim_transfer(text, text, text, text, boolean) TO siwa_app;
                 END IF;
             END
             $$;
