@@ -27,7 +27,7 @@ import WorkerCore
         #expect(TransferFile.parse("  ") == .skip)
         for bad in [
             "nocomma", ",user", "t.1,", "t 1,user", "t.1,\"open", "t.1,a\"b", "t.1,a,b", #"t.1,"bad \q escape""#, #"t.1,"\u12""#,
-            #"t.1,"\uD800""#, #"t.1,"end" after"#,
+            #"t.1,"\uD800""#, #"t.1,"end" after"#, #"t.1,"nul\u0000""#, "t.1,raw\u{0}nul",
         ] {
             #expect(TransferFile.parse(bad) == .malformed, "\(bad)")
         }

@@ -35,7 +35,9 @@ package enum TransferFile {
         if text.isEmpty || text.hasPrefix("#") || text == header { return .skip }
         guard let comma = scalars.firstIndex(of: ",") else { return .malformed }
         let transferSub = String(String.UnicodeScalarView(scalars[..<comma]))
-        guard isIdentifier(transferSub), let appUserID = unquoted(scalars[scalars.index(after: comma)...]), !appUserID.isEmpty
+        // NUL: PostgreSQL's text cannot hold it, so no export wrote it.
+        guard isIdentifier(transferSub), let appUserID = unquoted(scalars[scalars.index(after: comma)...]), !appUserID.isEmpty,
+            !appUserID.unicodeScalars.contains("\u{0}")
         else { return .malformed }
         return .entry(transferSub: transferSub, appUserID: appUserID)
     }
