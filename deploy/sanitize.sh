@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole suite (unit + integration) under ThreadSanitizer, then AddressSanitizer, each in
 # its own build folder (.build/tsan, .build/asan) so the normal build stays as it is. Prints the
-# time of each. Too slow for CI on 2 cores (see README, "Proof under stress"): run it by hand or
+# time of each. Too slow for CI on 2 cores (see Tests/README.md, "Proof under stress"): run it by hand or
 # nightly.   deploy/sanitize.sh [thread|address ...]   (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -60,7 +60,7 @@ package struct IdentityTokenVerifier: Sendable {
 
     /// The identity token of a sign-in, which the client hands us (so its signature is always
     /// checked): its `nonce` claim must be the lowercase hex SHA-256 of the raw nonce the server
-    /// issued (seed 000), compared in constant time.
+    /// issued, compared in constant time.
     package func verify(_ token: String, clientID: String, rawNonce: String, now: Date = Date()) async throws(
         IdentityTokenError
     ) -> AppleIdentity {

@@ -459,7 +459,7 @@ package final class Worker: Sendable {
         }
     }
 
-    /// The queue's health as gauges, so every row of the README's "What to alert on" is a series
+    /// The queue's health as gauges, so every row of deploy/README.md's "What to alert on" is a series
     /// (deploy/monitoring/siwa-alerts.yml). One pass over the jobs not yet done.
     private func refreshQueueGauges() async throws {
         let backlog = try await pool.withConnection { try await JobQueue.backlog(on: $0) }

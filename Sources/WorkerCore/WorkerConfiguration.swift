@@ -16,7 +16,7 @@ package struct WorkerConfiguration: Sendable {
         "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
     ] + AppAPIConfiguration.variables + WebhookSettings.variables
 
-    /// What the Apple handlers need (the Apple engineer parses the key and token keys themselves).
+    /// What the Apple handlers need (they parse the key and the token keys themselves).
     package struct Apple: Sendable {
         /// false when `SIWA_APPLE_CALLS=disabled`: then the other fields may be empty.
         package var callsEnabled: Bool

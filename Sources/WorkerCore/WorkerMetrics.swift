@@ -14,7 +14,7 @@ struct WorkerMetrics: Sendable {
     let kinds: [JobKind: PerKind]
     let effectDelay: Histogram
     let queueDepth: Gauge
-    /// The README's "What to alert on", as series (refreshed by the maintenance loop).
+    /// deploy/README.md's "What to alert on", as series (refreshed by the maintenance loop).
     let oldestReadySeconds: Gauge
     let oldestPendingRevokeSeconds: Gauge
     let pausedClients: Gauge

@@ -2,7 +2,7 @@ import Foundation
 import Postgres
 import Testing
 
-/// The model-based interleaving test of the account lifecycle (issue 10): seeded sequences of app
+/// The model-based interleaving test of the account lifecycle: seeded sequences of app
 /// calls, sign-ins through the app API (with Apple's answer to their exchange held while other
 /// steps run), notifications, Apple's answers, worker crashes and stalls, each run against the real SQL
 /// and the real Apple handlers and queue with the fake Apple, driven to quiescence and checked

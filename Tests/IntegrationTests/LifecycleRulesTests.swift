@@ -424,7 +424,7 @@ extension LifecycleRulesTests {
     }
 }
 
-/// The retention gaps of issue 10: the change feed, discarded exchanges' codes, discarded
+/// Retention gaps once found: the change feed, discarded exchanges' codes, discarded
 /// notifications' personal data.
 @Suite(.serialized) struct LifecycleRetentionTests {
     @Test func changeFeedIsPrunedByAge() async throws {

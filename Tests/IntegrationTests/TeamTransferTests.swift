@@ -251,7 +251,7 @@ import WorkerCore
 
     /// The back end moves with the app: the recipient's database is the sender's. The accounts are
     /// re-keyed to the new subs (no second row), keep their app_user_id and lose the old team's
-    /// tokens (sealed with the old sub); a deletion then ends `no_token`, as the README says.
+    /// tokens (sealed with the old sub); a deletion then ends `no_token`, as deploy/README.md says.
     @Test func importIntoTheSendersDatabaseReKeysTheAccounts() async throws {
         let harness = try Harness()
         defer { harness.stop() }

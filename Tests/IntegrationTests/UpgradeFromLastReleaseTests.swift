@@ -65,7 +65,14 @@ import Testing
                     VALUES ('up-1', 'com.example.app', 'up-notified', 'consent-revoked', now(), '{}', 'x.y.z')
                     """)
 
+                // That release let any app session claim a transfer line for any sub; the upgrade takes it back.
+                let appMayClaim: PostgresQuery = """
+                    SELECT has_function_privilege('siwa_app', 'siwa.claim_transfer(text, text, text, text, boolean)', 'EXECUTE')
+                    """
+                #expect(try await connection.query(appMayClaim)[0].decode(Bool.self, at: 0))
+
                 let upgrade = try await Migrator(logger: TestDatabase.logger).migrate(connection)
+                #expect(try await connection.query(appMayClaim)[0].decode(Bool.self, at: 0) == false)
                 #expect(upgrade.versions == Migration.embedded.map(\.version).filter { !release.migrations.contains($0) })
                 let changed = FunctionDefinitions.embedded.filter { current in
                     released.first { $0.name == current.name }?.sql != current.sql

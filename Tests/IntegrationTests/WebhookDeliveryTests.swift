@@ -140,7 +140,7 @@ struct WebhookDeliveryTests {
             let errors = try await connection.query(
                 "SELECT errors::text AS e FROM siwa.jobs WHERE kind = 'webhook' AND args ->> 'change_id' = \(String(stuckIDs[0]))")
             #expect(try errors[0].decode(String.self, column: "e").contains("answered 500"))
-            // The gauges an alert watches (README, "What to alert on") see the stuck account's backlog.
+            // The gauges an alert watches (deploy/README.md, "What to alert on") see the stuck account's backlog.
             try await running.waitForGauge("siwa_webhook_undelivered") { $0 == 3 }
             try await running.waitForGauge("siwa_webhook_oldest_undelivered_seconds") { $0 > 0 }
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Sign-in benchmark (issue 11). In one run on this machine, on 127.0.0.1 only:
+# Sign-in benchmark. In one run on this machine, on 127.0.0.1 only:
 #  1. starts PostgreSQL (fsync and synchronous_commit on), `siwa fake-apple` (checking every
 #     client_secret against a fresh .p8, answering at once) and siwa-worker serving the app API
 #     (release builds);
 #  2. drives it with `siwa simulate sign-in --count N --concurrency C`: each sign-in is
 #     POST /v1/nonces, the fake Apple's identity token for the nonce's hash, POST /v1/sign-in with
 #     the authorization code (exchanged at Apple, id_token verified, token encrypted, account written);
-#  3. drives the Python peer (deploy/bench/python-peer/sign_in.py: seed 000's checks with PyJWT,
+#  3. drives the Python peer (deploy/bench/python-peer/sign_in.py: the app API's checks with PyJWT,
 #     requests and psycopg, from PyPI into a cached virtualenv) the same way, same database, same fake,
 #     same driver binary and flags. The peer runs as such a service is run in production: pre-forked
 #     worker processes (PEER_PROCESSES, default 2 = one per core here, like gunicorn's gthread workers),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Worker throughput (issue 17), in one run on this machine against a throwaway PostgreSQL on
+# Worker throughput, in one run on this machine against a throwaway PostgreSQL on
 # 127.0.0.1 (fsync on, synchronous_commit on); stops everything it started on exit.
 #
 # Four mixes, each drained by 1 and by 2 siwa-worker processes (release build) and, right before and
@@ -32,7 +32,7 @@
 # writes (procrastinate-peer/peer.py), 1 and 2 processes (--concurrency 4, as SIWA_WORKER_CONCURRENCY),
 # from a venv under ~/.cache (SIWA_BENCH_PROCRASTINATE_VENV); if PyPI fails the output says so.
 #
-# Targets (issue 17): 2 worker processes >= 50 % of raw at 4 connections on (a)-(c), one process
+# Targets: 2 worker processes >= 50 % of raw at 4 connections on (a)-(c), one process
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000

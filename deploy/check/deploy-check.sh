@@ -13,7 +13,7 @@
 #   docker   Dockerfile linted by reading it (no Docker engine here: it is not built).
 #   monitoring  promtool check rules on deploy/monitoring/siwa-alerts.yml; the Grafana dashboard is
 #            valid JSON; every metric the rules and the dashboard name is exported by the code; an
-#            alert rule for every row of the README's "What to alert on".
+#            alert rule for every row of deploy/README.md's "What to alert on".
 # Installs nginx / python3-yaml / prometheus (for promtool) with apt-get only when missing. Exit status 0 when all passed.
 set -uo pipefail
 
@@ -487,9 +487,9 @@ then
 else
     fail "siwa-dashboard.json: not valid, or a panel without a query"
 fi
-rows=$(awk '/^## What to alert on/{on=1; next} /^## /{on=0} on && /^\| / && !/^\| (signal|---)/' "$repo/README.md" | wc -l)
+rows=$(awk '/^## What to alert on/{on=1; next} /^## /{on=0} on && /^\| / && !/^\| (signal|---)/' "$repo/deploy/README.md" | wc -l)
 alerts=$(grep -c '^ *- alert:' "$mon/siwa-alerts.yml")
-[[ $rows -gt 0 && $alerts -ge $rows ]] && ok "$alerts alert rules for the README's $rows \"What to alert on\" rows" \
+[[ $rows -gt 0 && $alerts -ge $rows ]] && ok "$alerts alert rules for deploy/README.md's $rows \"What to alert on\" rows" \
     || fail "$alerts alert rules for $rows \"What to alert on\" rows"
 
 echo "== scripts"

@@ -240,6 +240,11 @@ denied app siwa "INSERT siwa.account_changes" "INSERT INTO siwa.account_changes 
 denied app siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
 denied app siwa "call siwa.record_change" "SELECT siwa.record_change('c', 's', 'x', NULL, NULL, NULL)"
 denied app siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('c', 's')"
+# It takes the sub it is given as proven by Apple: only the worker, which verifies the token, may.
+denied app siwa "call siwa.claim_transfer (no proof from Apple)" \
+    "SELECT siwa.claim_transfer('c', 't', 's', NULL, NULL)"
+allowed wrk siwa "call siwa.claim_transfer (after verifying the identity token)" \
+    "SELECT siwa.claim_transfer('c', 't', 's', NULL, NULL)"
 
 echo "== a login user in no siwa role"
 denied nobody siwa "use schema siwa" "SELECT * FROM siwa.account_changes"

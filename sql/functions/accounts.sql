@@ -2,7 +2,7 @@
 -- path calls (the app's functions, the worker's exchange, revoke and reconcile handlers, the app
 -- API's sign-in). The Swift handlers only talk to Apple and hand the outcome to these functions.
 -- Notifications go through the same state machine in sql/functions/notifications.sql.
--- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+-- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 --
 -- Events: `linked` (an exchange or a sign-in), `late_link` (an exchange queued before a deletion
 -- that has finished since), `deletion_requested`, `deletion_finished` (every token revoked),

@@ -1,5 +1,5 @@
 -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
--- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+-- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
 -- Status changes go through the account state machine (siwa.account_next_status, accounts.sql).
 

@@ -1,5 +1,5 @@
 -- The job queue's functions: queueing triggers, backoff, and the notification hot path.
--- Applied after the numbered migrations whenever this file changes (see sql/functions/README.md).
+-- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
 -- A notification's job is written by the same statement that stores the notification, so the
 -- receiver's one INSERT commits both or neither. A statement trigger with a transition table

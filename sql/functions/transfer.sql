@@ -57,7 +57,8 @@ BEGIN
          WHERE a.client_id = p_client_id AND a.sub = p_sub;
     ELSIF source.sub IS NOT NULL THEN
         -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
-        -- team: neither the new team nor the new key can use them, so they go (README).
+        -- team: neither the new team nor the new key can use them, so they go
+        -- (deploy/README.md, "Moving an app to another team").
         UPDATE siwa.accounts a
            SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
                email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
@@ -79,10 +80,11 @@ BEGIN
 END
 $$;
 
--- App-facing (the app API's sign-in): an identity token carrying `transfer_sub` completes its
--- imported line at once, even before the import's exchange reached it. Returns the app_user_id
--- the account `(client_id, sub)` now carries, or NULL when no imported line matches (an ordinary
--- sign-in). Call it in the sign-in's transaction after the token is verified.
+-- The app API's sign-in: an identity token carrying `transfer_sub` completes its imported line at
+-- once, even before the import's exchange reached it. Returns the app_user_id the account
+-- `(client_id, sub)` now carries, or NULL when no imported line matches (an ordinary sign-in).
+-- Call it in the sign-in's transaction after the token is verified: the `sub` it is given is
+-- taken as proven, so only the worker (which checks Apple's signature first) may call it.
 CREATE OR REPLACE FUNCTION siwa.claim_transfer(
     client_id text, transfer_sub text, sub text, email text, is_private_email boolean
 ) RETURNS text
@@ -90,8 +92,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT siwa.complete_transfer(client_id, transfer_sub, sub, email, is_private_email, 'sign_in')
 $$;
 
--- Privileges: the worker (app API, and operators running the transfer commands with its login)
--- and the app (sign-in done in the app's own code) may claim; PUBLIC nothing (see queue.sql).
+-- Privileges: the worker only (app API, and operators running the transfer commands with its
+-- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see queue.sql).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -99,9 +101,6 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.complete_transfer(text, text, text, text, boolean, text),
                                   siwa.claim_transfer(text, text, text, text, boolean)
            TO siwa_worker;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN
-        GRANT EXECUTE ON FUNCTION siwa.claim_transfer(text, text, text, text, boolean) TO siwa_app;
     END IF;
 END
 $$;

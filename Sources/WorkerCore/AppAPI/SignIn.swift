@@ -6,7 +6,7 @@ import JSON
 import Logging
 import Postgres
 
-/// `POST /v1/sign-in`: seed 000's steps 3–4, checked in the contract's order. Each step either
+/// `POST /v1/sign-in`: the server's half of a sign-in, checked in the contract's order. Each step either
 /// answers with its error or hands on to the next:
 ///   1. the nonce is spent (one DELETE ... RETURNING), whatever happens after;
 ///   2. the identity token: RS256 with Apple's keys, `iss`, `aud` = `client_id` ∈ SIWA_CLIENT_IDS,

@@ -3,14 +3,20 @@ import Foundation
 package import Logging
 package import Postgres
 
-/// `siwa accounts transfer export` (sending team): obtains a transfer identifier for every account
-/// that has an `app_user_id` and is not `deleted`, stores it on the account as it arrives (so an
-/// interrupted run resumes where it stopped: identifiers already stored for this target team are
-/// never asked again), then writes the file: `TransferFile.header` and one line per account.
+/// `siwa accounts transfer export` (sending team): obtains a transfer identifier for every `active`
+/// account that has an `app_user_id`, stores it on the account as it arrives (so an interrupted run
+/// resumes where it stopped: identifiers already stored for this target team are never asked
+/// again), then writes the file: `TransferFile.header` and one line per account.
+///
+/// Only `active` accounts move: the recipient creates every line's account `active`, so exporting
+/// one that is being deleted (or was, or whose user left) would bring it back. The others are
+/// counted by status for the operator.
 package struct TransferExport {
     package struct Summary: Sendable, Equatable {
-        /// Accounts to export (an `app_user_id`, not deleted).
+        /// Accounts to export (`active`, with an `app_user_id`).
         package var accounts = 0
+        /// Accounts of the client ID left out, by status (`no_app_user_id`: active, but nothing to hand over).
+        package var skipped: [String: Int] = [:]
         /// Of those, how many already had an identifier for the target when the run started.
         package var alreadyObtained = 0
         package var obtained = 0
@@ -41,12 +47,15 @@ package struct TransferExport {
         self.logger = logger
     }
 
+    /// Which accounts the file carries.
+    static let exported = "status = 'active' AND app_user_id IS NOT NULL"
+
     /// The client IDs that have accounts to export (the command needs exactly one).
     package static func clientIDs(on connection: PostgresConnection) async throws -> [String] {
         try await connection.query(
             """
             SELECT DISTINCT client_id FROM siwa.accounts
-             WHERE app_user_id IS NOT NULL AND status <> 'deleted' ORDER BY client_id
+             WHERE \(unsafeSQL: exported) ORDER BY client_id
             """
         ).map { try $0.decode(String.self, at: 0) }
     }
@@ -60,10 +69,19 @@ package struct TransferExport {
             SELECT count(*) AS accounts,
                    count(*) FILTER (WHERE transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam)) AS obtained
               FROM siwa.accounts
-             WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+             WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
             """)
         summary.accounts = try counts[0].decode(Int.self, column: "accounts")
         summary.alreadyObtained = try counts[0].decode(Int.self, column: "obtained")
+        for row in try await connection.query(
+            """
+            SELECT CASE WHEN status = 'active' THEN 'no_app_user_id' ELSE status END AS status, count(*) AS n
+              FROM siwa.accounts
+             WHERE client_id = \(clientID) AND NOT (\(unsafeSQL: Self.exported)) GROUP BY 1
+            """)
+        {
+            summary.skipped[try row.decode(String.self, column: "status")] = try row.decode(Int.self, column: "n")
+        }
         progress(summary)
 
         let caller = MigrationCaller(client: client, clientID: clientID, settings: settings, logger: logger)
@@ -73,7 +91,7 @@ package struct TransferExport {
             let subs = try await connection.query(
                 """
                 SELECT sub FROM siwa.accounts
-                 WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+                 WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
                    AND (transfer_sub IS NULL OR transfer_target_team IS DISTINCT FROM \(targetTeam))
                    AND sub > \(after)
                  ORDER BY sub LIMIT \(batchSize)
@@ -104,8 +122,12 @@ package struct TransferExport {
             var next = subs.makeIterator()
             func add(_ sub: String) {
                 group.addTask {
-                    let outcome = try await caller.perform { token in
+                    var outcome = try await caller.perform { token in
                         await client.transferSub(sub: sub, targetTeam: targetTeam, clientID: clientID, accessToken: token)
+                    }
+                    // An answer with a separator in it would break the file: not kept, asked again next run.
+                    if case .success(let transferSub) = outcome, !TransferFile.isIdentifier(transferSub) {
+                        outcome = .failed(reason: "malformed_identifier")
                     }
                     if case .success(let transferSub) = outcome {
                         try await connection.execute(
@@ -131,7 +153,9 @@ package struct TransferExport {
     }
 
     /// Writes the header and every stored identifier for the target team, in pages, through `write`.
-    package func writeFile(_ write: (String) -> Void) async throws -> Int {
+    /// An identifier that cannot be written as one record (stored by an older release) is left out,
+    /// forgotten, and its account's `sub` handed to `refused`. Returns how many records were written.
+    package func writeFile(_ write: (String) -> Void, refused: (String) -> Void = { _ in }) async throws -> Int {
         write(TransferFile.header + "\n")
         var after = ""
         var written = 0
@@ -139,7 +163,7 @@ package struct TransferExport {
             let rows = try await connection.query(
                 """
                 SELECT sub, transfer_sub, app_user_id FROM siwa.accounts
-                 WHERE client_id = \(clientID) AND app_user_id IS NOT NULL AND status <> 'deleted'
+                 WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
                    AND transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam) AND sub > \(after)
                  ORDER BY sub LIMIT 1000
                 """)
@@ -147,12 +171,21 @@ package struct TransferExport {
             var page = ""
             for row in rows {
                 after = try row.decode(String.self, column: "sub")
-                page += TransferFile.line(
-                    transferSub: try row.decode(String.self, column: "transfer_sub"),
-                    appUserID: try row.decode(String.self, column: "app_user_id")) + "\n"
+                guard
+                    let line = TransferFile.line(
+                        transferSub: try row.decode(String.self, column: "transfer_sub"),
+                        appUserID: try row.decode(String.self, column: "app_user_id"))
+                else {
+                    // Forgotten, so the next run asks Apple again.
+                    try await connection.execute(
+                        "UPDATE siwa.accounts SET transfer_sub = NULL WHERE client_id = \(clientID) AND sub = \(after)")
+                    refused(after)
+                    continue
+                }
+                page += line + "\n"
+                written += 1
             }
             write(page)
-            written += rows.count
         }
         return written
     }

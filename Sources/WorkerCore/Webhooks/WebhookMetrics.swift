@@ -1,6 +1,6 @@
 internal import SiwaCore
 
-/// The webhook series on the worker's `/metrics` (README, "What to alert on").
+/// The webhook series on the worker's `/metrics` (deploy/README.md, "What to alert on").
 struct WebhookMetrics: Sendable {
     static let failureReasons = ["timeout", "connection", "redirect", "client_error", "server_error", "other_status"]
 

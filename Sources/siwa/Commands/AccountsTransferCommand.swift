@@ -8,7 +8,7 @@ import WorkerCore
 
 /// `siwa accounts transfer export --target-team TEAMID [--client-id ID] > file` (sending team) and
 /// `siwa accounts transfer import [--client-id ID] < file` (recipient team): moving the app's users
-/// to another developer team (README, "Moving an app to another team"). The team's credentials
+/// to another developer team (deploy/README.md, "Moving an app to another team"). The team's credentials
 /// are the usual `SIWA_TEAM_ID`, `SIWA_KEY_ID`, `SIWA_PRIVATE_KEY_FILE`.
 ///
 /// Exit status: 0 when every account got an identifier (export) / every line is done (import);
@@ -94,11 +94,17 @@ enum AccountsTransferCommand {
                 "transfer export \(clientID) → \(target): \(summary.alreadyObtained + summary.obtained)/\(summary.accounts) accounts have an identifier (\(summary.obtained) obtained now, \(summary.failed) errors)"
             )
         }
-        let written = try await export.writeFile { FileHandle.standardOutput.write(Data($0.utf8)) }
+        let written = try await export.writeFile({ FileHandle.standardOutput.write(Data($0.utf8)) }) { sub in
+            progress("transfer export: account \(sub): the stored transfer identifier holds a separator, not written (run again to ask Apple anew)")
+        }
         var line =
-            "transfer export done: \(summary.accounts) accounts, \(written) lines written, \(summary.alreadyObtained) identifiers from an earlier run, \(summary.obtained) obtained now, \(summary.accounts - written) without an identifier"
+            "transfer export done: \(summary.accounts) active accounts, \(written) lines written, \(summary.alreadyObtained) identifiers from an earlier run, \(summary.obtained) obtained now, \(summary.accounts - written) without an identifier"
         if summary.failed > 0 { line += " (errors: \(breakdown(summary.failures)); run again to retry them)" }
         progress(line)
+        if !summary.skipped.isEmpty {
+            // Only `active` accounts move: the recipient would bring any other back to `active`.
+            progress("transfer export: accounts skipped (not active, or no app_user_id): \(breakdown(summary.skipped))")
+        }
         return written == summary.accounts ? 0 : 1
     }
 

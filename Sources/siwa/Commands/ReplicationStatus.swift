@@ -46,7 +46,7 @@ struct ReplicationStatus {
     var summary: String {
         if inRecovery { return "this server is a standby (read-only): DATABASE_URL should reach the primary" }
         if synchronousStandbyNames.isEmpty && standbys == 0 {
-            return "no standby: losing this server loses the database (see High availability in the README)"
+            return "no standby: losing this server loses the database (see High availability in deploy/README.md)"
         }
         if synchronousStandbyNames.isEmpty {
             return "asynchronous (\(standbys) streaming standbys): a failover can lose the last commits answered 200; set synchronous_standby_names"

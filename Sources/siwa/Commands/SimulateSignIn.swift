@@ -8,7 +8,7 @@ import SiwaCore
 #endif
 
 /// `siwa simulate sign-in --client-id ID --sub SUB [--api-url URL] [--api-token T]
-/// [--fake-apple-url URL] [--email E] [--no-code]`: the whole sign-in of seed 000 against the app
+/// [--fake-apple-url URL] [--email E] [--no-code]`: a whole Sign in with Apple sign-in against the app
 /// API, with the fake Apple standing in for the device's Apple ID sheet:
 ///   1. `POST {api}/v1/nonces` → the raw nonce;
 ///   2. its SHA-256 hex goes to the fake Apple (`POST /fake/identity-tokens`), as an app hands it to

@@ -106,7 +106,7 @@ final class AppAPIHarness: Sendable {
         return nonce
     }
 
-    /// What the device gets from Apple for `nonce` (hashed as seed 000 does).
+    /// What the device gets from Apple for `nonce` (the SHA-256 hex of the raw nonce, as an app sends it).
     func appleSignIn(sub: String, nonce: String, clientID: String = LifecycleHarness.clientID, email: String? = "u@privaterelay.appleid.com")
         -> (identityToken: String, authorizationCode: String)
     {

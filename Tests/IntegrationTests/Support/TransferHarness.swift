@@ -71,6 +71,16 @@ final class TransferHarness: Sendable {
         return run
     }
 
+    /// A fresh sending database holding `count` accounts from `seedAccounts`, with a connection to it.
+    static func withSender(accounts count: Int, _ body: (MigratedDatabase, PostgresConnection) async throws -> Void) async throws {
+        try await withMigratedDatabase { sender in
+            let connection = try await sender.connect()
+            defer { connection.close() }
+            try await seedAccounts(count, on: connection)
+            try await body(sender, connection)
+        }
+    }
+
     /// `count` active accounts `sub-NNNN` / `user-NNNN` linked under team A, with a stored (sealed) token.
     static func seedAccounts(_ count: Int, on connection: PostgresConnection, prefix: String = "") async throws {
         _ = try await connection.execute(

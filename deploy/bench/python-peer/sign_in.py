@@ -1,5 +1,5 @@
 """The peer deploy/bench/sign-in.sh compares the app API against: a competent Python back end doing
-seed 000's sign-in by hand, the same checks in the same order.
+Sign in with Apple's sign-in by hand, the same checks in the same order.
 
 POST /v1/nonces and POST /v1/sign-in behind the same bearer check; nonces in a table of their own,
 consumed with one DELETE ... RETURNING; the identity token verified with PyJWT (RS256 pinned, Apple's
