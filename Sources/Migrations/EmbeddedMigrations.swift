@@ -910,6 +910,23 @@ extension Migration {
             -- A constant default: no table rewrite on a live database.
             ALTER TABLE siwa.accounts ADD COLUMN deletion_requests bigint NOT NULL DEFAULT 0;
             """####),
+        Migration(
+            version: 16, name: "016_sign_in_profile",
+            sql: ####"""
+            -- Sign-in on every platform: what Apple tells the client about the user once, kept on the account.
+            -- `full_name`: the name Apple hands the client on the first authorization only (native `fullName`,
+            -- the web `user` field), as an object of the six optional members the app API accepts.
+            -- `real_user_status`: the identity token's anti-fraud signal, as shown (`unsupported`, `unknown`,
+            -- `likely_real`). Both are personal data: erased when the account reaches `deleted` or
+            -- `apple_account_deleted` (siwa.erase_personal_data, siwa.apply_notifications).
+            -- Nullable without defaults: no table rewrite on a live database.
+            ALTER TABLE siwa.accounts
+                ADD COLUMN full_name jsonb CHECK (full_name IS NULL OR jsonb_typeof(full_name) = 'object'),
+                ADD COLUMN real_user_status text CHECK (real_user_status IN ('unsupported', 'unknown', 'likely_real'));
+
+            -- siwa.account(...) shows both (sql/functions/accounts.sql selects them).
+            ALTER TYPE siwa.account_view ADD ATTRIBUTE full_name jsonb, ADD ATTRIBUTE real_user_status text;
+            """####),
     ]
 }
 
@@ -1062,8 +1079,12 @@ extension FunctionDefinitions {
                            email = coalesce(p_email, accounts.email),
                            is_private_email = coalesce(p_is_private_email, accounts.is_private_email),
                            refresh_token_enc = coalesce(p_token_enc, accounts.refresh_token_enc),
+                           -- Bounded: a returning user's every sign-in with a code adds one. Past the bound
+                           -- the oldest goes unrevoked; a deletion's revoke of the current token ends the
+                           -- user's authorization at Apple, and the tokens issued under it with it.
                            retired_tokens_enc = CASE WHEN p_token_enc IS NOT NULL AND accounts.refresh_token_enc IS NOT NULL
-                                                     THEN accounts.retired_tokens_enc || accounts.refresh_token_enc
+                                                     THEN (accounts.retired_tokens_enc || accounts.refresh_token_enc)
+                                                          [greatest(1, cardinality(accounts.retired_tokens_enc) + 2 - 16):]
                                                      ELSE accounts.retired_tokens_enc END,
                            linked_at = now(),
                            token_checked_at = CASE WHEN p_token_enc IS NOT NULL THEN now() ELSE accounts.token_checked_at END,
@@ -1416,6 +1437,7 @@ extension FunctionDefinitions {
             DECLARE
                 a siwa.accounts;
                 job_id bigint;
+                exchange_id bigint;
             BEGIN
                 IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
                     RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
@@ -1440,11 +1462,16 @@ extension FunctionDefinitions {
                         job_id := NULL;
                     END IF;
                 END IF;
-                IF job_id IS NULL OR a.status = 'pending_deletion' THEN
-                    IF coalesce(authorization_code, '') <> '' THEN
-                        INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
-                        VALUES ('exchange', 0, a.client_id, a.sub,
-                                jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8);
+                -- A code on a finished deletion comes from a sign-in since (the user authorized the app
+                -- again): exchanged for the deletion, its token is revoked by a late revoke (siwa.account_linked);
+                -- the exchange's job is the one answered.
+                IF coalesce(authorization_code, '') <> '' AND (job_id IS NULL OR a.status IN ('pending_deletion', 'deleted')) THEN
+                    INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+                    VALUES ('exchange', 0, a.client_id, a.sub,
+                            jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8)
+                    RETURNING id INTO exchange_id;
+                    IF job_id IS NOT NULL AND a.status = 'deleted' THEN
+                        RETURN exchange_id;
                     END IF;
                 END IF;
                 IF job_id IS NOT NULL THEN
@@ -1480,7 +1507,8 @@ extension FunctionDefinitions {
             SECURITY DEFINER SET search_path = pg_catalog, pg_temp
             AS $$
                 SELECT a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
-                       a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL
+                       a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
+                       a.real_user_status
                   FROM siwa.accounts a
                  WHERE a.client_id = $1 AND a.sub = $2
             $$;
@@ -1560,14 +1588,17 @@ extension FunctionDefinitions {
             -- sign-in exchanged (sealed for the row), or NULL. p_deletion_requests_seen: the account's
             -- `deletion_requests` when the caller read it and found no deletion pending, before its exchange; a
             -- deletion requested since then is not undone (the status stays pending_deletion or deleted, the
-            -- token is kept for the deletion to revoke, and the caller answers 403).
+            -- token is kept for the deletion to revoke, and the caller answers 403). What the client was told
+            -- about the user once: p_full_name (an object, or NULL: the stored name is kept) and
+            -- p_real_user_status (the identity token's, as shown; NULL: kept), stored only when the sign-in
+            -- leaves the account active: a deletion that won keeps no new personal data.
             CREATE OR REPLACE FUNCTION siwa.sign_in(
                 p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
-                p_deletion_requests_seen bigint
+                p_deletion_requests_seen bigint, p_full_name jsonb, p_real_user_status text
             ) RETURNS TABLE (
                 client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
                 email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
-                has_refresh_token boolean, is_new boolean
+                has_refresh_token boolean, full_name jsonb, real_user_status text, is_new boolean
             )
             LANGUAGE plpgsql
             SET search_path = pg_catalog, pg_temp
@@ -1578,11 +1609,38 @@ extension FunctionDefinitions {
                 IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
                     RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
                 END IF;
+                IF p_full_name IS NOT NULL AND jsonb_typeof(p_full_name) <> 'object' THEN
+                    RAISE EXCEPTION 'siwa.sign_in: full_name must be an object' USING ERRCODE = '22023';
+                END IF;
                 SELECT * INTO outcome
                   FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
                                               p_deletion_requests_seen);
+                IF outcome.status = 'active' AND (p_full_name IS NOT NULL OR p_real_user_status IS NOT NULL) THEN
+                    UPDATE siwa.accounts a
+                       SET full_name = coalesce(p_full_name, a.full_name),
+                           real_user_status = coalesce(p_real_user_status, a.real_user_status)
+                     WHERE a.client_id = p_client_id AND a.sub = p_sub;
+                END IF;
                 RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
             END
+            $$;
+
+            -- The same without the profile, for callers from before it (workers of the previous release).
+            CREATE OR REPLACE FUNCTION siwa.sign_in(
+                p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+                p_deletion_requests_seen bigint
+            ) RETURNS TABLE (
+                client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+                email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+                has_refresh_token boolean, is_new boolean
+            )
+            LANGUAGE sql
+            SET search_path = pg_catalog, pg_temp
+            AS $$
+                SELECT s.client_id, s.sub, s.app_user_id, s.status, s.email, s.is_private_email, s.email_forwarding,
+                       s.sessions_revoked_at, s.linked_at, s.updated_at, s.has_refresh_token, s.is_new
+                  FROM siwa.sign_in(p_client_id, p_sub, p_email, p_is_private_email, p_refresh_token_enc, p_deletion_requests_seen,
+                                    NULL::jsonb, NULL::text) s
             $$;
 
             -- The same for workers of the previous release during an upgrade, which pass when they read the
@@ -1693,6 +1751,7 @@ extension FunctionDefinitions {
                     GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                               siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                               siwa.sign_in(text, text, text, boolean, bytea, bigint),
+                                              siwa.sign_in(text, text, text, boolean, bytea, bigint, jsonb, text),
                                               siwa.set_app_user_id(text, text, text),
                                               siwa.account_changes_after(bigint, integer, interval), siwa.change_writers()
                        TO siwa_worker;
@@ -1991,6 +2050,8 @@ extension FunctionDefinitions {
                                                        WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                                        THEN coalesce(n.is_private_email, a.is_private_email)
                                                        ELSE a.is_private_email END,
+                               full_name = CASE WHEN n.erase THEN NULL ELSE a.full_name END,
+                               real_user_status = CASE WHEN n.erase THEN NULL ELSE a.real_user_status END,
                                last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                                           THEN n.event_time ELSE a.last_email_event_at END,
                                updated_at = now()
@@ -2065,8 +2126,9 @@ extension FunctionDefinitions {
                    SET email = NULL, jws = NULL, claims = claims - 'events'
                  WHERE client_id = p_client_id AND sub = p_sub
                    AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
-                UPDATE siwa.accounts SET email = NULL, is_private_email = NULL
-                 WHERE client_id = p_client_id AND sub = p_sub AND email IS NOT NULL;
+                UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL
+                 WHERE client_id = p_client_id AND sub = p_sub
+                   AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
             $$;
 
             -- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).
