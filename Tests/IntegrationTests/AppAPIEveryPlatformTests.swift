@@ -91,9 +91,18 @@ import WorkerCore
     @Test func theNameAndRealUserStatusAreErasedAtDeletedAndAppleAccountDeleted() async throws {
         try await withAppAPI { api in
             for sub in ["001.erase-deleted", "001.erase-apple"] {
-                var body = try await Self.webSignIn(api, sub: sub, realUserStatus: 2)
-                body["full_name"] = ["given_name": "Grace"]
+                // A native sign-in (no redirect URI), with the name and the signal.
+                let nonce = try await api.nonce()
+                let apple = api.fake.issueIdentityToken(
+                    clientID: Self.clientID, sub: sub, nonce: IdentityTokenVerifier.nonceClaim(rawNonce: nonce), realUserStatus: 2)
+                let body: [String: Any] = [
+                    "client_id": Self.clientID, "identity_token": apple.identityToken, "nonce": nonce,
+                    "authorization_code": apple.authorizationCode, "full_name": ["given_name": "Grace"],
+                ]
                 #expect(try await api.request("POST", "/v1/sign-in", body: body).status == 200)
+                let stored = try await api.lifecycle.scalar(
+                    Int.self, "SELECT count(*)::int FROM siwa.accounts WHERE sub = \(sub) AND full_name IS NOT NULL AND real_user_status IS NOT NULL")
+                #expect(stored == 1, "stored before")
             }
             let job = try await api.lifecycle.requestDeletion(sub: "001.erase-deleted")
             try await api.lifecycle.run(job)
