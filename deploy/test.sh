@@ -38,4 +38,5 @@ if [ $# -eq 0 ]; then
   check "the package's dependency lists" deploy/check/package-deps.sh
   check "the database roles" deploy/check/roles-check.sh
   check "the deployment files" deploy/check/deploy-check.sh
+  check "the app API against its OpenAPI document" deploy/check/app-api-fuzz.sh
 fi

@@ -42,9 +42,11 @@ package struct AppleAuthClient: Sendable {
         self.signer = signer
     }
 
-    /// `POST {base}/auth/token` with `grant_type=authorization_code`.
-    package func exchange(code: String, clientID: String) async -> AppleCallOutcome<AppleTokenResponse> {
-        await tokenCall(clientID: clientID, fields: [("code", code), ("grant_type", "authorization_code")])
+    /// `POST {base}/auth/token` with `grant_type=authorization_code`; `redirectURI`: the one a web
+    /// authorization used (Apple refuses such a code without it, or with another).
+    package func exchange(code: String, clientID: String, redirectURI: String? = nil) async -> AppleCallOutcome<AppleTokenResponse> {
+        let redirect = redirectURI.map { [("redirect_uri", $0)] } ?? []
+        return await tokenCall(clientID: clientID, fields: [("code", code), ("grant_type", "authorization_code")] + redirect)
     }
 
     /// `POST {base}/auth/token` with `grant_type=refresh_token` (reconciliation: is the token alive?).

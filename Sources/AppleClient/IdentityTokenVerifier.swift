@@ -12,6 +12,12 @@ package struct AppleIdentity: Sendable, Equatable {
     package var emailVerified: Bool?
     /// `transfer_sub`: present for 60 days on tokens of users moved from another team (TN3159).
     package var transferSub: String?
+    /// `real_user_status` (0, 1, 2: Apple's anti-fraud signal), as shown: `unsupported`, `unknown`,
+    /// `likely_real`; nil when absent or another value.
+    package var realUserStatus: String?
+
+    /// The names of `real_user_status`'s values, by value.
+    package static let realUserStatusNames = ["unsupported", "unknown", "likely_real"]
 }
 
 /// Why an `id_token` was refused. `rawValue` is stored as a failure reason: it holds no token content.
@@ -78,6 +84,20 @@ package struct IdentityTokenVerifier: Sendable {
         return String(decoding: SHA256.hash(Array(rawNonce.utf8)).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 0x0F)]] }, as: UTF8.self)
     }
 
+    /// A number (what Apple sends) or a numeric string, 0 to 2.
+    static func realUserStatus(_ value: JSONValue?) -> String? {
+        let number: Double? =
+            switch value {
+            case .number(let number)?: number
+            case .string(let text)?: Double(text)
+            default: nil
+            }
+        guard let number, let index = Int(exactly: number), AppleIdentity.realUserStatusNames.indices.contains(index) else {
+            return nil
+        }
+        return AppleIdentity.realUserStatusNames[index]
+    }
+
     /// Signature (alg pinned to RS256, key by `kid`), `iss`, `aud` ∋ `clientID`, `exp`, a `sub`.
     private func verifiedClaims(
         _ token: String, clientID: String, now: Date, trustingTransportWhenKeysUnavailable: Bool
@@ -100,7 +120,8 @@ package struct IdentityTokenVerifier: Sendable {
         let identity = AppleIdentity(
             sub: sub, email: claims["email"]?.stringValue, isPrivateEmail: AppleNotification.flag(claims["is_private_email"]),
             emailVerified: AppleNotification.flag(claims["email_verified"]),
-            transferSub: claims["transfer_sub"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 })
+            transferSub: claims["transfer_sub"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 },
+            realUserStatus: Self.realUserStatus(claims["real_user_status"]))
         return (identity, claims)
     }
 }

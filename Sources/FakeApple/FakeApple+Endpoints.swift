@@ -20,8 +20,10 @@ extension FakeApple {
             guard let code = form["code"], !code.isEmpty else { return (Self.oauthError("invalid_request"), true) }
             let lifetime = configuration.codeLifetime
             let issued: FakeAppleState.Code? = state.withLock { state in
+                // A web authorization's code goes with its redirect URI (Apple: invalid_grant otherwise).
                 guard var entry = state.codes[code], !entry.used, entry.clientID == clientID,
-                    now.timeIntervalSince(entry.createdAt) <= lifetime
+                    now.timeIntervalSince(entry.createdAt) <= lifetime,
+                    entry.redirectURI == nil || entry.redirectURI == form["redirect_uri"]
                 else {
                     state.codes[code]?.used = true
                     return nil
@@ -109,7 +111,7 @@ extension FakeApple {
     /// (Apple adds the claim for 60 days after the transfer), `nonce` as the client passed it.
     package func signIDToken(
         clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, transferSub: String? = nil,
-        nonce: String? = nil, key: RSA.PrivateKey? = nil
+        nonce: String? = nil, realUserStatus: Int? = nil, key: RSA.PrivateKey? = nil
     ) -> String {
         let now = Int(Date().timeIntervalSince1970)
         var claims: [String: Any] = [
@@ -118,6 +120,7 @@ extension FakeApple {
         ]
         if let transferSub { claims["transfer_sub"] = transferSub }
         if let nonce { claims["nonce"] = nonce }
+        if let realUserStatus { claims["real_user_status"] = realUserStatus }
         if let email {
             claims["email"] = email
             claims["email_verified"] = "true"
@@ -149,13 +152,16 @@ extension FakeApple {
             case let text as String: text == "true"
             default: nil
             }
-        let code = registerCode(clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate)
+        let code = registerCode(
+            clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate,
+            redirectURI: object["redirect_uri"] as? String)
         return Self.json(["code": code, "expires_in": Int(configuration.codeLifetime)])
     }
 
-    /// `POST /fake/identity-tokens {client_id, sub, nonce, email?, is_private_email?}`: what the
-    /// device gets from Apple at sign-in, an identity token whose `nonce` claim is `nonce` as given
-    /// (the app hands Apple the SHA-256 hex of the server's raw nonce) and a fresh authorization code.
+    /// `POST /fake/identity-tokens {client_id, sub, nonce, email?, is_private_email?, redirect_uri?,
+    /// real_user_status?}`: what the device gets from Apple at sign-in, an identity token whose
+    /// `nonce` claim is `nonce` as given (the app hands Apple the SHA-256 hex of the server's raw
+    /// nonce) and a fresh authorization code (bound to `redirect_uri` for a web authorization).
     func adminIssueIdentityToken(_ request: HTTPRequest) -> HTTPResponse {
         guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
             let clientID = object["client_id"] as? String, !clientID.isEmpty,
@@ -169,7 +175,8 @@ extension FakeApple {
             default: nil
             }
         let issued = issueIdentityToken(
-            clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate)
+            clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate,
+            redirectURI: object["redirect_uri"] as? String, realUserStatus: (object["real_user_status"] as? NSNumber)?.intValue)
         return Self.json(["identity_token": issued.identityToken, "authorization_code": issued.authorizationCode])
     }
 

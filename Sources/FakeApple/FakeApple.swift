@@ -19,9 +19,11 @@ import Locking
 /// - `POST /auth/revoke`: 200, also for an unknown token; the token stops refreshing.
 /// - `POST /auth/token` `client_credentials` with `scope=user.migration`: a migration access token.
 /// - `POST /auth/usermigrationinfo` (team transfer, see `FakeApple+Migration.swift`).
-/// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?}` → `{"code": ...}`.
-/// - `POST /fake/identity-tokens` `{client_id, sub, nonce, email?, is_private_email?}` →
-///   `{"identity_token": ..., "authorization_code": ...}` (sign-in, as the device receives it).
+/// - `POST /fake/codes` `{client_id, sub, email?, is_private_email?, redirect_uri?}` → `{"code": ...}`;
+///   a code with a `redirect_uri` (a web authorization's) is exchanged only with the same one.
+/// - `POST /fake/identity-tokens` `{client_id, sub, nonce, email?, is_private_email?, redirect_uri?,
+///   real_user_status?}` → `{"identity_token": ..., "authorization_code": ...}` (sign-in, as the
+///   device or the web page receives it).
 /// - `POST /fake/failures` `{endpoint: "token"|"revoke"|"keys"|"usermigrationinfo", responses: [503, "timeout",
 ///   "invalid_client", "bad_signature", "slow", ...], retry_after: 2}`: consumed one per call.
 /// - `GET /fake/calls`: every call (endpoint, client_id, status, time), never a secret.
@@ -137,10 +139,15 @@ package final class FakeApple: Sendable {
     // MARK: Test API (the same as the admin endpoints)
 
     /// A fresh single-use authorization code for `(clientID, sub)`. Secret-like: never log it.
-    package func registerCode(clientID: String, sub: String, email: String? = nil, isPrivateEmail: Bool? = nil) -> String {
+    /// `redirectURI`: a web authorization's (Services ID, Android): the exchange must send the same
+    /// `redirect_uri`, or Apple answers `invalid_grant`.
+    package func registerCode(
+        clientID: String, sub: String, email: String? = nil, isPrivateEmail: Bool? = nil, redirectURI: String? = nil
+    ) -> String {
         let code = "c" + Self.randomHex(16)
         state.withLock {
-            $0.codes[code] = .init(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, createdAt: Date())
+            $0.codes[code] = .init(
+                clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, createdAt: Date(), redirectURI: redirectURI)
         }
         return code
     }
@@ -149,10 +156,12 @@ package final class FakeApple: Sendable {
     /// (its `nonce` claim is `nonce` as given) and a single-use authorization code for the same
     /// user. Both are secrets: never log them.
     package func issueIdentityToken(
-        clientID: String, sub: String, nonce: String, email: String? = nil, isPrivateEmail: Bool? = nil
+        clientID: String, sub: String, nonce: String, email: String? = nil, isPrivateEmail: Bool? = nil,
+        redirectURI: String? = nil, realUserStatus: Int? = nil
     ) -> (identityToken: String, authorizationCode: String) {
-        let code = registerCode(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail)
-        let token = signIDToken(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: nonce)
+        let code = registerCode(clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, redirectURI: redirectURI)
+        let token = signIDToken(
+            clientID: clientID, sub: sub, email: email, isPrivateEmail: isPrivateEmail, nonce: nonce, realUserStatus: realUserStatus)
         return (token, code)
     }
 

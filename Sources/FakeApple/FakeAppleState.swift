@@ -75,6 +75,8 @@ struct FakeAppleState {
         var email: String?
         var isPrivateEmail: Bool?
         var createdAt: Date
+        /// The redirect URI of the web authorization that issued it: the exchange must send the same.
+        var redirectURI: String? = nil
         var used = false
     }
 

@@ -28,6 +28,25 @@ import Testing
         }
     }
 
+    /// A returning user signs in with a fresh code while the account holds a token; Apple's
+    /// `consent-revoked` for an authorization the user withdrew just before (it ends the held
+    /// token) arrives after the sign-in. The sign-in's own grant must be the one held.
+    @Test func aConsentRevokedSentBeforeASignInButDeliveredAfterIt() async throws {
+        let world = try await ModelWorld(lanes: 1)
+        let steps: [ModelStep] = [
+            .app([.link(longUserID: false)]), .work(pick: 0, answer: .ok), .signIn(withCode: true, answer: .ok),
+            .notify(.consentRevoked, stepsBack: 1), .applyNotifications(onlyOldest: false),
+        ]
+        do {
+            let outcome = try await ModelSequence.run(steps, grouped: false, world: world, name: "late-consent-\(UInt32.random(in: 0...UInt32.max))")
+            #expect(outcome.violations.isEmpty, "\(ModelReport.describe(steps: steps, outcome: outcome))")
+            await world.shutDown()
+        } catch {
+            await world.shutDown()
+            throw error
+        }
+    }
+
     static func run(_ settings: ModelSettings, world: ModelWorld) async throws {
         let generator = ModelGenerator(deletionWithCode: world.deletionWithCode)
         if !world.deletionWithCode {

@@ -142,8 +142,12 @@ BEGIN
                email = coalesce(p_email, accounts.email),
                is_private_email = coalesce(p_is_private_email, accounts.is_private_email),
                refresh_token_enc = coalesce(p_token_enc, accounts.refresh_token_enc),
+               -- Bounded: a returning user's every sign-in with a code adds one. Past the bound
+               -- the oldest goes unrevoked; a deletion's revoke of the current token ends the
+               -- user's authorization at Apple, and the tokens issued under it with it.
                retired_tokens_enc = CASE WHEN p_token_enc IS NOT NULL AND accounts.refresh_token_enc IS NOT NULL
-                                         THEN accounts.retired_tokens_enc || accounts.refresh_token_enc
+                                         THEN (accounts.retired_tokens_enc || accounts.refresh_token_enc)
+                                              [greatest(1, cardinality(accounts.retired_tokens_enc) + 2 - 16):]
                                          ELSE accounts.retired_tokens_enc END,
                linked_at = now(),
                token_checked_at = CASE WHEN p_token_enc IS NOT NULL THEN now() ELSE accounts.token_checked_at END,
@@ -496,6 +500,7 @@ AS $$
 DECLARE
     a siwa.accounts;
     job_id bigint;
+    exchange_id bigint;
 BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
         RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
@@ -520,11 +525,16 @@ BEGIN
             job_id := NULL;
         END IF;
     END IF;
-    IF job_id IS NULL OR a.status = 'pending_deletion' THEN
-        IF coalesce(authorization_code, '') <> '' THEN
-            INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
-            VALUES ('exchange', 0, a.client_id, a.sub,
-                    jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8);
+    -- A code on a finished deletion comes from a sign-in since (the user authorized the app
+    -- again): exchanged for the deletion, its token is revoked by a late revoke (siwa.account_linked);
+    -- the exchange's job is the one answered.
+    IF coalesce(authorization_code, '') <> '' AND (job_id IS NULL OR a.status IN ('pending_deletion', 'deleted')) THEN
+        INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+        VALUES ('exchange', 0, a.client_id, a.sub,
+                jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8)
+        RETURNING id INTO exchange_id;
+        IF job_id IS NOT NULL AND a.status = 'deleted' THEN
+            RETURN exchange_id;
         END IF;
     END IF;
     IF job_id IS NOT NULL THEN
@@ -560,7 +570,8 @@ LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
-           a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL
+           a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
+           a.real_user_status
       FROM siwa.accounts a
      WHERE a.client_id = $1 AND a.sub = $2
 $$;

@@ -42,14 +42,17 @@ $$;
 -- sign-in exchanged (sealed for the row), or NULL. p_deletion_requests_seen: the account's
 -- `deletion_requests` when the caller read it and found no deletion pending, before its exchange; a
 -- deletion requested since then is not undone (the status stays pending_deletion or deleted, the
--- token is kept for the deletion to revoke, and the caller answers 403).
+-- token is kept for the deletion to revoke, and the caller answers 403). What the client was told
+-- about the user once: p_full_name (an object, or NULL: the stored name is kept) and
+-- p_real_user_status (the identity token's, as shown; NULL: kept), stored only when the sign-in
+-- leaves the account active: a deletion that won keeps no new personal data.
 CREATE OR REPLACE FUNCTION siwa.sign_in(
     p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
-    p_deletion_requests_seen bigint
+    p_deletion_requests_seen bigint, p_full_name jsonb, p_real_user_status text
 ) RETURNS TABLE (
     client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
     email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
-    has_refresh_token boolean, is_new boolean
+    has_refresh_token boolean, full_name jsonb, real_user_status text, is_new boolean
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -60,11 +63,38 @@ BEGIN
     IF coalesce(p_client_id, '') = '' OR coalesce(p_sub, '') = '' THEN
         RAISE EXCEPTION 'siwa.sign_in: client_id and sub are required' USING ERRCODE = '22023';
     END IF;
+    IF p_full_name IS NOT NULL AND jsonb_typeof(p_full_name) <> 'object' THEN
+        RAISE EXCEPTION 'siwa.sign_in: full_name must be an object' USING ERRCODE = '22023';
+    END IF;
     SELECT * INTO outcome
       FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
                                   p_deletion_requests_seen);
+    IF outcome.status = 'active' AND (p_full_name IS NOT NULL OR p_real_user_status IS NOT NULL) THEN
+        UPDATE siwa.accounts a
+           SET full_name = coalesce(p_full_name, a.full_name),
+               real_user_status = coalesce(p_real_user_status, a.real_user_status)
+         WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    END IF;
     RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
 END
+$$;
+
+-- The same without the profile, for callers from before it (workers of the previous release).
+CREATE OR REPLACE FUNCTION siwa.sign_in(
+    p_client_id text, p_sub text, p_email text, p_is_private_email boolean, p_refresh_token_enc bytea,
+    p_deletion_requests_seen bigint
+) RETURNS TABLE (
+    client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+    email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+    has_refresh_token boolean, is_new boolean
+)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.client_id, s.sub, s.app_user_id, s.status, s.email, s.is_private_email, s.email_forwarding,
+           s.sessions_revoked_at, s.linked_at, s.updated_at, s.has_refresh_token, s.is_new
+      FROM siwa.sign_in(p_client_id, p_sub, p_email, p_is_private_email, p_refresh_token_enc, p_deletion_requests_seen,
+                        NULL::jsonb, NULL::text) s
 $$;
 
 -- The same for workers of the previous release during an upgrade, which pass when they read the
@@ -175,6 +205,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
+                                  siwa.sign_in(text, text, text, boolean, bytea, bigint, jsonb, text),
                                   siwa.set_app_user_id(text, text, text),
                                   siwa.account_changes_after(bigint, integer, interval), siwa.change_writers()
            TO siwa_worker;

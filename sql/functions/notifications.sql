@@ -283,6 +283,8 @@ BEGIN
                                            WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                            THEN coalesce(n.is_private_email, a.is_private_email)
                                            ELSE a.is_private_email END,
+                   full_name = CASE WHEN n.erase THEN NULL ELSE a.full_name END,
+                   real_user_status = CASE WHEN n.erase THEN NULL ELSE a.real_user_status END,
                    last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                               THEN n.event_time ELSE a.last_email_event_at END,
                    updated_at = now()
@@ -357,8 +359,9 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
        SET email = NULL, jws = NULL, claims = claims - 'events'
      WHERE client_id = p_client_id AND sub = p_sub
        AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
-    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL
-     WHERE client_id = p_client_id AND sub = p_sub AND email IS NOT NULL;
+    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL
+     WHERE client_id = p_client_id AND sub = p_sub
+       AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
 $$;
 
 -- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).

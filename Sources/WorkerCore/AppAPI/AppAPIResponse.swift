@@ -1,10 +1,13 @@
 import Foundation
 internal import HTTPServer
+import Postgres
 
-/// An answer other than success: the contract's status and `{"error":"<code>"}`, nothing more.
+/// An answer other than success: the contract's status and `{"error":"<code>"}`, with a `detail`
+/// naming the field or rule that failed when there is one. A detail never quotes a value sent.
 struct AppAPIError: Error, Sendable, Equatable {
     var status: Int
     var code: String
+    var detail: String?
 
     static let unauthorized = AppAPIError(status: 401, code: "unauthorized")
     static let badRequest = AppAPIError(status: 400, code: "bad_request")
@@ -21,7 +24,27 @@ struct AppAPIError: Error, Sendable, Equatable {
     /// The database did not answer within its bound, or failed.
     static let databaseUnavailable = AppAPIError(status: 503, code: "database_unavailable")
 
-    var response: HTTPResponse { .json(status: status, #"{"error":"\#(code)"}"#) }
+    /// 400 `bad_request` saying which field or rule failed.
+    static func badRequest(_ detail: String) -> AppAPIError { AppAPIError(status: 400, code: "bad_request", detail: detail) }
+
+    /// The same error with a detail (the code and status unchanged).
+    func detailed(_ detail: String) -> AppAPIError { AppAPIError(status: status, code: code, detail: detail) }
+
+    var response: HTTPResponse {
+        var body: [String: Any] = ["error": code]
+        if let detail { body["detail"] = detail }
+        return AppAPIJSON.response(status: status, body)
+    }
+
+    /// What a database failure answers: SQLSTATE class 22 (data exception: a NUL in text, a number
+    /// out of range, a malformed value) and 23 (a constraint) mean the input cannot be held, which
+    /// no retry changes; anything else is the database being unavailable.
+    static func database(_ error: any Error) -> AppAPIError {
+        if let error = error as? PostgresError, let state = error.sqlState, state.hasPrefix("22") || state.hasPrefix("23") {
+            return .badRequest("a value cannot be stored (SQLSTATE \(state))")
+        }
+        return .databaseUnavailable
+    }
 }
 
 /// JSON bodies of the app API's answers.
@@ -95,9 +118,12 @@ enum AppAPIJSON {
             "status": account.status, "email": value(account.email), "is_private_email": value(account.isPrivateEmail),
             "email_forwarding": value(account.emailForwarding), "sessions_revoked_at": value(account.sessionsRevokedAt),
             "linked_at": value(account.linkedAt), "updated_at": value(account.updatedAt),
-            "has_refresh_token": account.hasRefreshToken,
+            "has_refresh_token": account.hasRefreshToken, "full_name": value(account.fullName),
+            "real_user_status": value(account.realUserStatus),
         ]
     }
+
+    static func value(_ members: [String: String]?) -> Any { members.map { $0 as [String: Any] } ?? NSNull() }
 
     static func change(_ change: AppAPIStore.Change) -> [String: Any] {
         [

@@ -107,25 +107,41 @@ package final class AppAPIServer: Sendable {
         return response
     }
 
+    /// Matches the request against `AppAPIEndpoints` (a known path with another method: 405), checks
+    /// its input against the same declaration, and hands it to the endpoint's handler.
     private func route(_ request: HTTPRequest) async -> (endpoint: String, HTTPResponse) {
         guard isAuthorized(request) else { return ("unauthorized", AppAPIError.unauthorized.response) }
         let parts = request.path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
-        switch (request.method, parts.count, parts.first, parts.dropFirst().first) {
-        case ("POST", 2, "v1", "nonces"): return ("nonces", await issueNonce())
-        case ("POST", 2, "v1", "sign-in"): return ("sign_in", await signIn(request))
-        case ("GET", 2, "v1", "changes"): return ("changes", await changes(request))
-        case ("GET", 4, "v1", "accounts"): return ("account", await account(clientID: parts[2], sub: parts[3]))
-        case ("PATCH", 4, "v1", "accounts"): return ("account_patch", await patchAccount(clientID: parts[2], sub: parts[3], request))
-        case ("POST", 5, "v1", "accounts") where parts[4] == "deletion":
-            return ("deletion", await deletion(clientID: parts[2], sub: parts[3], request))
-        case (_, 2, "v1", "nonces"), (_, 2, "v1", "sign-in"), (_, 2, "v1", "changes"), (_, 4, "v1", "accounts"):
-            return ("other", AppAPIError.methodNotAllowed.response)
-        case (_, 5, "v1", "accounts") where parts[4] == "deletion":
-            return ("other", AppAPIError.methodNotAllowed.response)
-        default:
-            return ("other", AppAPIError.notFound.response)
+        var pathKnown = false
+        for endpoint in AppAPIEndpoints.all {
+            guard let parameters = endpoint.match(parts) else { continue }
+            pathKnown = true
+            guard endpoint.method == request.method else { continue }
+            switch AppAPIInput.decode(endpoint, parameters: parameters, body: request.body, query: request.query) {
+            case .failure(let error): return (endpoint.name, error.response)
+            case .success(let input): return (endpoint.name, await handle(endpoint, input))
+            }
+        }
+        return ("other", (pathKnown ? AppAPIError.methodNotAllowed : AppAPIError.notFound).response)
+    }
+
+    private func handle(_ endpoint: AppAPIEndpoint, _ input: AppAPIInput) async -> HTTPResponse {
+        let clientID = input.parameters["client_id"] ?? ""
+        let sub = input.parameters["sub"] ?? ""
+        switch endpoint.name {
+        case AppAPIEndpoints.nonces.name: return await issueNonce()
+        case AppAPIEndpoints.signIn.name: return await signIn(input)
+        case AppAPIEndpoints.account.name: return await account(clientID: clientID, sub: sub)
+        case AppAPIEndpoints.accountPatch.name: return await patchAccount(clientID: clientID, sub: sub, input)
+        case AppAPIEndpoints.deletion.name: return await deletion(clientID: clientID, sub: sub, input)
+        case AppAPIEndpoints.changes.name: return await changes(input)
+        case AppAPIEndpoints.openAPI.name: return openAPIDocument
+        default: return AppAPIError.notFound.response
         }
     }
+
+    /// Written once: the declarations do not change while the process runs.
+    private let openAPIDocument = AppAPIJSON.response(AppAPIOpenAPI.document())
 
     /// `Authorization: Bearer <token>` matching one configured token. Every configured token is
     /// compared (constant time each), so the answer's timing says nothing about which came close.
@@ -147,20 +163,18 @@ package final class AppAPIServer: Sendable {
             return AppAPIJSON.response(status: 201, ["nonce": nonce, "expires_at": AppAPIJSON.timestamp(expires)])
         } catch {
             logger.warning("could not issue a nonce", metadata: ["error": "\(error)"])
-            return AppAPIError.databaseUnavailable.response
+            return AppAPIError.database(error).response
         }
     }
 
-    private func signIn(_ request: HTTPRequest) async -> HTTPResponse {
-        guard let parsed = SignIn.Request(body: request.body) else { return AppAPIError.badRequest.response }
-        switch await signIn.run(parsed) {
+    private func signIn(_ input: AppAPIInput) async -> HTTPResponse {
+        switch await signIn.run(SignIn.Request(input)) {
         case .success(let body): return AppAPIJSON.response(body)
         case .failure(let error): return error.response
         }
     }
 
     private func account(clientID: String, sub: String) async -> HTTPResponse {
-        guard !clientID.isEmpty, !sub.isEmpty else { return AppAPIError.accountNotFound.response }
         do {
             guard let account = try await store.account(clientID: clientID, sub: sub) else {
                 return AppAPIError.accountNotFound.response
@@ -168,75 +182,45 @@ package final class AppAPIServer: Sendable {
             return AppAPIJSON.response(AppAPIJSON.account(account))
         } catch {
             logger.warning("could not read an account", metadata: ["error": "\(error)"])
-            return AppAPIError.databaseUnavailable.response
+            return AppAPIError.database(error).response
         }
     }
 
-    private func patchAccount(clientID: String, sub: String, _ request: HTTPRequest) async -> HTTPResponse {
-        guard let object = JSONValue.object(request.body), let field = object["app_user_id"] else {
-            return AppAPIError.badRequest.response
-        }
-        let appUserID: String?
-        switch field {
-        case .string(let text): appUserID = text
-        case .null: appUserID = nil
-        default: return AppAPIError.badRequest.response
-        }
-        guard !clientID.isEmpty, !sub.isEmpty else { return AppAPIError.accountNotFound.response }
+    private func patchAccount(clientID: String, sub: String, _ input: AppAPIInput) async -> HTTPResponse {
         do {
-            guard let account = try await store.setAppUserID(clientID: clientID, sub: sub, appUserID: appUserID) else {
-                return AppAPIError.accountNotFound.response
-            }
+            guard let account = try await store.setAppUserID(clientID: clientID, sub: sub, appUserID: input.string("app_user_id"))
+            else { return AppAPIError.accountNotFound.response }
             return AppAPIJSON.response(AppAPIJSON.account(account))
         } catch {
             logger.warning("could not update an account", metadata: ["error": "\(error)"])
-            return AppAPIError.databaseUnavailable.response
+            return AppAPIError.database(error).response
         }
     }
 
-    private func deletion(clientID: String, sub: String, _ request: HTTPRequest) async -> HTTPResponse {
-        var code: String?
-        if !request.body.isEmpty {
-            guard let object = JSONValue.object(request.body) else { return AppAPIError.badRequest.response }
-            switch object["authorization_code"] {
-            case nil, .null?: code = nil
-            case .string(let text)?: code = text.isEmpty ? nil : text
-            default: return AppAPIError.badRequest.response
-            }
-        }
-        guard !clientID.isEmpty, !sub.isEmpty else { return AppAPIError.badRequest.response }
+    /// As `siwa.request_deletion`; without a code, only for an account that exists (nothing is
+    /// created for an unknown `sub`). Answers the account's status after the call.
+    private func deletion(clientID: String, sub: String, _ input: AppAPIInput) async -> HTTPResponse {
+        let code = input.string("authorization_code", emptyIsAbsent: true)
         do {
-            let job = try await store.requestDeletion(clientID: clientID, sub: sub, authorizationCode: code)
-            return AppAPIJSON.response(status: 202, ["job_id": job, "status": "pending_deletion"])
-        } catch let error as PostgresError where error.sqlState == "22023" {
-            return AppAPIError.badRequest.response
+            guard let requested = try await store.requestDeletion(clientID: clientID, sub: sub, authorizationCode: code) else {
+                return AppAPIError.accountNotFound.response
+            }
+            return AppAPIJSON.response(status: 202, ["job_id": requested.job, "status": requested.status])
         } catch {
             logger.warning("could not request a deletion", metadata: ["error": "\(error)"])
-            return AppAPIError.databaseUnavailable.response
+            return AppAPIError.database(error).response
         }
     }
 
-    private func changes(_ request: HTTPRequest) async -> HTTPResponse {
-        let after: Int64
-        let limit: Int
-        if let text = request.query["after"] {
-            guard let value = Int64(text), value >= 0 else { return AppAPIError.badRequest.response }
-            after = value
-        } else {
-            after = 0
-        }
-        if let text = request.query["limit"] {
-            guard let value = Int(text), (1...1000).contains(value) else { return AppAPIError.badRequest.response }
-            limit = value
-        } else {
-            limit = 100
-        }
+    private func changes(_ input: AppAPIInput) async -> HTTPResponse {
+        let after = input.query["after"] ?? 0
+        let limit = Int(input.query["limit"] ?? 100)
         do {
             let changes = try await store.changes(after: after, limit: limit)
             return AppAPIJSON.response(["changes": changes.map(AppAPIJSON.change), "next": changes.last?.id ?? after])
         } catch {
             logger.warning("could not read account changes", metadata: ["error": "\(error)"])
-            return AppAPIError.databaseUnavailable.response
+            return AppAPIError.database(error).response
         }
     }
 }

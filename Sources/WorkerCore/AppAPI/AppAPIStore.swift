@@ -1,4 +1,5 @@
 import Foundation
+import JSON
 package import Postgres
 import SiwaCore
 
@@ -28,6 +29,10 @@ package struct AppAPIStore: Sendable {
         var linkedAt: Date?
         var updatedAt: Date?
         var hasRefreshToken: Bool
+        /// The user's name as the client sent it once (`full_name`), member by member.
+        var fullName: [String: String]?
+        /// `unsupported`, `unknown` or `likely_real`.
+        var realUserStatus: String?
         /// Set by `signIn` only: no row existed before it.
         var isNew = false
 
@@ -43,6 +48,14 @@ package struct AppAPIStore: Sendable {
             linkedAt = try row.decode(Date?.self, column: "linked_at")
             updatedAt = try row.decode(Date?.self, column: "updated_at")
             hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
+            fullName = try row.decode(String?.self, column: "full_name").flatMap(Self.stringMembers)
+            realUserStatus = try row.decode(String?.self, column: "real_user_status")
+        }
+
+        /// A jsonb object of strings, as stored by `siwa.sign_in`.
+        static func stringMembers(_ json: String) -> [String: String]? {
+            guard let object = JSONValue.object(Array(json.utf8)) else { return nil }
+            return object.compactMapValues(\.stringValue)
         }
     }
 
@@ -149,12 +162,18 @@ package struct AppAPIStore: Sendable {
     /// kept for that deletion, or revoked if it finished).
     func signIn(
         clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?,
-        deletionRequestsSeen: Int64
+        deletionRequestsSeen: Int64, fullName: [String: String]?, realUserStatus: String?
     ) async throws -> Account {
-        try await run { connection in
+        let name: String? = fullName.map { members in
+            var text: [UInt8] = []
+            AppAPIJSON.write(members as [String: Any], to: &text)
+            return String(decoding: text, as: UTF8.self)
+        }
+        return try await run { connection in
             let row = try await connection.query(
                 """
-                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen))
+                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen),
+                                           \(name)::jsonb, \(realUserStatus))
                 """)[0]
             var account = try Account(row)
             account.isNew = try row.decode(Bool.self, column: "is_new")
@@ -186,16 +205,28 @@ package struct AppAPIStore: Sendable {
         }
     }
 
-    /// `siwa.request_deletion`: the revoke job's id (the same one on a repeat).
-    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> Int64 {
+    /// `siwa.request_deletion`: its job's id and the account's status after it. Without a code,
+    /// only for an account that exists: nil, and nothing created, for an unknown one.
+    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> (job: Int64, status: String)? {
         try await run { connection in
-            let rows =
+            try await connection.withTransaction { connection in
+                let job: Int64?
                 if let authorizationCode {
-                    try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub), \(authorizationCode))")
+                    job = try await connection.query(
+                        "SELECT siwa.request_deletion(\(clientID), \(sub), \(authorizationCode))")[0].decode(Int64.self, at: 0)
                 } else {
-                    try await connection.query("SELECT siwa.request_deletion(\(clientID), \(sub))")
+                    // CASE calls the function only for an account that exists (under its row lock there).
+                    job = try await connection.query(
+                        """
+                        SELECT CASE WHEN EXISTS (SELECT 1 FROM siwa.account(\(clientID), \(sub)))
+                                    THEN siwa.request_deletion(\(clientID), \(sub)) END
+                        """)[0].decode(Int64?.self, at: 0)
                 }
-            return try rows[0].decode(Int64.self, at: 0)
+                guard let job else { return nil }
+                let status = try await connection.query("SELECT status FROM siwa.account(\(clientID), \(sub))")[0]
+                    .decode(String.self, at: 0)
+                return (job, status)
+            }
         }
     }
 

@@ -12,8 +12,9 @@ import Postgres
 ///   2. the identity token: RS256 with Apple's keys, `iss`, `aud` = `client_id` ∈ SIWA_CLIENT_IDS,
 ///      `exp`, and its `nonce` claim = hex SHA-256 of the raw nonce;
 ///   3. a pending deletion refuses the sign-in (403);
-///   4. with no stored refresh token and a code, the code is exchanged now (codes live 5 minutes);
-///      nothing is written before the exchange has succeeded, so a failed exchange creates no account;
+///   4. with a code, the code is exchanged now (codes live 5 minutes), with the web flow's redirect
+///      URI when given; nothing is written before the exchange has succeeded, so a failed exchange
+///      creates no account;
 ///   then the account effect, one call to `siwa.sign_in`.
 /// No identity token, nonce, code or refresh token reaches a log or an error.
 struct SignIn: Sendable {
@@ -27,23 +28,19 @@ struct SignIn: Sendable {
         var identityToken: String
         var nonce: String
         var authorizationCode: String?
+        /// The redirect URI of a web authorization, sent on the code exchange.
+        var redirectURI: String?
+        /// The name the client was given on the first authorization; nil: keep the stored one.
+        var fullName: [String: String]?
 
-        /// The body as the contract shapes it; nil when it is not (400 `bad_request`).
-        init?(body: [UInt8]) {
-            guard let object = JSONValue.object(body),
-                let clientID = object["client_id"]?.stringValue, !clientID.isEmpty,
-                let identityToken = object["identity_token"]?.stringValue, !identityToken.isEmpty,
-                identityToken.utf8.count <= SignIn.maximumTokenBytes,
-                let nonce = object["nonce"]?.stringValue, !nonce.isEmpty, nonce.utf8.count <= SignIn.maximumNonceBytes
-            else { return nil }
-            switch object["authorization_code"] {
-            case nil, .null?: authorizationCode = nil
-            case .string(let code)?: authorizationCode = code.isEmpty ? nil : code
-            default: return nil
-            }
-            self.clientID = clientID
-            self.identityToken = identityToken
-            self.nonce = nonce
+        /// The body as `AppAPIEndpoints.signIn` declares it, already checked against it.
+        init(_ input: AppAPIInput) {
+            clientID = input.string("client_id") ?? ""
+            identityToken = input.string("identity_token") ?? ""
+            nonce = input.string("nonce") ?? ""
+            authorizationCode = input.string("authorization_code", emptyIsAbsent: true)
+            redirectURI = input.string("redirect_uri", emptyIsAbsent: true)
+            fullName = input.stringMembers("full_name")
         }
     }
 
@@ -73,7 +70,7 @@ struct SignIn: Sendable {
             guard spent else { return .failure(.nonceInvalid) }
         } catch {
             logger.warning("sign-in: could not consume the nonce", metadata: ["error": "\(error)"])
-            return .failure(.databaseUnavailable)
+            return .failure(.database(error))
         }
 
         // 2. The identity token.
@@ -98,7 +95,7 @@ struct SignIn: Sendable {
                         isPrivateEmail: identity.isPrivateEmail) != nil
             } catch {
                 logger.warning("sign-in: could not claim a team transfer", metadata: ["error": "\(error)"])
-                return .failure(.databaseUnavailable)
+                return .failure(.database(error))
             }
         }
 
@@ -113,14 +110,16 @@ struct SignIn: Sendable {
             }
         } catch {
             logger.warning("sign-in: could not read the account", metadata: ["error": "\(error)"])
-            return .failure(.databaseUnavailable)
+            return .failure(.database(error))
         }
         if state.status == "pending_deletion" { return .failure(.accountDeleting) }
 
-        // 4. The exchange, before anything is written.
+        // 4. The exchange, before anything is written; also when a token is held: the code is the
+        // user's grant as of now (the held token may be one Apple has ended since, its
+        // notification still on its way), and the new token becomes current.
         var refreshToken: String?
-        if !state.hasRefreshToken, let code = request.authorizationCode {
-            switch await exchange(code: code, clientID: request.clientID, sub: identity.sub) {
+        if let code = request.authorizationCode {
+            switch await exchange(code: code, clientID: request.clientID, sub: identity.sub, redirectURI: request.redirectURI) {
             case .success(let token): refreshToken = token
             case .failure(let error): return .failure(error)
             }
@@ -132,7 +131,8 @@ struct SignIn: Sendable {
             let account = try await store.signIn(
                 clientID: request.clientID, sub: identity.sub, email: identity.email,
                 isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed,
-                deletionRequestsSeen: state.deletionRequests)
+                deletionRequestsSeen: state.deletionRequests, fullName: request.fullName,
+                realUserStatus: identity.realUserStatus)
             // A deletion requested while Apple was asked: it stands, and holds the token to revoke it.
             guard account.status == "active" else { return .failure(.accountDeleting) }
             return .success([
@@ -140,12 +140,13 @@ struct SignIn: Sendable {
                 "email_verified": AppAPIJSON.value(identity.emailVerified),
                 "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status,
                 "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew && !transferred,
-                "has_refresh_token": account.hasRefreshToken,
+                "has_refresh_token": account.hasRefreshToken, "full_name": AppAPIJSON.value(account.fullName),
+                "real_user_status": AppAPIJSON.value(account.realUserStatus),
             ])
         } catch {
             logger.warning("sign-in: could not record the sign-in", metadata: ["error": "\(error)"])
             await revokeUnkept(refreshToken, clientID: request.clientID)
-            return .failure(.databaseUnavailable)
+            return .failure(.database(error))
         }
     }
 
@@ -153,14 +154,15 @@ struct SignIn: Sendable {
     /// ahead. Nil when the token does not parse (its verification fails then anyway).
     static func claimedSub(_ identityToken: String) -> String? {
         guard let jws = try? CompactJWS(identityToken, checkPayloadIsJSONObject: false),
-            let sub = JSONValue.object(jws.payloadBytes)?["sub"]?.stringValue, !sub.isEmpty
+            let sub = JSONValue.object(jws.payloadBytes)?["sub"]?.stringValue, !sub.isEmpty,
+            !sub.unicodeScalars.contains("\u{0}")  // no account has it, and the database cannot compare it
         else { return nil }
         return sub
     }
 
     /// Exchanges `code`; the refresh token on success (its `id_token` verified and about `sub`).
-    private func exchange(code: String, clientID: String, sub: String) async -> Result<String, AppAPIError> {
-        let outcome = await client.exchange(code: code, clientID: clientID)
+    private func exchange(code: String, clientID: String, sub: String, redirectURI: String?) async -> Result<String, AppAPIError> {
+        let outcome = await client.exchange(code: code, clientID: clientID, redirectURI: redirectURI)
         switch outcome {
         case .success(let response):
             guard let refreshToken = response.refreshToken, !refreshToken.isEmpty, let idToken = response.idToken,

@@ -204,6 +204,20 @@ extension ModelRun {
             }
         }
 
+        // A returning user's grant is held: after a sign-in with a code that Apple exchanged, an
+        // account still active holds a token Apple has not ended, unless the user ended their
+        // grants after that sign-in (a consent-revoked sent before it but delivered after ends
+        // only the grants older than the sign-in's).
+        if status == "active", account?.hasToken == true, let signedIn = lastExchangedSignIn,
+            !grantEnds.contains(where: { $0 > signedIn }), let current = try await currentToken(),
+            tokens.first(where: { $0.token == current })?.dead == true
+        {
+            violations.append(
+                .init(
+                    .grantHeld, "active with an ended token after a sign-in with a code",
+                    "the account's current token was ended at Apple before the last sign-in, whose code gave a live grant"))
+        }
+
         for job in jobs where job.state == "discarded" {
             violations.append(.init(.quiescence, "\(job.kind) job discarded", "job \(job.id) was discarded"))
         }
@@ -279,6 +293,14 @@ extension ModelRun {
 }
 
 extension ModelRun {
+    /// The account's current refresh token, decrypted.
+    func currentToken() async throws -> String? {
+        let sealed = try await connection.query(
+            "SELECT refresh_token_enc FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
+        ).first?.decode([UInt8]?.self, at: 0)
+        return try sealed.flatMap { try world.harness.tokenBox.open($0, clientID: clientID, sub: sub) }
+    }
+
     /// The refresh tokens the account holds now, decrypted: the current one, and any the schema
     /// keeps for a later deletion to revoke (`retired_tokens_enc`, when the column exists).
     func heldTokens() async throws -> Set<String> {
@@ -330,6 +352,7 @@ enum ModelRule: String, Hashable, Sendable, CaseIterable {
     case endingEventsApply = "consent-revoked and account-deleted end the account's life"
     case causalChanges = "the app's change rows come in causal order"
     case exchangeNeverLost = "a successful exchange is never lost"
+    case grantHeld = "a returning user's grant is held"
     case linkBlockedWhilePending = "a pending deletion blocks a new link"
     case appCall = "app calls succeed"
     case quiescence = "every job finishes"

@@ -38,6 +38,12 @@ final class ModelRun {
     /// The sequence's app API, started at its first sign-in.
     private var appAPI: ModelAppAPI?
     private var importCount = 0
+    /// When each sign-in (by its place in `committed`) read the account.
+    private var signInStarts: [Int: Date] = [:]
+    /// When the last sign-in accepted with a code that Apple exchanged read the account.
+    private(set) var lastExchangedSignIn: Date?
+    /// Every time before which the user's grants ended at Apple (`endGrants`).
+    private(set) var grantEnds: [Date] = []
 
     struct CommittedCall {
         var call: AppCall
@@ -365,6 +371,7 @@ final class ModelRun {
     }
 
     private func endGrants(issuedBefore time: Date) {
+        grantEnds.append(time)
         world.fake.userEndedGrants(clientID: clientID, sub: sub, issuedBefore: time)
     }
 
@@ -436,11 +443,13 @@ final class ModelRun {
 
     private func placeSignIn(code: String?) -> Int {
         committed.append(CommittedCall(call: .signIn(accepted: false), code: code, statusBefore: nil, changeMark: 0, jobID: 0))
+        signInStarts[committed.count - 1] = Date()
         return committed.count - 1
     }
 
     private func settleSignIn(at index: Int, _ what: String, withCode: Bool, answer: AppleAnswer) {
         committed[index].call = .signIn(accepted: ModelSignInRule.accepted(what))
+        if ModelSignInRule.accepted(what), withCode, answer == .ok { lastExchangedSignIn = signInStarts[index] }
         if let problem = ModelSignInRule.violation(what, withCode: withCode, answer: answer) {
             violations.append(.init(.appCall, "sign-in answered \(problem.split(separator: " ").first ?? "")", problem))
         }
