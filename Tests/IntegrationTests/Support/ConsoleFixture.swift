@@ -36,7 +36,10 @@ struct ConsoleFixture: Sendable {
                    (\(clientID), \(deletingSub), 'user-deleting', 'active', NULL, NULL, \(Array(refreshToken.utf8)), now() - interval '1 day')
             """)
         _ = try await db.execute(
-            "INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status) VALUES (\(clientID), \(scriptSub), \(scriptUser), 'linked', 'active')")
+            """
+            INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, created_at)
+            VALUES (\(clientID), \(scriptSub), \(scriptUser), 'linked', 'active', now() - interval '2 hours')
+            """)
         let discarded = try await db.query(
             """
             INSERT INTO siwa.jobs (kind, state, client_id, sub, args, attempt, errors, finalized_at)
