@@ -55,6 +55,9 @@ let package = Package(
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
                                "Logging", "AppleClient", "JSON", "LoopbackHTTP"],
                 swiftSettings: strict),
+        // The operator console's pages and actions (`siwa console`, `siwa dev`).
+        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
+                exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 swiftSettings: strict),
 
@@ -68,7 +71,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "LoopbackHTTP"],
+                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "LoopbackHTTP", "Console"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with

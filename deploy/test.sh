@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
 
-deploy/scripts/install-deps.sh
+# Chromium only for the tests: the console's pages are loaded in a real headless browser
+# (ConsoleBrowserTests); deploy/run.sh never needs it.
+deploy/scripts/install-deps.sh chromium
 
 echo "==> building"
 # STYLE.md §8's checks: warnings fail the build (they are how Swift 6 reports most concurrency

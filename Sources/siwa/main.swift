@@ -11,6 +11,7 @@ let commands: [any CLICommand.Type] = [
     SimulateCommand.self,
     AccountsCommand.self,
     WebhooksCommand.self,
+    ConsoleCommand.self,
 ]
 
 func printUsage() {

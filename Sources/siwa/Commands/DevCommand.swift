@@ -1,3 +1,4 @@
+import Console
 import CryptoCore
 import Foundation
 import LocalPostgres
@@ -111,6 +112,7 @@ final class DevStack: @unchecked Sendable {
     private let logger: Logger
     private var cluster: LocalPostgresCluster?
     private var children: [DevProcess] = []
+    private var console: ConsoleServer?
     private var temporaryDirectory: String?
     /// The first SIGINT/SIGTERM, checked by every wait so Ctrl-C works during start-up too.
     private let signalName = Locked<String?>(nil)
@@ -167,6 +169,7 @@ final class DevStack: @unchecked Sendable {
         var appAPI: String?
         var fakeApple: String?
         var appleBase: String
+        var console: String
     }
 
     private func start() async throws -> URLs {
@@ -288,10 +291,22 @@ final class DevStack: @unchecked Sendable {
         if let appAPI {
             try await waitForReady(url: appAPI + "/v1/changes?limit=1", what: "app API", bearer: settings.apiToken)
         }
+        let console = try await startConsole(databaseURL: databaseURL)
         return URLs(
             database: databaseURL, receiver: receiver, endpoint: receiver + settings.notificationPath,
             workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", appAPI: appAPI, fakeApple: fakeApple,
-            appleBase: appleBase)
+            appleBase: appleBase, console: console)
+    }
+
+    /// The operator console, in this process: 127.0.0.1:9400, or a free port when that is busy.
+    private func startConsole(databaseURL: String) async throws -> String {
+        var listen = ListenAddress(host: "127.0.0.1", port: 9400)
+        if !DevPorts.isFree(host: listen.host, port: listen.port) { listen.port = DevPorts.free() ?? 0 }
+        let server = ConsoleServer(
+            settings: ConsoleSettings(databaseURL: databaseURL, listen: listen, logLevel: settings.logLevel), logger: logger)
+        let url = try await server.start()
+        console = server
+        return url
     }
 
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
@@ -404,6 +419,7 @@ final class DevStack: @unchecked Sendable {
                 """ } ?? "")\
               Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
               DATABASE_URL           \(urls.database)
+              console                \(urls.console)  (the queue, deletions, each account's timeline)
 
             """
         if let fake = urls.fakeApple {
@@ -475,6 +491,7 @@ final class DevStack: @unchecked Sendable {
 
     /// Children in reverse start order (SIGTERM, 10 s, SIGKILL), then the cluster and the temp dir.
     private func stopAll() async {
+        console?.stop()
         for child in children.reversed() where child.isRunning {
             let status = await child.stop(grace: .seconds(10))
             say("\(child.name) stopped (status \(status.map(String.init) ?? "?"))")

@@ -1,0 +1,107 @@
+import Foundation
+import Testing
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+
+/// `siwa console` as a real process, and the HTTP a browser would speak to it: cookies and
+/// redirects handled by hand (the tests check them), never by URLSession.
+final class ConsoleProcess: @unchecked Sendable {
+    // @unchecked: touched only from the test's own task.
+    let process: ServiceProcess
+    /// `http://127.0.0.1:PORT`, no trailing slash.
+    let base: String
+
+    init(databaseURL: String, listen: String = "127.0.0.1:0", environment: [String: String] = [:]) async throws {
+        process = try ServiceProcess(
+            "siwa", arguments: ["console", "--listen", listen],
+            environment: ["DATABASE_URL": databaseURL, "SIWA_LOG_LEVEL": "debug"].merging(environment) { $1 })
+        let deadline = ContinuousClock.now + .seconds(60)
+        while true {
+            if let range = process.log.range(of: #"console on http://[0-9.]+:[0-9]+/"#, options: .regularExpression) {
+                let printed = String(process.log[range].dropFirst("console on ".count).dropLast())
+                // A wildcard listener is dialled on loopback.
+                base = printed.replacingOccurrences(of: "//0.0.0.0:", with: "//127.0.0.1:")
+                return
+            }
+            guard process.isRunning else { throw ServiceProcessError(message: "siwa console exited:\n\(process.log)") }
+            guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "no console line:\n\(process.log)") }
+            try await Task.sleep(for: .milliseconds(25))
+        }
+    }
+
+    func stop() async { await process.stop() }
+}
+
+/// One answer, with the headers the tests look at.
+struct ConsoleAnswer: Sendable {
+    var status: Int
+    var headers: [String: String]
+    var body: String
+
+    func header(_ name: String) -> String? {
+        headers.first { $0.key.lowercased() == name.lowercased() }?.value
+    }
+
+    /// The session cookie's value from `Set-Cookie`, if one was set.
+    var sessionCookie: String? {
+        guard let setCookie = header("Set-Cookie"), let range = setCookie.range(of: #"siwa_console=[A-Za-z0-9_-]+"#, options: .regularExpression)
+        else { return nil }
+        return String(setCookie[range])
+    }
+
+    /// The anti-forgery token of the page's forms.
+    var formToken: String? {
+        guard let range = body.range(of: #"name="csrf" value="[^"]+""#, options: .regularExpression) else { return nil }
+        return String(body[range].dropFirst(#"name="csrf" value=""#.count).dropLast())
+    }
+}
+
+/// Does not follow redirects: a 303 comes back as it is.
+private final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
+    func urlSession(
+        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
+    ) {
+        completionHandler(nil)
+    }
+}
+
+enum ConsoleHTTP {
+    static let session: URLSession = {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = 30
+        configuration.httpShouldSetCookies = false
+        configuration.httpCookieAcceptPolicy = .never
+        configuration.httpCookieStorage = nil
+        return URLSession(configuration: configuration, delegate: NoRedirects(), delegateQueue: nil)
+    }()
+
+    static func get(_ url: String, cookie: String? = nil, host: String? = nil) async throws -> ConsoleAnswer {
+        try await send("GET", url, cookie: cookie, host: host)
+    }
+
+    /// A form POST (`application/x-www-form-urlencoded`).
+    static func post(_ url: String, form: [String: String] = [:], cookie: String? = nil) async throws -> ConsoleAnswer {
+        let body = form.map { "\($0.key)=\($0.value.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")" }
+            .joined(separator: "&")
+        return try await send("POST", url, body: Data(body.utf8), cookie: cookie)
+    }
+
+    private static func send(_ method: String, _ url: String, body: Data? = nil, cookie: String?, host: String? = nil) async throws
+        -> ConsoleAnswer
+    {
+        var request = URLRequest(url: URL(string: url)!)
+        request.httpMethod = method
+        request.httpBody = body
+        if body != nil { request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type") }
+        if let cookie { request.setValue(cookie, forHTTPHeaderField: "Cookie") }
+        if let host { request.setValue(host, forHTTPHeaderField: "Host") }
+        let (data, response) = try await session.data(for: request)
+        let http = response as! HTTPURLResponse
+        var headers: [String: String] = [:]
+        for (name, value) in http.allHeaderFields { headers["\(name)"] = "\(value)" }
+        return ConsoleAnswer(status: http.statusCode, headers: headers, body: String(decoding: data, as: UTF8.self))
+    }
+}
