@@ -54,7 +54,7 @@ let package = Package(
         .target(name: "WorkerCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
                                "Logging", "AppleClient", "JSON", "LoopbackHTTP"],
-                swiftSettings: strict),
+                exclude: ["AppAPI/README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
         .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
                 exclude: ["README.md"], swiftSettings: strict),
