@@ -131,7 +131,11 @@ import Testing
             }
             try await Task.sleep(for: .milliseconds(100))
         }
-        let words = line!.split(separator: " ").map(String.init)
+        let allWords = line!.split(separator: " ").map(String.init)
+        // Leading `NAME=value` words set the command's environment, as a shell would (the throwaway
+        // CA, `SIWA_CA_FILE=...`, when the fake Apple serves https).
+        let assignments = allWords.prefix { $0.contains("=") && !$0.hasPrefix("-") }
+        let words = Array(allWords.dropFirst(assignments.count))
         // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
         let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
         #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
@@ -143,6 +147,14 @@ import Testing
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = Array(words.dropFirst())
+        if !assignments.isEmpty {
+            var environment = ProcessInfo.processInfo.environment
+            for assignment in assignments {
+                let parts = assignment.split(separator: "=", maxSplits: 1).map(String.init)
+                environment[parts[0]] = parts.count > 1 ? parts[1] : ""
+            }
+            process.environment = environment
+        }
         let output = FileHandle(forWritingAtPath: outputPath)  // one file offset for both streams
         process.standardOutput = output
         process.standardError = output
