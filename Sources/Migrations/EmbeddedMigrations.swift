@@ -2365,7 +2365,8 @@ extension FunctionDefinitions {
             -- go back to the queue, due now; the next claim grows `attempt`, which fences the first worker
             -- out. Each such rescue counts in `expired_leases` (sql/015_process_died.sql), and the third
             -- discards the job instead, kept with the error `process_died`, so a job that kills every process
-            -- running it stops taking the workers down (an exchange's code is dropped, as any discard does).
+            -- running it stops taking the workers down. Unlike a failure's discard, an exchange keeps its
+            -- code: `siwa jobs retry` is the remedy here, and Apple refuses the code itself once it expires.
             -- Any worker may run this. Returns each job rescued and the state it got.
             CREATE OR REPLACE FUNCTION siwa.rescue_expired_jobs()
             RETURNS TABLE (job_id bigint, kind text, state text)
@@ -2386,7 +2387,6 @@ extension FunctionDefinitions {
                                                   'attempt', j.attempt, 'at', now(), 'error', 'process_died'))
                                          ELSE j.errors END,
                            finalized_at = CASE WHEN j.expired_leases + 1 >= 3 THEN now() END,
-                           args = CASE WHEN j.expired_leases + 1 >= 3 THEN j.args - 'code' ELSE j.args END,
                            run_at = CASE WHEN j.expired_leases + 1 >= 3 THEN j.run_at ELSE now() END,
                            locked_by = NULL, locked_until = NULL
                       FROM expired

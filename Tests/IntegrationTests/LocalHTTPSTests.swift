@@ -45,6 +45,13 @@ struct LocalHTTPSTests {
                  "--tls-key-file", certificates.keyFile + ".missing"],
                 environment: ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret], timeout: .seconds(30))
             #expect(unreadable.status == 2 && unreadable.stderr.contains("--tls-key-file"), "\(unreadable.stderr)")
+            // A key that is not the certificate's: libmicrohttpd (GnuTLS) refuses to start, no crash.
+            let other = try TestCertificates(in: URL(fileURLWithPath: certificates.caFile).deletingLastPathComponent(), prefix: "other-")
+            let mismatched = try await Siwa.run(
+                ["fake-apple", "--listen", "127.0.0.1:0", "--tls-cert-file", certificates.certificateFile,
+                 "--tls-key-file", other.keyFile], environment: [:], timeout: .seconds(30))
+            #expect(mismatched.status == 1 && mismatched.stderr.contains("daemonStartFailed"), "\(mismatched.stderr)")
+            #expect(!mismatched.stderr.contains("PRIVATE KEY"))
         }
     }
 

@@ -1,5 +1,6 @@
 import FakeApple
 import Foundation
+import JobQueue
 import Postgres
 import Testing
 
@@ -120,6 +121,41 @@ struct ProcessDiedTests {
                 ) { $0 == 1 }
                 #expect(sink.delivered.contains { $0.changeID == poison && $0.verified })
             }
+        }
+    }
+
+    /// Every leased kind counts expired leases the same way; the count and only the count decides
+    /// (a graceful hand-back is not a death), and an exchange keeps its code for the retry.
+    @Test func theThirdExpiredLeaseDiscardsAndRetryStartsTheCountAgain() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 2, logger: TestDatabase.logger)
+            defer { pool.close() }
+            let queue = JobQueue(pool: pool)
+            _ = try await connection.query("SELECT siwa.link_account('com.example.app', 'eve', 'user-eve', 'code-eve')")
+            func claimAndAbandon() async throws -> [String] {
+                #expect(try await queue.claim(worker: "w", limit: 10, lease: .seconds(60)).count == 1)
+                try await connection.execute("UPDATE siwa.jobs SET locked_until = now() - interval '1 second'")
+                return try await queue.rescueExpired().map(\.state)
+            }
+            #expect(try await claimAndAbandon() == ["available"])
+            // Handed back at shutdown: no death counted.
+            let held = try await queue.claim(worker: "w", limit: 10, lease: .seconds(60))
+            #expect(try await queue.release(held) == 1)
+            #expect(try await claimAndAbandon() == ["available"])
+            #expect(try await claimAndAbandon() == ["discarded"])
+            let row = try #require(try await connection.query(
+                "SELECT kind, errors -> -1 ->> 'error' AS error, args ? 'code' AS has_code, expired_leases FROM siwa.jobs").first)
+            #expect(try row.decode(String.self, column: "kind") == "exchange")
+            #expect(try row.decode(String?.self, column: "error") == "process_died")
+            #expect(try row.decode(Bool.self, column: "has_code"))
+            #expect(try row.decode(Int.self, column: "expired_leases") == 3)
+
+            let id = try await connection.int("SELECT id::int FROM siwa.jobs")
+            #expect(try await JobAdministration(connection: connection).retry(.id(Int64(id))) == [Int64(id)])
+            #expect(try await connection.int("SELECT expired_leases FROM siwa.jobs WHERE state = 'available'") == 0)
+            #expect(try await claimAndAbandon() == ["available"])
         }
     }
 

@@ -8,13 +8,13 @@ struct TestCertificates {
     let certificateFile: String
     let keyFile: String
 
-    init(in directory: URL) throws {
+    init(in directory: URL, prefix: String = "") throws {
         let authority = try LocalCertificateAuthority.generate(commonName: "siwa test CA", validitySeconds: 86_400)
         let server = try authority.issueServerCertificate(
             commonName: "siwa test server", ipAddresses: ["127.0.0.1"], dnsNames: ["localhost"], validitySeconds: 86_400)
-        caFile = directory.appendingPathComponent("ca.pem").path
-        certificateFile = directory.appendingPathComponent("server-cert.pem").path
-        keyFile = directory.appendingPathComponent("server-key.pem").path
+        caFile = directory.appendingPathComponent(prefix + "ca.pem").path
+        certificateFile = directory.appendingPathComponent(prefix + "server-cert.pem").path
+        keyFile = directory.appendingPathComponent(prefix + "server-key.pem").path
         for (path, text, mode) in [
             (caFile, authority.certificatePEM, 0o644), (certificateFile, server.certificatePEM, 0o644),
             (keyFile, server.privateKeyPEM, 0o600),
