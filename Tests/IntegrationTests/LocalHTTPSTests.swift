@@ -62,30 +62,40 @@ struct LocalHTTPSTests {
     @Test func devRunsTheFakeAppleOverHTTPSWithAThrowawayCA() async throws {
         let database = try await LifecycleHarness.makeDatabase()
         do {
-            let dev = try ServiceProcess(
-                "siwa", arguments: ["dev", "--no-worker"],
-                environment: [
-                    "DATABASE_URL": database.url, "SIWA_DEV_FAKE_APPLE_TLS": "on", "SIWA_DEV_EXIT_AFTER": "120",
-                    "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                    "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
-                ])
-            let deadline = ContinuousClock.now + .seconds(90)
-            while dev.isRunning, !dev.log.contains("[dev] fake Apple listening on "), ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(100))
+            try await withTeardown { teardown in
+                let dev = try ServiceProcess(
+                    "siwa", arguments: ["dev", "--no-worker"],
+                    environment: [
+                        // Until the receiver can read SIWA_CA_FILE it never gets ready: dev must keep
+                        // waiting for it while the test looks at the fake, then stop on the test's SIGINT.
+                        "DATABASE_URL": database.url, "SIWA_DEV_FAKE_APPLE_TLS": "on", "SIWA_DEV_READY_TIMEOUT": "600",
+                        "SIWA_DEV_EXIT_AFTER": "300",
+                        "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
+                        "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
+                    ])
+                // Its children live in their own process groups: only dev's own stop ends them.
+                teardown.add {
+                    if dev.isRunning { dev.signal(SIGINT) }
+                    _ = await dev.waitForExit(timeout: .seconds(30))
+                }
+                let deadline = ContinuousClock.now + .seconds(90)
+                while dev.isRunning, !dev.log.contains("[dev] fake Apple listening on "), ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(100))
+                }
+                let log = dev.log
+                let fakeURL = try #require(DevFlowTests.capture(#"fake Apple listening on (https://127\.0\.0\.1:[0-9]+)"#, in: log), "\(log)")
+                let caFile = try #require(DevFlowTests.capture(#"throwaway CA: (/\S+)"#, in: log), "\(log)")
+                let folder = URL(fileURLWithPath: caFile).deletingLastPathComponent().path
+                #expect(folder.hasPrefix("/tmp/siwa-dev-"))
+                let folderMode = try FileManager.default.attributesOfItem(atPath: folder)[.posixPermissions] as? Int
+                #expect(folderMode == 0o700)
+                let keyMode = try FileManager.default.attributesOfItem(atPath: folder + "/fake-apple-key.pem")[.posixPermissions] as? Int
+                #expect(keyMode == 0o600)
+                try await Self.expectServedOnlyOverVerifiedTLS(fakeURL + "/auth/keys", ca: caFile, body: #""keys""#)
+                dev.signal(SIGINT)
+                #expect(await dev.waitForExit(timeout: .seconds(30)) == 0, "\(dev.log)")
+                #expect(!FileManager.default.fileExists(atPath: folder), "the throwaway CA is removed on exit")
             }
-            let log = dev.log
-            let fakeURL = try #require(DevFlowTests.capture(#"fake Apple listening on (https://127\.0\.0\.1:[0-9]+)"#, in: log), "\(log)")
-            let caFile = try #require(DevFlowTests.capture(#"throwaway CA: (/\S+)"#, in: log), "\(log)")
-            let folder = URL(fileURLWithPath: caFile).deletingLastPathComponent().path
-            #expect(folder.hasPrefix("/tmp/siwa-dev-"))
-            let folderMode = try FileManager.default.attributesOfItem(atPath: folder)[.posixPermissions] as? Int
-            #expect(folderMode == 0o700)
-            let keyMode = try FileManager.default.attributesOfItem(atPath: folder + "/fake-apple-key.pem")[.posixPermissions] as? Int
-            #expect(keyMode == 0o600)
-            try await Self.expectServedOnlyOverVerifiedTLS(fakeURL + "/auth/keys", ca: caFile, body: #""keys""#)
-            dev.signal(SIGINT)
-            #expect(await dev.waitForExit(timeout: .seconds(30)) == 0, "\(dev.log)")
-            #expect(!FileManager.default.fileExists(atPath: folder), "the throwaway CA is removed on exit")
         } catch {
             await database.drop()
             throw error
