@@ -38,18 +38,18 @@ struct LocalHTTPSTests {
         try await withCertificates { certificates, _ in
             let run = try await Siwa.run(
                 ["fake-apple", "--listen", "127.0.0.1:0", "--tls-cert-file", certificates.certificateFile], environment: [:],
-                timeout: .seconds(30))
+                timeout: .seconds(120))
             #expect(run.status == 2 && run.stderr.contains("--tls-key-file"), "\(run.stderr)")
             let unreadable = try await Siwa.run(
                 ["webhooks", "sink", "--listen", "127.0.0.1:0", "--tls-cert-file", certificates.certificateFile,
                  "--tls-key-file", certificates.keyFile + ".missing"],
-                environment: ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret], timeout: .seconds(30))
+                environment: ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret], timeout: .seconds(120))
             #expect(unreadable.status == 2 && unreadable.stderr.contains("--tls-key-file"), "\(unreadable.stderr)")
             // A key that is not the certificate's: libmicrohttpd (GnuTLS) refuses to start, no crash.
             let other = try TestCertificates(in: URL(fileURLWithPath: certificates.caFile).deletingLastPathComponent(), prefix: "other-")
             let mismatched = try await Siwa.run(
                 ["fake-apple", "--listen", "127.0.0.1:0", "--tls-cert-file", certificates.certificateFile,
-                 "--tls-key-file", other.keyFile], environment: [:], timeout: .seconds(30))
+                 "--tls-key-file", other.keyFile], environment: [:], timeout: .seconds(120))
             #expect(mismatched.status == 1 && mismatched.stderr.contains("daemonStartFailed"), "\(mismatched.stderr)")
             #expect(!mismatched.stderr.contains("PRIVATE KEY"))
         }
