@@ -29,20 +29,37 @@ static void CMicroHTTPD_log_trampoline(void *cls, const char *format, va_list ar
     target->function(target->context, message);
 }
 
+/// Whether this libmicrohttpd was built with TLS (Debian's links GnuTLS).
+static inline int CMicroHTTPD_supports_tls(void) {
+    return MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES;
+}
+
 /// Starts a daemon on an already bound and listening socket (so bind errors carry errno),
 /// with an epoll thread pool, suspend/resume and an inter-thread channel (needed by
 /// MHD_resume_connection and MHD_quiesce_daemon). Returns NULL on failure (see the log).
+/// With `tls_key_pem` and `tls_cert_pem` (PEM text, kept by the caller until the daemon stops) it
+/// serves HTTPS with GnuTLS priorities `tls_priorities`; with NULL, plain HTTP.
 static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
     int listen_fd, int turbo, unsigned int thread_count, unsigned int connection_limit,
     unsigned int per_ip_connection_limit, unsigned int connection_timeout_seconds,
     MHD_AccessHandlerCallback _Nonnull access_handler, void * _Nullable access_context,
     MHD_RequestCompletedCallback _Nonnull completed, void * _Nullable completed_context,
     MHD_NotifyConnectionCallback _Nonnull notify_connection, void * _Nullable notify_context,
-    struct CMicroHTTPD_LogTarget * _Nonnull log_target)
+    struct CMicroHTTPD_LogTarget * _Nonnull log_target,
+    const char * _Nullable tls_key_pem, const char * _Nullable tls_cert_pem, const char * _Nullable tls_priorities)
 {
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME
         | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (turbo) flags |= MHD_USE_TURBO;
+    // The TLS options go in an array so one call serves both: empty (just the end) without TLS.
+    struct MHD_OptionItem tls_options[4] = {{ MHD_OPTION_END, 0, NULL }};
+    if (tls_key_pem != NULL && tls_cert_pem != NULL) {
+        flags |= MHD_USE_TLS;
+        tls_options[0] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem };
+        tls_options[1] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_cert_pem };
+        tls_options[2] = (struct MHD_OptionItem){ MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)tls_priorities };
+        tls_options[3] = (struct MHD_OptionItem){ MHD_OPTION_END, 0, NULL };
+    }
     // The logger goes first: options are applied in order and later ones may log.
     // A pool of 1 is no pool (libmicrohttpd warns), just the internal polling thread.
     return MHD_start_daemon(flags, 0, NULL, NULL, access_handler, access_context,
@@ -54,6 +71,7 @@ static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
         MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
         MHD_OPTION_NOTIFY_COMPLETED, completed, completed_context,
         MHD_OPTION_NOTIFY_CONNECTION, notify_connection, notify_context,
+        MHD_OPTION_ARRAY, tls_options,
         MHD_OPTION_END);
 }
 

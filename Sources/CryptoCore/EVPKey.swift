@@ -210,7 +210,7 @@ func bigNumberBytes(_ number: OpaquePointer, paddedTo width: Int? = nil) -> [UIn
 }
 
 /// A read-only memory BIO over `text`, valid only inside `body`.
-private func withMemoryBIO<Result>(reading text: String, _ body: (OpaquePointer) -> Result?) -> Result? {
+func withMemoryBIO<Result>(reading text: String, _ body: (OpaquePointer) -> Result?) -> Result? {
     let bytes = Array(text.utf8)
     return bytes.withUnsafeBytes { buffer -> Result? in
         guard let base = buffer.baseAddress, let bio = BIO_new_mem_buf(base, Int32(buffer.count)) else {
@@ -222,7 +222,7 @@ private func withMemoryBIO<Result>(reading text: String, _ body: (OpaquePointer)
 }
 
 /// Runs a PEM writer against a memory BIO and returns what it wrote.
-private func writeToMemoryBIO(_ operation: String, _ write: (OpaquePointer) -> Int32) -> String {
+func writeToMemoryBIO(_ operation: String, _ write: (OpaquePointer) -> Int32) -> String {
     guard let bio = BIO_new(BIO_s_mem()) else { fatalError("BIO_new failed") }
     defer { BIO_free(bio) }
     guard write(bio) == 1 else { fatalError("\(operation) failed: \(drainOpenSSLErrors())") }

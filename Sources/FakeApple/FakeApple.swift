@@ -1,7 +1,7 @@
 import AppleClient
 package import CryptoCore
 package import Foundation
-import HTTPServer
+package import HTTPServer
 import SiwaCore
 package import JOSE
 package import Logging
@@ -47,12 +47,16 @@ package final class FakeApple: Sendable {
         package var otherTeams: [Team]
         /// How long a migration access token is accepted.
         package var migrationTokenLifetime: TimeInterval
+        /// Serve `https://` with this certificate and key (as Apple does); nil for `http://`.
+        package var tls: TLSIdentity?
 
         package init(
             host: String = "127.0.0.1", port: Int = 0, verifyKey: P256.Signing.PublicKey? = nil,
             teamID: String? = nil, codeLifetime: TimeInterval = 300, hangDuration: Duration = .seconds(30),
-            keyID: String = "fake-1", otherTeams: [Team] = [], migrationTokenLifetime: TimeInterval = 3600
+            keyID: String = "fake-1", otherTeams: [Team] = [], migrationTokenLifetime: TimeInterval = 3600,
+            tls: TLSIdentity? = nil
         ) {
+            self.tls = tls
             self.host = host
             self.port = port
             self.verifyKey = verifyKey
@@ -106,7 +110,7 @@ package final class FakeApple: Sendable {
         let server = HTTPServer(
             configuration: .init(
                 host: configuration.host, port: configuration.port, threadCount: 2, connectionTimeout: .seconds(60),
-                shutdownGracePeriod: .milliseconds(200)),
+                shutdownGracePeriod: .milliseconds(200), tls: configuration.tls),
             handler: ClosureHTTPHandler { [self] request, respond in handle(request, respond: respond) },
             logger: logger)
         try server.start()
@@ -134,7 +138,7 @@ package final class FakeApple: Sendable {
     }
 
     package var port: Int { server.withLock { $0?.port ?? 0 } }
-    package var baseURL: URL { URL(string: "http://\(configuration.host):\(port)")! }
+    package var baseURL: URL { URL(string: "\(configuration.tls == nil ? "http" : "https")://\(configuration.host):\(port)")! }
 
     // MARK: Test API (the same as the admin endpoints)
 

@@ -37,12 +37,16 @@ package final class HTTPServer: Sendable {
         package var maxBodyBytes: Int
         /// How long `stop()` waits for in-flight requests before answering them 503.
         package var shutdownGracePeriod: Duration
+        /// Answer over HTTPS (TLS 1.2 or later) with this certificate and key; nil for plain HTTP.
+        package var tls: TLSIdentity?
 
         package init(
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
             connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
-            maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil
+            maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil,
+            tls: TLSIdentity? = nil
         ) {
+            self.tls = tls
             self.requestDeadline = requestDeadline
             self.host = host
             self.port = port
@@ -67,6 +71,8 @@ package final class HTTPServer: Sendable {
         var logTarget: UnsafeMutablePointer<CMicroHTTPD_LogTarget>
         var port: Int
         var reaper: DeadlineReaper?
+        /// The TLS key and certificate as C strings, freed after the daemon stops (nil for HTTP).
+        var tlsStrings: [UnsafeMutablePointer<CChar>]
     }
 
     package let configuration: Configuration
@@ -109,7 +115,15 @@ package final class HTTPServer: Sendable {
                 throw HTTPServerError(code: .alreadyRunning, operation: "start", address: address,
                                       message: "the server is already running")
             }
+            if configuration.tls != nil, CMicroHTTPD_supports_tls() == 0 {
+                throw HTTPServerError(code: .tlsUnavailable, operation: "start", address: address,
+                                      message: "this libmicrohttpd was built without TLS support")
+            }
             let listenSocket = try ListeningSocket.open(host: configuration.host, port: configuration.port)
+            // strdup'd: libmicrohttpd reads them at start; kept until MHD_stop_daemon to be safe.
+            let tlsStrings = configuration.tls.map {
+                [strdup($0.privateKeyPEM)!, strdup($0.certificateChainPEM)!, strdup(TLSIdentity.priorities)!]
+            } ?? []
             let context = Unmanaged.passRetained(
                 DaemonContext(handler: handler, logger: logger, maxBodyBytes: configuration.maxBodyBytes))
             let logTarget = UnsafeMutablePointer<CMicroHTTPD_LogTarget>.allocate(capacity: 1)
@@ -136,9 +150,12 @@ package final class HTTPServer: Sendable {
                     DaemonContext.connectionChanged(cls, connection, notification)
                 },
                 context.toOpaque(),
-                logTarget)
+                logTarget,
+                tlsStrings.isEmpty ? nil : tlsStrings[0], tlsStrings.isEmpty ? nil : tlsStrings[1],
+                tlsStrings.isEmpty ? nil : tlsStrings[2])
             guard let daemon else {
                 let detail = context.takeUnretainedValue().lastDaemonMessage.withLock { $0 }
+                Self.wipeAndFree(tlsStrings)
                 close(listenSocket)
                 context.release()
                 logTarget.deinitialize(count: 1)
@@ -152,9 +169,10 @@ package final class HTTPServer: Sendable {
                 DeadlineReaper(context: context.takeUnretainedValue(), deadline: deadline, logger: logger)
             }
             running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
-                              port: port, reaper: reaper)
+                              port: port, reaper: reaper, tlsStrings: tlsStrings)
             logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
                                                           "http.port": .int(port),
+                                                          "http.scheme": .string(configuration.tls == nil ? "http" : "https"),
                                                           "http.threads": .int(configuration.threadCount)])
         }
     }
@@ -194,7 +212,16 @@ package final class HTTPServer: Sendable {
             current.context.release()
             current.logTarget.deinitialize(count: 1)
             current.logTarget.deallocate()
+            Self.wipeAndFree(current.tlsStrings)
             logger.info("http.server.stopped", metadata: ["http.port": .int(current.port)])
+        }
+    }
+
+    /// The private key is among them: zeroed, not left in freed memory.
+    private static func wipeAndFree(_ strings: [UnsafeMutablePointer<CChar>]) {
+        for string in strings {
+            memset(string, 0, strlen(string))
+            free(string)
         }
     }
 

@@ -8,7 +8,8 @@ import Darwin
 package struct HTTPServerError: Error, CustomStringConvertible, Sendable {
     package struct Code: Hashable, Sendable, CustomStringConvertible {
         private enum Base: String, Hashable, Sendable {
-            case invalidAddress, addressInUse, socketFailed, daemonStartFailed, alreadyRunning
+            case invalidAddress, addressInUse, socketFailed, daemonStartFailed, alreadyRunning, tlsUnavailable
+            case tlsIdentityUnreadable
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -23,6 +24,10 @@ package struct HTTPServerError: Error, CustomStringConvertible, Sendable {
         package static let daemonStartFailed = Code(.daemonStartFailed)
         /// `start()` was called on a running server.
         package static let alreadyRunning = Code(.alreadyRunning)
+        /// HTTPS was asked for and this libmicrohttpd was built without TLS.
+        package static let tlsUnavailable = Code(.tlsUnavailable)
+        /// A certificate or key file could not be read (`address` is its path).
+        package static let tlsIdentityUnreadable = Code(.tlsIdentityUnreadable)
 
         package var description: String { base.rawValue }
     }

@@ -111,13 +111,14 @@ package struct JobAdministration: Sendable {
 
     /// Makes discarded jobs, and available jobs waiting out a retry backoff, available now. Errors
     /// are kept; a job out of attempts gets one more (river's `JobRetry`): discarding counts errors,
-    /// not attempts. Returns the ids retried.
+    /// not attempts. A job discarded as `process_died` starts counting expired leases afresh.
+    /// Returns the ids retried.
     package func retry(_ target: Target) async throws -> [Int64] {
         let rows = try await connection.query(
             """
             UPDATE siwa.jobs
                SET state = 'available', run_at = now(), finalized_at = NULL, outcome = NULL,
-                   locked_by = NULL, locked_until = NULL,
+                   locked_by = NULL, locked_until = NULL, expired_leases = 0,
                    max_attempts = greatest(max_attempts, jsonb_array_length(errors) + 1)
              WHERE (\(target.id)::bigint IS NULL OR id = \(target.id)::bigint)
                AND (\(target.sub)::text IS NULL OR sub = \(target.sub)::text)

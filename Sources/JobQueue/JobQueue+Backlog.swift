@@ -44,6 +44,21 @@ extension JobQueue {
         return counts
     }
 
+    /// Discarded jobs whose last error is `process_died` (their process died running them three
+    /// times, `siwa.rescue_expired_jobs`), and how many of them are revokes of pending deletions.
+    package static func processDied(on connection: PostgresConnection) async throws -> (jobs: Int, pendingDeletionRevokes: Int) {
+        let row = try await connection.query(
+            """
+            SELECT count(*) AS jobs,
+                   count(*) FILTER (WHERE j.kind = 'revoke' AND EXISTS (
+                       SELECT 1 FROM siwa.accounts a
+                        WHERE a.client_id = j.client_id AND a.sub = j.sub AND a.status = 'pending_deletion')) AS revokes
+              FROM siwa.jobs j
+             WHERE j.state = 'discarded' AND j.errors -> -1 ->> 'error' = 'process_died'
+            """)[0]
+        return (try row.decode(Int.self, column: "jobs"), try row.decode(Int.self, column: "revokes"))
+    }
+
     package struct PendingDeletions: Sendable, Equatable {
         package var count: Int
         /// The oldest one: its account and age, nil when there is none.

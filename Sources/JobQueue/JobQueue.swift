@@ -307,15 +307,24 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// Jobs whose lease expired (their worker died or hung) become available again. Any worker may
-    /// run this; the next claim grows `attempt`, which fences the first worker out.
-    package func rescueExpired() async throws -> Int {
+    /// A job whose lease ran out with no outcome recorded, as `rescueExpired` left it.
+    package struct Rescued: Sendable, Equatable {
+        package var jobID: Int64
+        package var kind: String
+        /// `available` (due now), or `discarded` with the error `process_died` at the third expiry.
+        package var state: String
+    }
+
+    /// Jobs whose lease expired (their worker died or hung) become available again, or are discarded
+    /// with `process_died` when it is the third time (`siwa.rescue_expired_jobs`). Any worker may run
+    /// this; the next claim grows `attempt`, which fences the first worker out.
+    package func rescueExpired() async throws -> [Rescued] {
         try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
-                 WHERE state = 'running' AND locked_until < now()
-                """)
+            try await connection.query("SELECT job_id, kind, state FROM siwa.rescue_expired_jobs()").map { row in
+                Rescued(
+                    jobID: try row.decode(Int64.self, column: "job_id"), kind: try row.decode(String.self, column: "kind"),
+                    state: try row.decode(String.self, column: "state"))
+            }
         }
     }
 

@@ -442,8 +442,13 @@ package final class Worker: Sendable {
                 let held = state.withLock { Array($0.inFlight.values) }
                 if !held.isEmpty { _ = try await queue.extendLeases(held, lease: configuration.jobLease) }
                 let rescued = try await queue.rescueExpired()
-                if rescued > 0 {
-                    logger.warning("siwa-worker rescued jobs whose lease expired", metadata: ["count": .int(rescued)])
+                for job in rescued where job.state == "discarded" {
+                    logger.error(
+                        "siwa-worker discarded a job whose process died while running it three times",
+                        metadata: ["job_id": .int(Int(job.jobID)), "kind": .string(job.kind), "error": "process_died"])
+                }
+                if !rescued.isEmpty {
+                    logger.warning("siwa-worker rescued jobs whose lease expired", metadata: ["count": .int(rescued.count)])
                     notificationBell.ring()
                     callBell.ring()
                 }

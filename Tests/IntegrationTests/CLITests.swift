@@ -275,7 +275,8 @@ enum Siwa {
         timeout: Duration = .seconds(60)
     ) async throws -> Run {
         let process = Process()
-        process.executableURL = try binary(executable)
+        // A full path runs a system tool (curl) the same way.
+        process.executableURL = executable.hasPrefix("/") ? URL(fileURLWithPath: executable) : try binary(executable)
         process.arguments = arguments
         process.environment = ServiceProcess.childEnvironment(environment)
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cli-\(UUID().uuidString)")

@@ -69,7 +69,7 @@ import Testing
 
     /// Waits for the printed `... simulate consent-revoked ...` line and runs it exactly as printed.
     private func runPrintedSimulateLine(_ dev: ServiceProcess, timeout: Duration = .seconds(30)) async throws -> PrintedLine {
-        let (words, _) = try await runPrintedLine(dev, containing: " simulate consent-revoked ", timeout: timeout)
+        let (words, _, _) = try await runPrintedLine(dev, containing: " simulate consent-revoked ", timeout: timeout)
         func flag(_ name: String) -> String? { words.firstIndex(of: name).map { words[$0 + 1] } }
         return PrintedLine(sub: try #require(flag("--sub")), clientID: try #require(flag("--client-id")))
     }
@@ -78,7 +78,7 @@ import Testing
     /// token for its hash, sign-in with the code. It prints the verified identity, and the account is
     /// active with the exchanged token stored.
     private func expectPrintedSignInLineSignsIn(_ dev: ServiceProcess, databaseURL: String) async throws {
-        let (words, output) = try await runPrintedLine(dev, containing: " simulate sign-in ", timeout: .seconds(30))
+        let (words, output, environment) = try await runPrintedLine(dev, containing: " simulate sign-in ", timeout: .seconds(30))
         #expect(words.contains("--api-token") && dev.log.contains("app API"))
         let answer = try #require(
             try JSONSerialization.jsonObject(with: Data(output.dropFirst(4).utf8)) as? [String: Any], "\(output)")
@@ -95,18 +95,20 @@ import Testing
         // each sign-in a new `sub`, every one stored.
         var load = words
         load[try #require(load.firstIndex(of: "--sub")) + 1] = "\(sub)-load"
-        let (status, text) = try runSiwa(Array(load.dropFirst()) + ["--count", "7", "--concurrency", "3"])
+        let (status, text) = try runSiwa(Array(load.dropFirst()) + ["--count", "7", "--concurrency", "3"], environment: environment)
         #expect(status == 0 && text.contains("RESULT sign_ins=7 failures=0 "), "\(text)")
         let loaded = try await db.query(
             "SELECT count(*) FROM siwa.accounts WHERE sub LIKE \(sub + "-load-%") AND status = 'active' AND refresh_token_enc IS NOT NULL")
         #expect(try loaded[0].decode(Int.self, at: 0) == 7)
     }
 
-    /// Runs the siwa binary with `arguments`; its exit status and output (stdout and stderr).
-    private func runSiwa(_ arguments: [String]) throws -> (Int32, String) {
+    /// Runs the siwa binary with `arguments` (and `environment` over ours); its exit status and
+    /// output (stdout and stderr).
+    private func runSiwa(_ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String) {
         let process = Process()
         process.executableURL = try Siwa.binary()
         process.arguments = arguments
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = pipe
@@ -117,9 +119,9 @@ import Testing
     }
 
     /// Waits for a printed line containing `marker`, runs it exactly as printed, expects exit 0 and
-    /// an answer starting with 200; returns its words and output.
+    /// an answer starting with 200; returns its words, its output and the environment it set.
     private func runPrintedLine(_ dev: ServiceProcess, containing marker: String, timeout: Duration) async throws -> (
-        [String], String
+        [String], String, [String: String]
     ) {
         let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         var line: String?
@@ -131,7 +133,11 @@ import Testing
             }
             try await Task.sleep(for: .milliseconds(100))
         }
-        let words = line!.split(separator: " ").map(String.init)
+        let allWords = line!.split(separator: " ").map(String.init)
+        // Leading `NAME=value` words set the command's environment, as a shell would (the throwaway
+        // CA, `SIWA_CA_FILE=...`, when the fake Apple serves https).
+        let assignments = allWords.prefix { $0.contains("=") && !$0.hasPrefix("-") }
+        let words = Array(allWords.dropFirst(assignments.count))
         // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
         let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
         #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
@@ -143,6 +149,12 @@ import Testing
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = Array(words.dropFirst())
+        var assigned: [String: String] = [:]
+        for assignment in assignments {
+            let parts = assignment.split(separator: "=", maxSplits: 1).map(String.init)
+            assigned[parts[0]] = parts.count > 1 ? parts[1] : ""
+        }
+        if !assigned.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(assigned) { $1 } }
         let output = FileHandle(forWritingAtPath: outputPath)  // one file offset for both streams
         process.standardOutput = output
         process.standardError = output
@@ -154,7 +166,7 @@ import Testing
         let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
         #expect(process.terminationStatus == 0, "\(text)")
         #expect(text.hasPrefix("200"), "\(text)")
-        return (words, text)
+        return (words, text, assigned)
     }
 
     /// Stored, verified (it is in the table at all), processed, applied: the account is consent_revoked.

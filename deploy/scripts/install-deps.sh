@@ -3,7 +3,8 @@
 # Usage: deploy/scripts/install-deps.sh [extra packages...]
 set -euo pipefail
 
-packages=(libpq-dev libssl-dev libmicrohttpd-dev pkg-config postgresql "$@")
+# curl and ca-certificates: the tests' independent client for the local servers' https://.
+packages=(libpq-dev libssl-dev libmicrohttpd-dev pkg-config postgresql curl ca-certificates "$@")
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

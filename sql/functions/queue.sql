@@ -262,6 +262,42 @@ BEGIN
 END
 $$;
 
+-- Jobs whose lease ran out with no outcome recorded (their worker died, or hung past its lease)
+-- go back to the queue, due now; the next claim grows `attempt`, which fences the first worker
+-- out. Each such rescue counts in `expired_leases` (sql/015_process_died.sql), and the third
+-- discards the job instead, kept with the error `process_died`, so a job that kills every process
+-- running it stops taking the workers down. Unlike a failure's discard, an exchange keeps its
+-- code: `siwa jobs retry` is the remedy here, and Apple refuses the code itself once it expires.
+-- Any worker may run this. Returns each job rescued and the state it got.
+CREATE OR REPLACE FUNCTION siwa.rescue_expired_jobs()
+RETURNS TABLE (job_id bigint, kind text, state text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH expired AS (
+        SELECT j.id FROM siwa.jobs j
+         WHERE j.state = 'running' AND j.locked_until < now()
+           FOR UPDATE SKIP LOCKED
+    ), rescued AS (
+        UPDATE siwa.jobs j
+           SET expired_leases = j.expired_leases + 1,
+               state = CASE WHEN j.expired_leases + 1 >= 3 THEN 'discarded' ELSE 'available' END,
+               errors = CASE WHEN j.expired_leases + 1 >= 3
+                             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'error', 'process_died'))
+                             ELSE j.errors END,
+               finalized_at = CASE WHEN j.expired_leases + 1 >= 3 THEN now() END,
+               run_at = CASE WHEN j.expired_leases + 1 >= 3 THEN j.run_at ELSE now() END,
+               locked_by = NULL, locked_until = NULL
+          FROM expired
+         WHERE j.id = expired.id
+        RETURNING j.id, j.kind, j.state
+    )
+    SELECT r.id, r.kind, r.state FROM rescued r ORDER BY r.id;
+END
+$$;
+
 -- Privileges. Functions are executable by PUBLIC when created, and 003's schema-scoped
 -- ALTER DEFAULT PRIVILEGES cannot take away that global default: revoke it explicitly.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -270,6 +306,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
                                   siwa.claim_call_jobs(text, integer, double precision),
+                                  siwa.rescue_expired_jobs(),
                                   siwa.held_notification_jobs(integer, boolean),
                                   siwa.run_notification_batch(text, integer, double precision, boolean,
                                                               double precision, double precision, bigint[])

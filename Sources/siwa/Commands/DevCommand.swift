@@ -25,7 +25,7 @@ enum DevCommand: CLICommand {
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_OPS_LISTEN", "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS",
         "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY", "SIWA_RETENTION_DAYS", "SIWA_DEV_EXIT_AFTER",
-        "SIWA_DEV_READY_TIMEOUT", "SIWA_APP_API_LISTEN", "SIWA_APP_API_TOKENS",
+        "SIWA_DEV_READY_TIMEOUT", "SIWA_APP_API_LISTEN", "SIWA_APP_API_TOKENS", "SIWA_DEV_FAKE_APPLE_TLS",
     ]
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
@@ -56,6 +56,8 @@ struct DevSettings {
     var notificationPath: String
     var appleBaseURL: URL?
     var useFakeApple: Bool
+    /// The fake Apple over `https://` with a throwaway CA (`SIWA_DEV_FAKE_APPLE_TLS=on|off`).
+    var fakeAppleTLS: Bool
     var logLevel: Logger.Level
     /// All four of SIWA_TEAM_ID, SIWA_KEY_ID, SIWA_PRIVATE_KEY_FILE, SIWA_TOKEN_KEYS are set.
     var hasAppleCredentials: Bool
@@ -84,6 +86,7 @@ struct DevSettings {
         logLevel = common.logLevel
         appleBaseURL = try source.string("SIWA_APPLE_BASE_URL") != nil ? common.appleBaseURL : nil
         useFakeApple = appleBaseURL == nil && !source.isSet(switch: "no-fake-apple")
+        fakeAppleTLS = try DevCertificates.isOn(source)
         hasAppleCredentials = try ["SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS"]
             .allSatisfy { try source.string($0) != nil }
         once = source.isSet(switch: "once")
@@ -170,6 +173,8 @@ final class DevStack: @unchecked Sendable {
         var fakeApple: String?
         var appleBase: String
         var console: String
+        /// The throwaway CA the children trust (`SIWA_CA_FILE`), when the fake Apple serves `https://`.
+        var caFile: String?
     }
 
     private func start() async throws -> URLs {
@@ -212,13 +217,16 @@ final class DevStack: @unchecked Sendable {
         // Apple: the fake, a given base URL, or the real one.
         var appleBase = settings.appleBaseURL?.absoluteString ?? "https://appleid.apple.com"
         var fakeApple: String?
+        let certificates = settings.useFakeApple && settings.fakeAppleTLS ? try DevCertificates.create(in: directory) : nil
+        if let certificates { say("the fake Apple serves https with a certificate of a throwaway CA: \(certificates.caFile)") }
         // With the fake and no real credentials: a throwaway key pair and token key, so exchange and
         // revoke run end to end, and the fake checks every client_secret signature against that key.
         let throwawayCredentials =
             settings.useFakeApple && settings.startWorker && !settings.hasAppleCredentials
             ? try makeThrowawayCredentials(in: directory) : nil
         if settings.useFakeApple {
-            fakeApple = try await startFakeApple(siwaPath: siwaPath, credentials: throwawayCredentials)
+            fakeApple = try await startFakeApple(
+                siwaPath: siwaPath, credentials: throwawayCredentials, tlsArguments: certificates?.fakeAppleArguments ?? [])
             appleBase = fakeApple!
         }
 
@@ -239,6 +247,10 @@ final class DevStack: @unchecked Sendable {
         environment["SIWA_APPLE_BASE_URL"] = appleBase
         environment["SIWA_LOG_LEVEL"] = "\(settings.logLevel)"
         environment["SIWA_NOTIFICATION_PATH"] = settings.notificationPath
+        if let certificates {
+            environment["SIWA_CA_FILE"] = certificates.caFile  // replaces any file twin
+            environment["SIWA_CA_FILE_FILE"] = nil
+        }
         // What dev decided replaces any file twin of the same setting (both set is an error).
         for decided in ["DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_LOG_LEVEL", "SIWA_NOTIFICATION_PATH"] {
             environment[decided + "_FILE"] = nil
@@ -246,6 +258,7 @@ final class DevStack: @unchecked Sendable {
         // Our own settings must not leak into the children as stray variables.
         environment["SIWA_DEV_EXIT_AFTER"] = nil
         environment["SIWA_DEV_READY_TIMEOUT"] = nil
+        environment["SIWA_DEV_FAKE_APPLE_TLS"] = nil
 
         var receiverEnvironment = environment
         receiverEnvironment["SIWA_LISTEN"] = listen.description
@@ -295,7 +308,7 @@ final class DevStack: @unchecked Sendable {
         return URLs(
             database: databaseURL, receiver: receiver, endpoint: receiver + settings.notificationPath,
             workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", appAPI: appAPI, fakeApple: fakeApple,
-            appleBase: appleBase, console: console)
+            appleBase: appleBase, console: console, caFile: certificates?.caFile)
     }
 
     /// The operator console, in this process: 127.0.0.1:9400, or a free port when that is busy.
@@ -310,8 +323,8 @@ final class DevStack: @unchecked Sendable {
     }
 
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
-    /// `listening on http://127.0.0.1:PORT` line it prints.
-    private func startFakeApple(siwaPath: String, credentials: [String: String]?) async throws -> String {
+    /// `listening on http(s)://127.0.0.1:PORT` line it prints.
+    private func startFakeApple(siwaPath: String, credentials: [String: String]?, tlsArguments: [String]) async throws -> String {
         let found = Locked<String?>(nil)
         let lines = Locked<[String]>([])
         let output = output
@@ -320,10 +333,10 @@ final class DevStack: @unchecked Sendable {
             arguments: ["fake-apple", "--listen", "127.0.0.1:0"]
                 + (credentials.map {
                     ["--verify-key-file", $0["SIWA_PRIVATE_KEY_FILE"]!, "--team-id", $0["SIWA_TEAM_ID"]!]
-                } ?? []),
+                } ?? []) + tlsArguments,
             environment: ProcessInfo.processInfo.environment.merging(["SIWA_CLIENT_IDS": settings.clientIDs]) { $1 }
         ) { line in
-            if let range = line.range(of: #"listening on (http://[^\s"]+)"#, options: .regularExpression) {
+            if let range = line.range(of: #"listening on (https?://[^\s"]+)"#, options: .regularExpression) {
                 let url = line[range].dropFirst("listening on ".count)
                 found.withLock { if $0 == nil { $0 = String(url).trimmingCharacters(in: CharacterSet(charactersIn: "/")) } }
             }
@@ -349,7 +362,7 @@ final class DevStack: @unchecked Sendable {
             }
             try await Task.sleep(for: .milliseconds(50))
         }
-        throw DevError("siwa fake-apple printed no \"listening on http://...\" line within 20 s")
+        throw DevError("siwa fake-apple printed no \"listening on ...\" line within 20 s")
     }
 
     private func spawn(_ name: String, _ path: String, environment: [String: String]) throws {
@@ -400,7 +413,8 @@ final class DevStack: @unchecked Sendable {
 
     private func printURLs(_ urls: URLs) {
         let clientID = settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app"
-        let siwa = siwaCommand
+        // The printed commands call the fake too: over https they need its CA.
+        let siwa = urls.caFile.map { "SIWA_CA_FILE=\($0) \(siwaCommand)" } ?? siwaCommand
         var text = """
 
             siwa dev is running. Ctrl-C stops everything\(cluster != nil ? " and deletes the database" : "").
@@ -418,6 +432,7 @@ final class DevStack: @unchecked Sendable {
 
                 """ } ?? "")\
               Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
+            \(urls.caFile.map { "  trusted CA             \($0)  (throwaway; SIWA_CA_FILE of the receiver and worker)\n" } ?? "")\
               DATABASE_URL           \(urls.database)
               console                \(urls.console)  (the queue, deletions, each account's timeline)
 

@@ -1,12 +1,14 @@
 import CryptoCore
 import FakeApple
 import Foundation
+import HTTPServer
 import Logging
 import SiwaCore
 
 /// `siwa fake-apple [--listen 127.0.0.1:9443] [--verify-key-file KEY.pem|.p8] [--team-id T]
-/// [--recipient-team-id T2 [--recipient-verify-key-file KEY2.p8]] [--signing-key-file rsa.pem]`: a
-/// local stand-in for Apple (TEST ONLY). Prints its base URL.
+/// [--recipient-team-id T2 [--recipient-verify-key-file KEY2.p8]] [--signing-key-file rsa.pem]
+/// [--tls-cert-file CERT.pem --tls-key-file KEY.pem]`: a local stand-in for Apple (TEST ONLY),
+/// over `https://` when given a certificate and key. Prints its base URL.
 enum FakeAppleCommand: CLICommand {
     static let name = "fake-apple"
     static let summary = "run a local stand-in for Apple's token/revoke/keys endpoints (test only)"
@@ -28,7 +30,7 @@ enum FakeAppleCommand: CLICommand {
             }
             configuration = FakeApple.Configuration(
                 host: listen.host, port: listen.port, verifyKey: verifyKey, teamID: try flags.string("TEAM_ID"),
-                otherTeams: otherTeams)
+                otherTeams: otherTeams, tls: try CLI.tlsIdentity(flags))
         } catch {
             FileHandle.standardError.write(Data("siwa fake-apple: \(error)\n".utf8))
             return 2

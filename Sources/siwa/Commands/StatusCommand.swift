@@ -55,6 +55,11 @@ struct StatusReport {
     /// the change feed back (`siwa.account_changes_after` serves nothing past an id it may hold).
     var changeFeedHoldback: ChangeFeedHoldback?
 
+    /// Discarded because their process died running them three times; of those, revokes whose
+    /// account is still pending deletion (the deletion waits for `siwa jobs retry`).
+    var processDiedJobs: Int
+    var processDiedRevokes: Int
+
     var discardedJobs: Int { jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) } }
 
     static func load(_ connection: PostgresConnection) async throws -> StatusReport {
@@ -73,6 +78,7 @@ struct StatusReport {
         let jobs = try await JobQueue.countsByKindAndState(on: connection)
         let backlog = try await JobQueue.backlog(on: connection)
         let deletions = try await JobQueue.pendingDeletions(on: connection)
+        let died = try await JobQueue.processDied(on: connection)
         let paused = try await connection.query(
             "SELECT client_id, reason, paused_at, next_probe_at FROM siwa.paused_clients ORDER BY client_id")
         let received = try await connection.query(
@@ -111,7 +117,8 @@ struct StatusReport {
             notificationsLastHour: try received.decode(Int.self, column: "n"),
             rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog,
             replication: try await ReplicationStatus.load(connection),
-            changeFeedHoldback: try await ChangeFeedHoldback.load(connection))
+            changeFeedHoldback: try await ChangeFeedHoldback.load(connection),
+            processDiedJobs: died.jobs, processDiedRevokes: died.pendingDeletionRevokes)
     }
 
     // MARK: Rendering
@@ -138,11 +145,15 @@ struct StatusReport {
         if let age = oldestPendingDeletionSeconds, let oldest = oldestPendingDeletion {
             deletion += ", oldest \(CLI.age(age)) (\(oldest.clientID) \(oldest.sub))"
         }
+        if processDiedRevokes > 0 {
+            deletion += "; \(processDiedRevokes) waiting on a revoke discarded as process_died (siwa jobs retry ID)"
+        }
         facts.append(["pending deletions", deletion])
-        facts.append([
-            "discarded jobs",
-            discardedJobs == 0 ? "0" : "\(discardedJobs)  (siwa jobs list --state discarded; siwa jobs retry ID)",
-        ])
+        var discarded = discardedJobs == 0 ? "0" : "\(discardedJobs)  (siwa jobs list --state discarded; siwa jobs retry ID)"
+        if processDiedJobs > 0 {
+            discarded += "; \(processDiedJobs) process_died: the process running each died three times"
+        }
+        facts.append(["discarded jobs", discarded])
         facts.append(["paused client IDs", pausedClients.isEmpty ? "none" : String(pausedClients.count)])
         let rejected = rejectionsLastHour.values.reduce(0, +)
         facts.append(["received, last hour", String(notificationsLastHour)])
@@ -207,11 +218,13 @@ struct StatusReport {
                 "ready": readyJobs,
                 "oldest_ready_seconds": oldestReadySeconds.map { $0 as Any } ?? NSNull(),
                 "discarded": discardedJobs,
+                "process_died": processDiedJobs,
             ] as [String: Any],
             "pending_deletions": [
                 "count": pendingDeletions,
                 "oldest_seconds": oldestPendingDeletionSeconds.map { $0 as Any } ?? NSNull(),
                 "oldest": oldestPendingDeletion.map { ["client_id": $0.clientID, "sub": $0.sub] as Any } ?? NSNull(),
+                "revokes_process_died": processDiedRevokes,
             ] as [String: Any],
             "paused_clients": pausedClients.map {
                 [

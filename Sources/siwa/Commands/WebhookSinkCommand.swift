@@ -5,7 +5,8 @@ import Logging
 import SiwaCore
 import WorkerCore
 
-/// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet]`: a local receiver to try the worker
+/// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet] [--tls-cert-file CERT.pem --tls-key-file KEY.pem]`:
+/// a local receiver (over `https://` when given a certificate and key) to try the worker
 /// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
 /// 204 at once, prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
 /// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
@@ -18,14 +19,17 @@ enum WebhookSinkCommand {
         let flags = source.withoutEnvironment()
         let listen: ListenAddress
         let secret: WebhookSecret
+        let tls: TLSIdentity?
         do {
-            if let unknown = source.unknownFlags(known: ["LISTEN", "SIWA_WEBHOOK_SECRET", "SIWA_WEBHOOK_SECRET_FILE", "SIWA_LOG_LEVEL"])
+            if let unknown = source.unknownFlags(
+                known: ["LISTEN", "SIWA_WEBHOOK_SECRET", "SIWA_WEBHOOK_SECRET_FILE", "SIWA_LOG_LEVEL"] + CLI.tlsFlagVariables)
                 .first
             {
                 throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option")
             }
             listen = try flags.listenAddress("LISTEN", default: "127.0.0.1:9099")
             secret = try WebhookSecret(try source.require("SIWA_WEBHOOK_SECRET"))
+            tls = try CLI.tlsIdentity(flags)
         } catch {
             CLI.error("webhooks sink", "\(error)")
             return 2
@@ -33,7 +37,7 @@ enum WebhookSinkCommand {
         let quiet = source.isSet(switch: "quiet")
         let books = SinkBooks()
         let server = HTTPServer(
-            configuration: .init(host: listen.host, port: listen.port, connectionLimit: 4096, connectionTimeout: .seconds(30)),
+            configuration: .init(host: listen.host, port: listen.port, connectionLimit: 4096, connectionTimeout: .seconds(30), tls: tls),
             handler: ClosureHTTPHandler { request, respond in
                 switch (request.method, request.path) {
                 case ("GET", "/stats"): respond(.json(books.statsJSON()))
@@ -60,7 +64,8 @@ enum WebhookSinkCommand {
             CLI.error("webhooks sink", "cannot listen on \(listen): \(error)")
             return 1
         }
-        FileHandle.standardOutput.write(Data("webhook sink listening on http://\(listen.host):\(server.port)/\n".utf8))
+        let scheme = tls == nil ? "http" : "https"
+        FileHandle.standardOutput.write(Data("webhook sink listening on \(scheme)://\(listen.host):\(server.port)/\n".utf8))
         _ = await Termination.wait()
         server.stop()
         FileHandle.standardOutput.write(Data((books.statsJSON() + "\n").utf8))

@@ -10,11 +10,16 @@ import Postgres
 /// The whole stack as real processes: `siwa fake-apple` (checking client_secret signatures against a
 /// fresh `.p8`), `siwa-receiver` and `siwa-worker` pointed at it, over a migrated database. Every
 /// process logs at debug level into a file the test reads afterwards (secret-free logs).
+/// `appleOverTLS`: the fake serves `https://` with a certificate from a throwaway CA, which the
+/// receiver and worker trust through `SIWA_CA_FILE` (the path that talks to the real Apple).
 final class EndToEndStack: @unchecked Sendable {
     // @unchecked: touched only from the test's own task.
     static let clientID = "com.example.app"
     static let teamID = "E2ETEAM001"
     static let keyID = "E2EKEY0001"
+    /// Off until every client the stack and these tests use (the receiver's, the worker's, the
+    /// tests' own `HTTP`) honours `SIWA_CA_FILE`.
+    static let appleOverTLSByDefault = false
 
     let database: MigratedDatabase
     let directory: URL
@@ -24,23 +29,30 @@ final class EndToEndStack: @unchecked Sendable {
     let receiver: ServiceProcess
     let receiverURL: String
     let worker: ServiceProcess
+    /// The throwaway CA's certificate file when the fake serves `https://`.
+    let caFile: String?
 
     var endpoint: String { receiverURL + "/apple/notifications" }
     var processes: [ServiceProcess] { [fake, receiver, worker] }
 
-    init(database: MigratedDatabase, workerSettings: [String: String] = [:]) async throws {
+    init(
+        database: MigratedDatabase, workerSettings: [String: String] = [:], appleOverTLS: Bool = EndToEndStack.appleOverTLSByDefault
+    ) async throws {
         self.database = database
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-e2e-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let keyPath = directory.appendingPathComponent("AuthKey_\(Self.keyID).p8").path
         try P256.Signing.PrivateKey.generate().pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
         tokenKeys = "e2e1:" + Data(SecureRandom.bytes(count: 32)).base64EncodedString()
+        let tls = appleOverTLS ? try TestCertificates(in: directory) : nil
+        caFile = tls?.caFile
+        let trust = tls.map { ["SIWA_CA_FILE": $0.caFile] } ?? [:]
 
         fake = try ServiceProcess(
             "siwa",
             arguments: [
                 "fake-apple", "--listen", "127.0.0.1:0", "--verify-key-file", keyPath, "--team-id", Self.teamID,
-            ],
+            ] + (tls?.serverArguments ?? []),
             environment: ["SIWA_LOG_LEVEL": "debug"])
         fakeURL = try await Self.waitForListening(fake)
 
@@ -49,7 +61,7 @@ final class EndToEndStack: @unchecked Sendable {
             environment: [
                 "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": Self.clientID, "SIWA_LISTEN": "127.0.0.1:0",
                 "SIWA_APPLE_BASE_URL": fakeURL, "SIWA_LOG_LEVEL": "debug",
-            ])
+            ].merging(trust) { $1 })
         receiverURL = "http://127.0.0.1:\(try await receiver.boundHTTPPort())"
         worker = try ServiceProcess(
             "siwa-worker",
@@ -59,16 +71,16 @@ final class EndToEndStack: @unchecked Sendable {
                 "SIWA_TOKEN_KEYS": tokenKeys, "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "debug",
                 "SIWA_POLL_INTERVAL": "200ms", "SIWA_RETRY_BASE": "100ms", "SIWA_PAUSE_PROBE_INTERVAL": "1s",
                 "SIWA_SHUTDOWN_GRACE": "2s",
-            ].merging(workerSettings) { $1 })
+            ].merging(trust) { $1 }.merging(workerSettings) { $1 })
         try await waitForReceiver()
     }
 
-    /// The base URL from the `fake-apple listening on http://...` line.
+    /// The base URL from the `fake-apple listening on http(s)://...` line.
     /// Bounded like `ServiceProcess.boundHTTPPort`: a last look after the deadline, 60 s.
     static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
         let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while true {
-            if let range = process.log.range(of: #"listening on http://[0-9.]+:[0-9]+"#, options: .regularExpression) {
+            if let range = process.log.range(of: #"listening on https?://[0-9.]+:[0-9]+"#, options: .regularExpression) {
                 return String(process.log[range].dropFirst("listening on ".count))
             }
             guard process.isRunning else { throw ServiceProcessError(message: "fake-apple exited:\n\(process.log)") }
