@@ -3,7 +3,7 @@
 # Usage: deploy/scripts/install-deps.sh [extra packages...]
 set -euo pipefail
 
-packages=(libpq-dev libssl-dev libmicrohttpd-dev pkg-config postgresql "$@")
+packages=(libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config postgresql "$@")
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
