@@ -97,7 +97,7 @@ let package = Package(
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "Locking", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "OutboundHTTP"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "OutboundHTTP", "ScriptedHTTPServer"],
                     swiftSettings: strict),
     ]
 )

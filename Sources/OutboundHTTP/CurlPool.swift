@@ -96,8 +96,10 @@ final class CurlPool: @unchecked Sendable {
                 guard message.pointee.msg == CURLMSG_DONE, let handle = message.pointee.easy_handle else { continue }
                 let code = CCurl_message_result(message)
                 curl_multi_remove_handle(multi, handle)
-                if let transfer = active.removeValue(forKey: handle) { transfer.finish(code) }
-                giveBack(handle)
+                let transfer = active.removeValue(forKey: handle)
+                transfer?.finish(code)
+                // The transfer owns the header list and body the handle points at: kept until reset.
+                withExtendedLifetime(transfer) { giveBack(handle) }
             }
             // Sleeps until a socket is ready, curl's next timeout, a wake-up, or a second at most.
             curl_multi_poll(multi, nil, 0, 1000, nil)

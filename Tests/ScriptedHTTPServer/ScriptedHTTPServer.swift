@@ -21,8 +21,9 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         case heldUntilGateOpens(String)
         /// The head, then `bodyBytes` bytes of body ("x"), stopping early when the client goes.
         case endless(head: String, bodyBytes: Int)
-        /// The text one byte at a time, `interval` apart, stopping early when the client goes.
-        case trickle(String, interval: Duration)
+        /// `head` at once, then the text one byte at a time, `interval` apart, stopping early when
+        /// the client goes.
+        case trickle(String, interval: Duration, afterHead: String = "")
         /// The text, then a reset (RST) instead of an orderly close.
         case answerThenReset(String)
     }
@@ -204,7 +205,8 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
                 var sent = 0
                 while sent < bodyBytes, write(Array(chunk.prefix(bodyBytes - sent))) { sent += chunk.count }
                 return
-            case .trickle(let text, let interval):
+            case .trickle(let text, let interval, let head):
+                guard write(Array(head.utf8)) else { return }
                 for byte in text.utf8 {
                     guard write([byte]) else { return }
                     usleep(UInt32(interval / .microseconds(1)))
