@@ -9,7 +9,7 @@ import Testing
 /// the callers), never a crash, and its description holds no secret the call sent.
 @Suite(.timeLimit(.minutes(2))) struct AppleHTTPHostileTests {
     func http(_ server: ScriptedHTTPServer, fixtureCA: Bool = true) throws -> AppleHTTP {
-        AppleHTTP(baseURL: try #require(URL(string: "https://127.0.0.1:\(server.port)")), timeout: .seconds(3),
+        AppleHTTP(baseURL: try #require(URL(string: "https://127.0.0.1:\(server.port)")), timeout: .seconds(8),
                   caCertificates: fixtureCA ? TLSFixture.caPEM : nil)
     }
 
@@ -43,7 +43,7 @@ import Testing
         .answer("HTTP/1.1 2OO OK\r\nContent-Length: 0\r\n\r\n", thenClose: true),
         .answer("HTTP/1.1 200 OK\r\nnot a header\r\nContent-Length: 0\r\n\r\n", thenClose: true),
         .answer("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nqq\r\n", thenClose: true),
-        .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", interval: .milliseconds(500)),
+        .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", interval: .seconds(1)),
         .silent, .closeWithoutAnswer,
     ]
 

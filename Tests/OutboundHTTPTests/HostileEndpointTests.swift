@@ -86,14 +86,14 @@ import Testing
         let server = try server(scheme) { index in
             index == 0
                 ? .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", interval: .milliseconds(400))
-                : .trickle(String(repeating: "z", count: 400), interval: .milliseconds(25), afterHead: "HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
+                : .trickle(String(repeating: "z", count: 400), interval: .milliseconds(40), afterHead: "HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
         }
         defer { server.stop() }
         let inHead = try #require(failureOf(await get(server, scheme, timeout: .seconds(1))))
         #expect(inHead.kind == .timeout)
         #expect(inHead.status == nil)
-        // Long enough for a handshake on a loaded machine, far shorter than the 10 s of trickle.
-        let inBody = try #require(failureOf(await get(server, scheme, timeout: .seconds(4))))
+        // Long enough for a handshake on a loaded machine, far shorter than the 16 s of trickle.
+        let inBody = try #require(failureOf(await get(server, scheme, timeout: .seconds(8))))
         #expect(inBody.kind == .timeout)
         #expect(inBody.status == 200)
     }

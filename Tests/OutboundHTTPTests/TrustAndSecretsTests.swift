@@ -43,7 +43,7 @@ import Testing
                 let request = HTTPRequest(
                     method: "POST", url: "\(tls == nil ? "http" : "https")://127.0.0.1:\(server.port)/auth/token?code=query-secret-55",
                     headers: [("Authorization", "Bearer \(bearer)"), ("Content-Type", "application/x-www-form-urlencoded")],
-                    body: Array("client_secret=\(clientSecret)&grant_type=refresh_token".utf8), timeout: .seconds(2))
+                    body: Array("client_secret=\(clientSecret)&grant_type=refresh_token".utf8), timeout: .seconds(3))
                 do {
                     _ = try await HTTPClient(extraCertificatesPEM: TLSFixture.caPEM).send(request)
                     Issue.record("a hostile answer was taken for an answer")

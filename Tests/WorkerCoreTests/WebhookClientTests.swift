@@ -53,11 +53,11 @@ import Testing
             case 0: .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n", bodyBytes: 100 << 20)
             case 1: .answerThenReset("HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
             case 2: .answer("HTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", thenClose: true)
-            default: .trickle(String(repeating: "z", count: 200), interval: .milliseconds(30), afterHead: "HTTP/1.1 201 Created\r\nContent-Length: 200\r\n\r\n")
+            default: .trickle(String(repeating: "z", count: 200), interval: .milliseconds(80), afterHead: "HTTP/1.1 201 Created\r\nContent-Length: 200\r\n\r\n")
             }
         }
         defer { server.stop() }
-        let client = try client(server, scheme, timeout: .seconds(3))
+        let client = try client(server, scheme, timeout: .seconds(8))
         for status in [200, 204, 202, 201] {
             let result = await client.send(body: [], headers: [])
             #expect(result.delivered, "\(status): \(result)")
