@@ -23,6 +23,7 @@ let package = Package(
         .systemLibrary(name: "CLibpq", pkgConfig: "libpq", providers: [.apt(["libpq-dev"])]),
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CMicroHTTPD", pkgConfig: "libmicrohttpd", providers: [.apt(["libmicrohttpd-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // Thin wrappers: the only code that sees a C pointer.
         .target(name: "Logging", swiftSettings: strict),
@@ -30,8 +31,8 @@ let package = Package(
         .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], swiftSettings: strict),
         .target(name: "CryptoCore", dependencies: ["COpenSSL"], swiftSettings: strict),
         .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
-        // The one HTTP/1.1 client of our own (POSTs to a server on this host; sockets, poll(2)).
-        .target(name: "LoopbackHTTP", dependencies: ["Locking"], swiftSettings: strict),
+        // The one HTTP client of every call out (Apple, webhooks, the CLI), over libcurl.
+        .target(name: "OutboundHTTP", dependencies: ["Locking", "CCurl"], exclude: ["README.md"], swiftSettings: strict),
 
         // Building blocks.
         .target(name: "JSON", swiftSettings: strict),
@@ -44,7 +45,7 @@ let package = Package(
                 swiftSettings: strict, plugins: ["EmbedSQLPlugin"]),
         .executableTarget(name: "embed-sql", swiftSettings: strict),
         .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
-        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON"], swiftSettings: strict),
+        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON", "OutboundHTTP"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
 
         // Application logic.
@@ -53,7 +54,7 @@ let package = Package(
                 swiftSettings: strict),
         .target(name: "WorkerCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
-                               "Logging", "AppleClient", "JSON", "LoopbackHTTP"],
+                               "Logging", "AppleClient", "JSON", "OutboundHTTP"],
                 exclude: ["AppAPI/README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
         .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
@@ -71,7 +72,7 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "LoopbackHTTP", "Console"],
+                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "OutboundHTTP", "Console"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
@@ -86,22 +87,24 @@ let package = Package(
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer"], swiftSettings: strict),
-        .testTarget(name: "LoopbackHTTPTests", dependencies: ["LoopbackHTTP", "ScriptedHTTPServer"], swiftSettings: strict),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP"], swiftSettings: strict),
+        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "ScriptedHTTPServer"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
                     dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
-        .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore"], swiftSettings: strict),
+        .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer"], swiftSettings: strict),
         .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
-        .target(name: "ScriptedHTTPServer", path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
+        // Over TLS too, with libssl (which no product links).
+        .target(name: "ScriptedHTTPServer", dependencies: ["CLibssl"], path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
+        .systemLibrary(name: "CLibssl", path: "Tests/CLibssl", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "Locking", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "OutboundHTTP", "ScriptedHTTPServer"],
                     swiftSettings: strict),
     ]
 )

@@ -1,7 +1,5 @@
 package import Foundation
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
+import OutboundHTTP
 
 /// What Apple answered: status, body, and the headers we act on (lowercased names).
 package struct AppleHTTPResponse: Sendable {
@@ -22,7 +20,9 @@ package struct AppleHTTPResponse: Sendable {
     }
 }
 
-/// A call that got no HTTP answer: it timed out or could not connect. Always worth retrying.
+/// A call that got no whole HTTP answer: it timed out, could not connect, or what came back was not
+/// an answer we read (too large, malformed, cut short, a certificate that did not verify). Always
+/// worth retrying.
 package struct AppleTransportError: Error, CustomStringConvertible {
     package enum Kind: String, Sendable { case timeout, connection }
     package var kind: Kind
@@ -39,68 +39,41 @@ package struct AppleTransportError: Error, CustomStringConvertible {
 }
 
 /// The HTTP side of every call to Apple (or to a stand-in at `SIWA_APPLE_BASE_URL`), with a bound
-/// on each call so no wait is unbounded. Form bodies may hold secrets: nothing here logs them.
+/// on each call so no wait is unbounded. Form bodies and bearers are secrets: nothing here logs
+/// them, and `HTTPFailure`'s description never holds them.
 package final class AppleHTTP: Sendable {
     package let baseURL: URL
-    private let session: URLSession
+    /// `SIWA_CA_FILE`'s certificates, for a client made from this one's settings.
+    package let caCertificates: String?
+    private let client: HTTPClient
+    private let timeout: Duration
 
-    package init(baseURL: URL, timeout: Duration = .seconds(10)) {
+    package init(baseURL: URL, timeout: Duration = .seconds(10), caCertificates: String? = nil) {
         self.baseURL = baseURL
-        let configuration = URLSessionConfiguration.ephemeral
-        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-        configuration.timeoutIntervalForRequest = seconds
-        configuration.timeoutIntervalForResource = seconds
-        configuration.httpMaximumConnectionsPerHost = 16
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        configuration.urlCache = nil
-        session = URLSession(configuration: configuration, delegate: NoRedirects(), delegateQueue: nil)
+        self.timeout = timeout
+        self.caCertificates = caCertificates
+        client = HTTPClient(extraCertificatesPEM: caCertificates)
     }
 
     package func get(_ path: String) async throws -> AppleHTTPResponse {
-        var request = URLRequest(url: baseURL.appendingPathComponent(path))
-        request.httpMethod = "GET"
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        return try await send(request, endpoint: path)
+        try await send("GET", path, headers: [("Accept", "application/json")], body: [])
     }
 
     /// `bearer`: an access token for `Authorization` (user migration calls). Secret: never logged.
     package func postForm(_ path: String, fields: [(String, String)], bearer: String? = nil) async throws -> AppleHTTPResponse {
-        var request = URLRequest(url: baseURL.appendingPathComponent(path))
-        request.httpMethod = "POST"
-        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
-        request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type")
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        request.httpBody = Data(FormEncoding.encode(fields).utf8)
-        return try await send(request, endpoint: path)
+        var headers = [("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json")]
+        if let bearer { headers.append(("Authorization", "Bearer \(bearer)")) }
+        return try await send("POST", path, headers: headers, body: Array(FormEncoding.encode(fields).utf8))
     }
 
-    private func send(_ request: URLRequest, endpoint: String) async throws -> AppleHTTPResponse {
+    private func send(_ method: String, _ path: String, headers: [(String, String)], body: [UInt8]) async throws -> AppleHTTPResponse {
+        let url = baseURL.appendingPathComponent(path).absoluteString
         do {
-            let (data, response) = try await session.data(for: request)
-            guard let http = response as? HTTPURLResponse else {
-                throw AppleTransportError(kind: .connection, endpoint: endpoint, detail: "no HTTP response")
-            }
-            var headers: [String: String] = [:]
-            for (key, value) in http.allHeaderFields {
-                if let key = key as? String, let value = value as? String { headers[key.lowercased()] = value }
-            }
-            return AppleHTTPResponse(status: http.statusCode, body: Array(data), headers: headers)
-        } catch let error as URLError {
-            let kind: AppleTransportError.Kind = error.code == .timedOut ? .timeout : .connection
-            // URLError's description can include the URL, never the body: safe to keep.
-            throw AppleTransportError(kind: kind, endpoint: endpoint, detail: "URLError \(error.code.rawValue)")
+            let response = try await client.send(HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: timeout))
+            return AppleHTTPResponse(status: response.status, body: response.body, headers: response.headers)
+        } catch {
+            throw AppleTransportError(kind: error.kind == .timeout ? .timeout : .connection, endpoint: path, detail: error.description)
         }
-    }
-}
-
-/// Refuses every redirect: a 307 would re-send the form (client_secret, refresh token, code) to
-/// wherever `Location` points. The 3xx itself comes back as the answer, which no caller takes for success.
-private final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
-    ) {
-        completionHandler(nil)
     }
 }
 

@@ -16,7 +16,7 @@ package final class Receiver: Sendable {
     package init(configuration: ReceiverConfiguration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
-        let http = AppleHTTP(baseURL: configuration.appleBaseURL, timeout: .seconds(5))
+        let http = AppleHTTP(baseURL: configuration.appleBaseURL, timeout: .seconds(5), caCertificates: configuration.caCertificates)
         keys = AppleKeySet(
             http: http, logger: logger, minimumRefetchInterval: .seconds(configuration.keyRefetchInterval),
             metrics: .init(

@@ -8,7 +8,7 @@ package struct ReceiverConfiguration: Sendable {
         "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
         "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
         "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_RECEIVER_CONNECTION_TIMEOUT", "SIWA_JWKS_REFETCH_INTERVAL",
-        "SIWA_RECEIVER_COMMIT_TIMEOUT", "SIWA_RECEIVER_PER_ADDRESS_LIMIT", "SIWA_RECEIVER_REQUEST_TIMEOUT",
+        "SIWA_RECEIVER_COMMIT_TIMEOUT", "SIWA_RECEIVER_PER_ADDRESS_LIMIT", "SIWA_RECEIVER_REQUEST_TIMEOUT", "SIWA_CA",
     ]
 
     package var databaseURL: String
@@ -16,6 +16,8 @@ package struct ReceiverConfiguration: Sendable {
     package var listen: ListenAddress
     package var notificationPath: String
     package var appleBaseURL: URL
+    /// `SIWA_CA_FILE`: certificates trusted for the key fetch besides the system's.
+    package var caCertificates: String?
     package var logLevel: Logger.Level
     /// Tuning beyond the contract, with defaults that fit a 2-core machine.
     package var httpThreads: Int
@@ -50,6 +52,7 @@ package struct ReceiverConfiguration: Sendable {
         notificationPath = path
         let common = try CommonSettings(source)
         appleBaseURL = common.appleBaseURL
+        caCertificates = common.caCertificates
         logLevel = common.logLevel
         let cores = max(1, ProcessInfo.processInfo.activeProcessorCount)
         httpThreads = try source.integer("SIWA_RECEIVER_THREADS", default: cores, range: 1...256)

@@ -4,11 +4,13 @@ package import Logging
 /// Settings every executable shares.
 package struct CommonSettings: Sendable {
     package static let variables = [
-        "DATABASE_URL", "SIWA_LOG_LEVEL", "SIWA_APPLE_BASE_URL", "SIWA_CLIENT_IDS",
+        "DATABASE_URL", "SIWA_LOG_LEVEL", "SIWA_APPLE_BASE_URL", "SIWA_CLIENT_IDS", "SIWA_CA",
     ]
 
     package var logLevel: Logger.Level
     package var appleBaseURL: URL
+    /// `SIWA_CA_FILE`: PEM certificates trusted for `https://` calls besides the system's.
+    package var caCertificates: String?
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
         let levelText = try source.string("SIWA_LOG_LEVEL") ?? "info"
@@ -18,6 +20,18 @@ package struct CommonSettings: Sendable {
         }
         logLevel = level
         appleBaseURL = try Self.appleBaseURL(source)
+        caCertificates = try Self.caCertificates(source)
+    }
+
+    /// The certificates of `SIWA_CA_FILE` (a PEM file; `SIWA_CA` may hold the PEM itself), trusted
+    /// for every `https://` call in addition to the system's store; nil when unset. Read once, at
+    /// start: a file that holds no certificate stops the process instead of failing every call.
+    package static func caCertificates(_ source: ConfigurationSource) throws(ConfigurationError) -> String? {
+        guard let pem = try source.string("SIWA_CA") else { return nil }
+        guard pem.contains("-----BEGIN CERTIFICATE-----") else {
+            throw ConfigurationError(variable: "SIWA_CA_FILE", problem: "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        }
+        return pem
     }
 
     package static func appleBaseURL(_ source: ConfigurationSource) throws(ConfigurationError) -> URL {

@@ -26,7 +26,7 @@ package func makeAppleJobContext(
     let signer = try ClientSecretSigner(
         teamID: settings.teamID, keyID: settings.keyID, privateKeyFile: settings.privateKeyPEMPath)
     let tokenBox = try TokenBox(configuration: settings.tokenKeys)
-    let http = AppleHTTP(baseURL: settings.baseURL, timeout: settings.timeout)
+    let http = AppleHTTP(baseURL: settings.baseURL, timeout: settings.timeout, caCertificates: settings.caCertificates)
     let keys = AppleKeySet(http: http, logger: logger)
     var context = AppleJobContext(
         pool: pool, client: AppleAuthClient(http: http, signer: signer), tokenBox: tokenBox,
@@ -42,7 +42,8 @@ package func appleSettings(_ configuration: WorkerConfiguration) throws(Configur
     let settings = AppleSettings(
         teamID: apple.teamID, keyID: apple.keyID, privateKeyPEMPath: apple.privateKeyPath,
         tokenKeys: apple.tokenKeys.map { "\($0.id):\($0.base64)" }.joined(separator: ","),
-        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily, pauseInterval: apple.pauseInterval)
+        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily, pauseInterval: apple.pauseInterval,
+        caCertificates: apple.caCertificates)
     try settings.validate()
     return settings
 }

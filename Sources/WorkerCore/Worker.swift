@@ -70,7 +70,7 @@ package final class Worker: Sendable {
         // that never sees one never calls Apple for them).
         gate = StoredNotificationGate(
             keys: AppleKeySet(
-                http: AppleHTTP(baseURL: configuration.apple.baseURL, timeout: .seconds(5)), logger: logger,
+                http: AppleHTTP(baseURL: configuration.apple.baseURL, timeout: .seconds(5), caCertificates: configuration.apple.caCertificates), logger: logger,
                 minimumRefetchInterval: .seconds(10)),
             logger: logger,
             forged: registry.counter(

@@ -7,7 +7,7 @@ package import SiwaCore
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).
 package struct WorkerConfiguration: Sendable {
     package static let variables = [
-        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_TEAM_ID", "SIWA_KEY_ID",
+        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_CA", "SIWA_TEAM_ID", "SIWA_KEY_ID",
         "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
         "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
         "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
@@ -31,6 +31,8 @@ package struct WorkerConfiguration: Sendable {
         /// `SIWA_PAUSE_PROBE_INTERVAL`: how long a client ID Apple refused (`invalid_client`) stays
         /// paused before one job probes it again.
         package var pauseInterval: Duration = .seconds(300)
+        /// `SIWA_CA_FILE`: certificates trusted for calls to Apple besides the system's.
+        package var caCertificates: String?
     }
 
     package var databaseURL: String
@@ -117,6 +119,7 @@ package struct WorkerConfiguration: Sendable {
         apple = Apple(
             callsEnabled: callsEnabled, baseURL: common.appleBaseURL, teamID: teamID, keyID: keyID,
             privateKeyPath: keyPath, tokenKeys: tokenKeys, reconcileDaily: reconcileDaily)
+        apple.caCertificates = common.caCertificates
         apple.pauseInterval = try Self.duration(
             source, "SIWA_PAUSE_PROBE_INTERVAL", default: .seconds(300), range: .seconds(1) ... .seconds(86_400))
 

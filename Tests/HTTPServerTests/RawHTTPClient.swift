@@ -4,7 +4,7 @@ import Glibc
 import Darwin
 #endif
 
-/// A blocking TCP client for what URLSession will not do: half requests, lying Content-Length,
+/// A blocking TCP client for what an HTTP client will not do: half requests, lying Content-Length,
 /// hand-written chunked bodies.
 ///
 /// `@unchecked Sendable`: each test uses its client from one task at a time.

@@ -7,9 +7,6 @@ import Postgres
 #if canImport(Glibc)
     import Glibc
 #endif
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// A fake Apple on 127.0.0.1 checking our client_secret against a fresh `.p8`, and the environment
 /// that makes a real `siwa-worker` process call it (exchange, revoke).
@@ -78,22 +75,10 @@ func residentKilobytes(_ pid: Int32) -> Int? {
     return nil
 }
 
-/// A URLSession allowing many connections at once (the shared `HTTP.session` caps at 64).
+/// Many POSTs at once (the client opens as many connections as there are calls in flight).
 enum WideHTTP {
-    static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 30)
-        configuration.httpMaximumConnectionsPerHost = 512
-        return URLSession(configuration: configuration)
-    }()
-
     static func post(_ url: String, body: Data) async throws -> (status: Int, body: String) {
-        var request = URLRequest(url: URL(string: url)!)
-        request.httpMethod = "POST"
-        request.httpBody = body
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        let (data, response) = try await session.data(for: request)
-        return ((response as! HTTPURLResponse).statusCode, String(decoding: data, as: UTF8.self))
+        try await HTTP.request("POST", url, body: body, timeout: TestTimeScale.scaled(.seconds(30)))
     }
 }
 

@@ -6,7 +6,9 @@
 import Foundation
 
 /// A TCP server on 127.0.0.1 that reads each request (head and Content-Length body) and writes
-/// the bytes `script` gives for it (numbered across connections), then closes if told to.
+/// the bytes `script` gives for it (numbered across connections), then closes if told to. Over TLS
+/// when given a certificate (`tls:`); `greeting:` is written as soon as a connection is accepted,
+/// before any handshake (plain bytes to a TLS client: a handshake that fails).
 package final class ScriptedHTTPServer: @unchecked Sendable {
     // @unchecked: the listening descriptor is set once; all shared state is behind `state`'s lock.
     package enum Reply: Sendable {
@@ -17,6 +19,13 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         case closeWithoutAnswer
         /// Answers once `openGate()` was called (at most 60 s later).
         case heldUntilGateOpens(String)
+        /// The head, then `bodyBytes` bytes of body ("x"), stopping early when the client goes.
+        case endless(head: String, bodyBytes: Int)
+        /// `head` at once, then the text one byte at a time, `interval` apart, stopping early when
+        /// the client goes.
+        case trickle(String, interval: Duration, afterHead: String = "")
+        /// The text, then a reset (RST) instead of an orderly close.
+        case answerThenReset(String)
     }
 
     private struct State {
@@ -34,9 +43,13 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
     private let listener: Int32
     private let state = LockedState(State())
     private let script: @Sendable (Int) -> Reply
+    private let tls: TLSServerContext?
+    private let greeting: String?
 
-    package init(script: @escaping @Sendable (Int) -> Reply) throws {
+    package init(tls fixture: TLSFixture? = nil, greeting: String? = nil, script: @escaping @Sendable (Int) -> Reply) throws {
         self.script = script
+        self.greeting = greeting
+        tls = try fixture.map(TLSServerContext.init)
         let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -73,6 +86,8 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
     }
 
     package var accepted: Int { state.withLock { $0.accepted } }
+    /// The ALPN protocols each TLS client offered (in TLS mode).
+    package var alpnOffers: [[String]] { tls?.alpnOffers ?? [] }
     package var heads: [String] { state.withLock { $0.heads } }
     package var bodies: [String] { state.withLock { $0.bodies } }
 
@@ -110,11 +125,25 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
 
     private func serve(_ connection: Int32) {
         var buffered: [UInt8] = []
+        var secured: TLSConnection?
         func fill() -> Bool {
             var chunk = [UInt8](repeating: 0, count: 4096)
-            let count = chunk.withUnsafeMutableBytes { recv(connection, $0.baseAddress, $0.count, 0) }
+            let count = chunk.withUnsafeMutableBytes { buffer in
+                secured.map { $0.read(into: buffer) } ?? recv(connection, buffer.baseAddress, buffer.count, 0)
+            }
             guard count > 0 else { return false }
             buffered += chunk[0..<count]
+            return true
+        }
+        func write(_ bytes: [UInt8]) -> Bool {
+            var sent = 0
+            while sent < bytes.count {
+                let count = bytes[sent...].withUnsafeBytes { buffer in
+                    secured.map { $0.write(buffer) } ?? send(connection, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL))
+                }
+                guard count > 0 else { return false }
+                sent += count
+            }
             return true
         }
         defer {
@@ -125,6 +154,15 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
                 state.closed += 1
             }
         }
+        if let greeting {
+            _ = write(Array(greeting.utf8))
+            return
+        }
+        if let tls {
+            guard let connection = tls.accept(connection) else { return }
+            secured = connection
+        }
+        defer { secured = nil }
         while true {
             var end = buffered.firstRange(of: [13, 10, 13, 10])
             while end == nil {
@@ -157,12 +195,31 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
                 let deadline = Date().addingTimeInterval(60)
                 while !state.withLock({ $0.gateOpen }), Date() < deadline { usleep(5_000) }
                 state.withLock { $0.held -= 1 }
-                let bytes = Array(text.utf8)
-                _ = bytes.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                _ = write(Array(text.utf8))
             case .answer(let text, let thenClose):
-                let bytes = Array(text.utf8)
-                _ = bytes.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                _ = write(Array(text.utf8))
                 if thenClose { return }
+            case .endless(let head, let bodyBytes):
+                guard write(Array(head.utf8)) else { return }
+                let chunk = [UInt8](repeating: UInt8(ascii: "x"), count: 64 << 10)
+                var sent = 0
+                while sent < bodyBytes, write(Array(chunk.prefix(bodyBytes - sent))) { sent += chunk.count }
+                return
+            case .trickle(let text, let interval, let head):
+                guard write(Array(head.utf8)) else { return }
+                for byte in text.utf8 {
+                    guard write([byte]) else { return }
+                    usleep(UInt32(interval / .microseconds(1)))
+                }
+            case .answerThenReset(let text):
+                _ = write(Array(text.utf8))
+                // Time for the bytes to reach the client before the reset, which would discard
+                // them unread from its socket.
+                usleep(200_000)
+                // SO_LINGER 0: close(2) sends RST, as a crashed peer or a middlebox would.
+                var linger = linger(l_onoff: 1, l_linger: 0)
+                setsockopt(connection, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<linger>.size))
+                return
             }
         }
     }

@@ -218,7 +218,7 @@ SQL
 }
 
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
-echo "bench: the sink is http:// on loopback, so workers use their direct HTTP/1.1 transport (https:// endpoints go through URLSession)"
+echo "bench: deliveries go through the libcurl client (Sources/OutboundHTTP), keep-alive connections to the sink"
 (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
 cpu_line() {
     echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"

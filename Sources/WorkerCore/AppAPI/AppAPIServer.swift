@@ -48,7 +48,7 @@ package final class AppAPIServer: Sendable {
         metrics = AppAPIMetrics(registry: registry)
         self.logger = logger
         let client = AppleAuthClient(
-            http: AppleHTTP(baseURL: apple.client.http.baseURL, timeout: appleTimeout), signer: apple.client.signer)
+            http: AppleHTTP(baseURL: apple.client.http.baseURL, timeout: appleTimeout, caCertificates: apple.client.http.caCertificates), signer: apple.client.signer)
         signIn = SignIn(
             store: store, verifier: apple.identityVerifier, client: client, tokenBox: apple.tokenBox,
             clientIDs: Set(clientIDs), metrics: metrics, logger: logger)

@@ -19,11 +19,13 @@ package struct AppleSettings: Sendable {
     package var reconcileDaily: Bool
     /// How long a client ID Apple refused stays paused before one job probes it again.
     package var pauseInterval: Duration
+    /// `SIWA_CA_FILE`: certificates trusted for calls to Apple besides the system's.
+    package var caCertificates: String?
 
     package init(
         teamID: String, keyID: String, privateKeyPEMPath: String, tokenKeys: String,
         baseURL: URL = URL(string: "https://appleid.apple.com")!, timeout: Duration = .seconds(10),
-        reconcileDaily: Bool = false, pauseInterval: Duration = .seconds(300)
+        reconcileDaily: Bool = false, pauseInterval: Duration = .seconds(300), caCertificates: String? = nil
     ) {
         self.teamID = teamID
         self.keyID = keyID
@@ -33,10 +35,11 @@ package struct AppleSettings: Sendable {
         self.timeout = timeout
         self.reconcileDaily = reconcileDaily
         self.pauseInterval = pauseInterval
+        self.caCertificates = caCertificates
     }
 
     package static let variables = [
-        "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_BASE_URL", "SIWA_RECONCILE",
+        "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_BASE_URL", "SIWA_RECONCILE", "SIWA_CA",
     ]
 
     /// Reads and checks the variables (the key file must load, the token keys must parse).
@@ -53,7 +56,8 @@ package struct AppleSettings: Sendable {
         }
         self.init(
             teamID: teamID, keyID: keyID, privateKeyPEMPath: path, tokenKeys: tokenKeys,
-            baseURL: try CommonSettings.appleBaseURL(source), reconcileDaily: reconcile)
+            baseURL: try CommonSettings.appleBaseURL(source), reconcileDaily: reconcile,
+            caCertificates: try CommonSettings.caCertificates(source))
         try validate()
     }
 

@@ -1,7 +1,5 @@
 package import Foundation
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
+import OutboundHTTP
 
 /// What one delivery attempt got. Only a 2xx is delivered; a redirect is an answer we do not
 /// follow (the endpoint must be configured as it is), so it counts as a failure like a 5xx.
@@ -45,69 +43,38 @@ package enum WebhookAttemptResult: Sendable, Equatable {
     }
 }
 
-/// POSTs signed deliveries, keeping connections to the endpoint alive across deliveries; every
-/// request is bounded by the timeout; redirects are never followed. An `http://` loopback endpoint
-/// is spoken to directly (LoopbackHTTPTransport: URLSession's per-request cost on Linux was most of
-/// a delivery's CPU); `https://` goes through one URLSession (libcurl underneath).
+/// POSTs signed deliveries over the process's one HTTP client (keep-alive connections reused
+/// across deliveries, HTTP/2 when the endpoint offers it); every request is bounded by the
+/// timeout; redirects are never followed. Of an answer's body only the first 512 bytes are kept.
 package final class WebhookClient: Sendable {
-    /// How requests are sent: `automatic` picks the direct transport for `http://` loopback
-    /// endpoints; `urlSession` always uses URLSession (tests check both give the same results).
-    package enum Transport: Sendable {
-        case automatic
-        case urlSession
-    }
+    /// The most of an answer's body a delivery records.
+    static let keptBodyBytes = 512
 
-    private let session: URLSession
-    private let loopback: LoopbackHTTPTransport?
+    private let client: HTTPClient
     private let url: URL
     private let timeout: Duration
 
-    package init(url: URL, timeout: Duration, maxConnections: Int, transport: Transport = .automatic) {
+    package init(url: URL, timeout: Duration, caCertificates: String? = nil) {
         self.url = url
         self.timeout = timeout
-        loopback = transport == .automatic ? LoopbackHTTPTransport(url: url, timeout: timeout) : nil
-        let configuration = URLSessionConfiguration.ephemeral
-        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-        configuration.timeoutIntervalForRequest = seconds
-        configuration.timeoutIntervalForResource = seconds
-        configuration.httpMaximumConnectionsPerHost = maxConnections
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        configuration.urlCache = nil
-        configuration.httpCookieStorage = nil
-        configuration.httpShouldSetCookies = false
-        session = URLSession(configuration: configuration, delegate: RefuseRedirects(), delegateQueue: nil)
+        client = HTTPClient(extraCertificatesPEM: caCertificates)
     }
 
-    deinit { session.invalidateAndCancel() }
-
-    /// One attempt: `POST` the body with the Standard Webhooks headers.
+    /// One attempt: `POST` the body with the Standard Webhooks headers. An answer whose head came
+    /// whole counts as its status says, whatever follows (a body too large, cut short or broken):
+    /// the endpoint has answered. One whose head never ended is a failed attempt.
     package func send(body: [UInt8], headers: [(String, String)]) async -> WebhookAttemptResult {
-        if let loopback { return await loopback.send(body: body, headers: headers) }
-        var request = URLRequest(url: url)
-        request.httpMethod = "POST"
-        request.httpBody = Data(body)
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.setValue("siwa-notifications-webhooks", forHTTPHeaderField: "User-Agent")
-        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
+        let request = HTTPRequest(
+            method: "POST", url: url.absoluteString,
+            headers: [("Content-Type", "application/json"), ("User-Agent", "siwa-notifications-webhooks")] + headers, body: body,
+            timeout: timeout, bodyLimit: .prefix(Self.keptBodyBytes))
         do {
-            let (data, response) = try await session.data(for: request)
-            guard let http = response as? HTTPURLResponse else { return .connectionFailed(detail: "no HTTP response") }
-            return .answered(status: http.statusCode, bodyPrefix: String(decoding: data.prefix(512), as: UTF8.self))
-        } catch let error as URLError {
-            if error.code == .timedOut { return .timedOut }
-            return .connectionFailed(detail: "URLError \(error.code.rawValue)")
+            let response = try await client.send(request)
+            return .answered(status: response.status, bodyPrefix: String(decoding: response.body, as: UTF8.self))
         } catch {
-            return .connectionFailed(detail: String(describing: type(of: error)))
+            if let status = error.status { return .answered(status: status, bodyPrefix: "") }
+            if error.kind == .timeout { return .timedOut }
+            return .connectionFailed(detail: error.description)
         }
-    }
-}
-
-/// A 3xx is handed back as the answer instead of being followed.
-private final class RefuseRedirects: NSObject, URLSessionTaskDelegate, Sendable {
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
-    ) {
-        completionHandler(nil)
     }
 }

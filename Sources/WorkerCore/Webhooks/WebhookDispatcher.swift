@@ -84,7 +84,7 @@ package final class WebhookDispatcher: Sendable {
             conninfo: databaseURL, size: 3, acquireTimeout: .seconds(10), applicationName: "siwa-worker-webhooks",
             limits: options.limits, logger: logger)
         queue = WebhookQueue(pool: pool)
-        client = WebhookClient(url: settings.url, timeout: settings.timeout, maxConnections: settings.concurrency)
+        client = WebhookClient(url: settings.url, timeout: settings.timeout, caCertificates: settings.caCertificates)
         rule = WebhookRetryRule(policy: options.retryPolicy, window: settings.retryWindow)
         metrics = WebhookMetrics(registry: registry)
     }

@@ -15,6 +15,8 @@ package struct WebhookSettings: Sendable {
     /// Failed deliveries are retried for at least this long after their first failure, then discarded
     /// (the contract's "at least 24 h"; shorter only in tests).
     package var retryWindow: Duration
+    /// `SIWA_CA_FILE`: certificates trusted for `https://` endpoints besides the system's.
+    package var caCertificates: String?
 
     package init(
         url: URL, secret: WebhookSecret, concurrency: Int = 32, timeout: Duration = .seconds(10),
@@ -43,7 +45,9 @@ package struct WebhookSettings: Sendable {
         }
         let secret = try WebhookSecret(secretText)
         let concurrency = try source.integer("SIWA_WEBHOOK_CONCURRENCY", default: 32, range: 1...512)
-        return WebhookSettings(url: url, secret: secret, concurrency: concurrency)
+        var settings = WebhookSettings(url: url, secret: secret, concurrency: concurrency)
+        settings.caCertificates = try CommonSettings.caCertificates(source)
+        return settings
     }
 
     /// `https://…`, or `http://` to a loopback address only (a receiver on the same host); no

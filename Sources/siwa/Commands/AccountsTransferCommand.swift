@@ -17,7 +17,7 @@ enum AccountsTransferCommand {
     static let options = ["TARGET_TEAM", "CLIENT_ID", "RATE", "CONCURRENCY"]
     static let variables = [
         "DATABASE_URL", "SIWA_LOG_LEVEL", "SIWA_APPLE_BASE_URL", "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE",
-        "SIWA_CLIENT_IDS", "SIWA_RETRY_BASE",
+        "SIWA_CLIENT_IDS", "SIWA_RETRY_BASE", "SIWA_CA",
     ]
 
     struct Settings {
@@ -186,7 +186,7 @@ enum AccountsTransferCommand {
         }
         var clientID = flags.option("client-id")
         if clientID == nil, action == "import", let ids = try source.list("SIWA_CLIENT_IDS"), ids.count == 1 { clientID = ids[0] }
-        let http = AppleHTTP(baseURL: common.appleBaseURL)
+        let http = AppleHTTP(baseURL: common.appleBaseURL, caCertificates: common.caCertificates)
         return Settings(
             action: action, databaseURL: databaseURL, logger: Logger(label: "siwa-accounts-transfer", level: common.logLevel),
             client: AppleAuthClient(http: http, signer: signer), teamID: teamID, calls: calls, clientID: clientID,

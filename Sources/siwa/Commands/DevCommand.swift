@@ -8,10 +8,6 @@ import Postgres
 import SiwaCore
 import Locking
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
-
 /// `siwa dev`: the whole stack on this machine. A throwaway PostgreSQL (unless `DATABASE_URL` is
 /// set), `siwa fake-apple` (unless `--no-fake-apple` or `SIWA_APPLE_BASE_URL`), migrations,
 /// `siwa-receiver` and one `siwa-worker`, their logs in readable form; Ctrl-C stops it all.
@@ -397,14 +393,9 @@ final class DevStack: @unchecked Sendable {
             if let dead = children.first(where: { !$0.isRunning }) {
                 throw DevError("\(dead.name) exited with status \(dead.status ?? -1) during start-up")
             }
-            var request = URLRequest(url: URL(string: url)!)
-            request.timeoutInterval = 2
-            if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
-            if let (data, response) = try? await URLSession.shared.data(for: request),
-                let http = response as? HTTPURLResponse
-            {
-                if http.statusCode == 200 { return }
-                lastAnswer = "\(http.statusCode) \(String(decoding: data, as: UTF8.self))"
+            if let answer = try? await CLIHTTP.call("GET", URL(string: url)!, bearer: bearer, timeout: .seconds(2)) {
+                if answer.status == 200 { return }
+                lastAnswer = "\(answer.status) \(answer.body)"
             }
             try await Task.sleep(for: .milliseconds(250))
         }

@@ -2,9 +2,6 @@ import CryptoCore
 import FakeApple
 import Foundation
 import SiwaCore
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// `siwa simulate sign-in ...` runs a whole sign-in against the app API (SimulateSignIn.swift).
 ///
@@ -140,9 +137,10 @@ enum SimulateCommand: CLICommand {
     }
 
     private static func signingKey(from fakeAppleURL: URL) async throws -> (String, RSA.PrivateKey) {
-        let (data, response) = try await URLSession.shared.data(from: fakeAppleURL.appendingPathComponent("fake/signing-key"))
-        guard (response as? HTTPURLResponse)?.statusCode == 200,
-            let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
+        let answer = try await CLIHTTP.call(
+            "GET", fakeAppleURL.appendingPathComponent("fake/signing-key"), caCertificates: try CommonSettings.caCertificates(.init(arguments: [])))
+        guard answer.status == 200,
+            let object = try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [String: Any],
             let kid = object["kid"] as? String, let pem = object["pem"] as? String
         else {
             throw ConfigurationError(variable: "--fake-apple-url", problem: "the fake Apple at \(fakeAppleURL) has no signing key")
@@ -151,12 +149,10 @@ enum SimulateCommand: CLICommand {
     }
 
     private static func post(_ jws: String, to url: URL) async throws -> (Int, String) {
-        var request = URLRequest(url: url)
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.httpBody = try JSONSerialization.data(withJSONObject: ["payload": jws])
-        let (body, response) = try await URLSession.shared.data(for: request)
-        return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+        let answer = try await CLIHTTP.call(
+            "POST", url, json: try JSONSerialization.data(withJSONObject: ["payload": jws]),
+            caCertificates: try CommonSettings.caCertificates(.init(arguments: [])))
+        return (answer.status, answer.body)
     }
 }
 

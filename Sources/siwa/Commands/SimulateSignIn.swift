@@ -1,11 +1,8 @@
 import AppleClient
 import Foundation
 import Locking
-import LoopbackHTTP
+import OutboundHTTP
 import SiwaCore
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// `siwa simulate sign-in --client-id ID --sub SUB [--api-url URL] [--api-token T]
 /// [--fake-apple-url URL] [--email E] [--no-code]`: a whole Sign in with Apple sign-in against the app
@@ -29,6 +26,8 @@ enum SimulateSignIn {
         var fakeAppleURL: URL
         var count: Int
         var concurrency: Int
+        /// `SIWA_CA_FILE`, for an API or a fake Apple served over `https://` with a private CA.
+        var caCertificates: String?
     }
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
@@ -40,9 +39,9 @@ enum SimulateSignIn {
             return 2
         }
         if request.count == 1 {
-            let session = makeSession(connections: 1)
             do {
-                let (status, body, _) = try await signIn(request, sub: request.sub, session: session)
+                let client = HTTPClient(extraCertificatesPEM: request.caCertificates)
+                let (status, body, _) = try await signIn(request, sub: request.sub, client: client)
                 print("\(status) \(body)")
                 return status == 200 ? 0 : 1
             } catch {
@@ -74,21 +73,15 @@ enum SimulateSignIn {
             withCode: !flags.isSet(switch: "no-code"), apiURL: try url("API_URL", "http://127.0.0.1:8081"), apiToken: token,
             fakeAppleURL: try url("FAKE_APPLE_URL", "http://127.0.0.1:9443"),
             count: try flags.integer("COUNT", default: 1, range: 1...10_000_000),
-            concurrency: try flags.integer("CONCURRENCY", default: 1, range: 1...1024))
-    }
-
-    private static func makeSession(connections: Int) -> URLSession {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 30
-        configuration.httpMaximumConnectionsPerHost = max(connections, 1)
-        return URLSession(configuration: configuration)
+            concurrency: try flags.integer("CONCURRENCY", default: 1, range: 1...1024),
+            caCertificates: try CommonSettings.caCertificates(environment))
     }
 
     struct Failure: Error, CustomStringConvertible {
         var description: String
     }
 
-    /// The three requests of one sign-in, written once for both transports: `next` takes the answer
+    /// The three requests of one sign-in: `next` takes the answer
     /// to the previous request (nil at first) and gives the next request, or nil when done; then
     /// `result` holds the sign-in's answer.
     struct Flow {
@@ -143,76 +136,62 @@ enum SimulateSignIn {
         }
     }
 
-    /// One sign-in over URLSession; returns the answer and how long the sign-in request took.
-    static func signIn(_ request: Request, sub: String, session: URLSession) async throws -> (Int, String, Duration) {
+    /// One sign-in; returns the answer and how long the sign-in request took.
+    static func signIn(_ request: Request, sub: String, client: HTTPClient) async throws -> (Int, String, Duration) {
         var flow = Flow(request, sub: sub)
         var answer: (status: Int, body: String)?
         while let outgoing = try flow.next(after: answer) {
             let base = outgoing.target == .api ? request.apiURL : request.fakeAppleURL
-            answer = try await post(base.appendingPathComponent(outgoing.path), json: outgoing.json, bearer: outgoing.bearer, session: session)
+            var headers = [("Content-Type", "application/json")]
+            if let bearer = outgoing.bearer { headers.append(("Authorization", "Bearer \(bearer)")) }
+            let reply = try await client.send(
+                HTTPRequest(
+                    method: "POST", url: base.appendingPathComponent(outgoing.path).absoluteString, headers: headers,
+                    body: Array(try JSONSerialization.data(withJSONObject: outgoing.json)), timeout: answerTimeout))
+            answer = (reply.status, String(decoding: reply.body, as: UTF8.self))
         }
         return flow.result!
     }
 
     /// `--count N --concurrency C`: prints `sign-ins/s`, the sign-in request's p50/p99, failures,
-    /// and the driver's own CPU per sign-in. Each of the C lanes is a thread with one keep-alive
-    /// connection to the API and one to the fake Apple, so the driver spends little of the CPU it
-    /// shares with what it measures.
+    /// and the driver's own CPU per sign-in. C lanes, each one sign-in at a time, share one client
+    /// (keep-alive connections to the API and to the fake Apple), so the driver spends little of
+    /// the CPU it shares with what it measures.
     /// Longest wait for one request's answer (connect, write and read); a stalled server fails it.
     static let answerTimeout: Duration = .seconds(30)
-    /// Largest answer kept (the driver's answers are a few hundred bytes).
-    static let maximumAnswerBytes = 1 << 20
 
     private static func load(_ request: Request) async -> Int32 {
-        // Each lane has its own clients: one keep-alive connection to each. Answers are JSON kept whole.
-        let client: @Sendable (URL) -> LoopbackHTTPClient? = { url in LoopbackHTTPClient(url: url, keptBodyBytes: Self.maximumAnswerBytes) }
-        guard client(request.apiURL) != nil, client(request.fakeAppleURL) != nil else {
-            FileHandle.standardError.write(Data("siwa simulate sign-in: --count drives a local stack: --api-url and --fake-apple-url must be http:// to 127.0.0.1:PORT (or another loopback address)\n".utf8))
-            return 2
-        }
+        let client = HTTPClient(extraCertificatesPEM: request.caCertificates)
         let started = ContinuousClock.now
         let cpuAtStart = cpuSeconds()
         let results = Locked<(latencies: [Double], failures: Int, firstFailure: String?)>(([], 0, nil))
         let next = Locked(0)
-        let lane: @Sendable () -> Void = {
-            guard let api = client(request.apiURL), let apple = client(request.fakeAppleURL) else { return }
-            while true {
-                let index = next.withLock { value -> Int? in
-                    guard value < request.count else { return nil }
-                    value += 1
-                    return value - 1
-                }
-                guard let index else { return }
-                do {
-                    var flow = Flow(request, sub: "\(request.sub)-\(index)")
-                    var answer: (status: Int, body: String)?
-                    while let outgoing = try flow.next(after: answer) {
-                        let body = try JSONSerialization.data(withJSONObject: outgoing.json)
-                        let reply = try (outgoing.target == .api ? api : apple).post(
-                            Array(body), to: "/" + outgoing.path, headers: outgoing.bearer.map { [("Authorization", "Bearer \($0)")] } ?? [],
-                            deadline: .now + Self.answerTimeout)
-                        guard reply.bodyEnd == .whole else {
-                            let why = reply.bodyEnd == .cutShort ? "cut short by the server" : "over 1 MiB"
-                            throw Failure(description: "/\(outgoing.path) answered \(reply.status) with a body \(why)")
+        await withTaskGroup(of: Void.self) { lanes in
+            for _ in 0..<request.concurrency {
+                lanes.addTask {
+                    while let index = next.withLock({ value -> Int? in
+                        guard value < request.count else { return nil }
+                        value += 1
+                        return value - 1
+                    }) {
+                        do {
+                            let (status, body, took) = try await signIn(request, sub: "\(request.sub)-\(index)", client: client)
+                            results.withLock { results in
+                                if status == 200 { results.latencies.append(took.seconds) } else {
+                                    results.failures += 1
+                                    if results.firstFailure == nil { results.firstFailure = "\(status) \(body)" }
+                                }
+                            }
+                        } catch {
+                            results.withLock { results in
+                                results.failures += 1
+                                if results.firstFailure == nil { results.firstFailure = "\(error)" }
+                            }
                         }
-                        answer = (reply.status, String(decoding: reply.body, as: UTF8.self))
-                    }
-                    let (status, body, took) = flow.result!
-                    results.withLock { results in
-                        if status == 200 { results.latencies.append(took.seconds) } else {
-                            results.failures += 1
-                            if results.firstFailure == nil { results.firstFailure = "\(status) \(body)" }
-                        }
-                    }
-                } catch {
-                    results.withLock { results in
-                        results.failures += 1
-                        if results.firstFailure == nil { results.firstFailure = "\(error)" }
                     }
                 }
             }
         }
-        await runOnThreads(count: request.concurrency, lane)
         let elapsed = (ContinuousClock.now - started).seconds
         let driverCPU = cpuSeconds() - cpuAtStart
         let (latencies, failures, first) = results.withLock { ($0.latencies.sorted(), $0.failures, $0.firstFailure) }
@@ -228,22 +207,6 @@ enum SimulateSignIn {
         return failures == 0 ? 0 : 1
     }
 
-    /// Runs `body` on `count` threads of their own (blocking I/O must not hold the shared pool) and
-    /// returns when all have.
-    private static func runOnThreads(count: Int, _ body: @escaping @Sendable () -> Void) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let group = DispatchGroup()
-            for _ in 0..<count {
-                group.enter()
-                Thread {
-                    body()
-                    group.leave()
-                }.start()
-            }
-            group.notify(queue: .global()) { continuation.resume() }
-        }
-    }
-
     /// CPU time (user + system) this process has used: the driver's own cost per sign-in, so a
     /// benchmark can show the load it puts on the machine it shares with what it measures.
     private static func cpuSeconds() -> Double {
@@ -255,15 +218,5 @@ enum SimulateSignIn {
 
     static func object(_ body: String) -> [String: Any]? {
         (try? JSONSerialization.jsonObject(with: Data(body.utf8))) as? [String: Any]
-    }
-
-    private static func post(_ url: URL, json: [String: Any], bearer: String?, session: URLSession) async throws -> (Int, String) {
-        var request = URLRequest(url: url)
-        request.httpMethod = "POST"
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
-        request.httpBody = try JSONSerialization.data(withJSONObject: json)
-        let (body, response) = try await session.data(for: request)
-        return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
     }
 }

@@ -45,7 +45,7 @@ enum WebhooksCommand: CLICommand {
     }
 
     private static func test(_ source: ConfigurationSource) async -> Int32 {
-        if let unknown = source.unknownFlags(known: WebhookSettings.variables + ["SIWA_WEBHOOK_SECRET_FILE"]).first {
+        if let unknown = source.unknownFlags(known: WebhookSettings.variables + ["SIWA_WEBHOOK_SECRET_FILE", "SIWA_CA", "SIWA_CA_FILE"]).first {
             CLI.error(name, "--\(unknown): unknown option")
             return 2
         }
@@ -60,7 +60,7 @@ enum WebhooksCommand: CLICommand {
             CLI.error(name, "\(error)")
             return 2
         }
-        let client = WebhookClient(url: settings.url, timeout: settings.timeout, maxConnections: 1)
+        let client = WebhookClient(url: settings.url, timeout: settings.timeout, caCertificates: settings.caCertificates)
         let now = Date()
         let event = testEvent(at: now)
         let timestamp = Int64(now.timeIntervalSince1970)

@@ -8,9 +8,6 @@ import Postgres
 import SiwaCore
 import WorkerCore
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// The app API in process over a `LifecycleHarness` (migrated database, fake Apple checking our
 /// client_secret): served on 127.0.0.1:0 with the handlers' own Apple context, logging at debug
@@ -78,24 +75,12 @@ final class AppAPIHarness: Sendable {
         var error: String? { json["error"] as? String }
     }
 
-    static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 30)
-        configuration.httpMaximumConnectionsPerHost = 32
-        return URLSession(configuration: configuration)
-    }()
-
     func request(_ method: String, _ path: String, body: Any? = nil, rawBody: Data? = nil, bearer: String? = token)
         async throws -> Answer
     {
-        var request = URLRequest(url: URL(string: baseURL + path)!)
-        request.httpMethod = method
-        if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
-        if let body { request.httpBody = try JSONSerialization.data(withJSONObject: body) }
-        if let rawBody { request.httpBody = rawBody }
-        if request.httpBody != nil { request.setValue("application/json", forHTTPHeaderField: "Content-Type") }
-        let (data, response) = try await Self.session.data(for: request)
-        return Answer(status: (response as! HTTPURLResponse).statusCode, body: String(decoding: data, as: UTF8.self))
+        let json = try rawBody ?? body.map { try JSONSerialization.data(withJSONObject: $0) }
+        let (status, text) = try await HTTP.request(method, baseURL + path, body: json, bearer: bearer, timeout: TestTimeScale.scaled(.seconds(30)))
+        return Answer(status: status, body: text)
     }
 
     func nonce() async throws -> String {

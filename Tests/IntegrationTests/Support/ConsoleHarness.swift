@@ -1,12 +1,9 @@
 import Foundation
+import OutboundHTTP
 import Testing
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
-
 /// `siwa console` as a real process, and the HTTP a browser would speak to it: cookies and
-/// redirects handled by hand (the tests check them), never by URLSession.
+/// redirects handled by hand (the tests check them).
 final class ConsoleProcess: @unchecked Sendable {
     // @unchecked: touched only from the test's own task.
     let process: ServiceProcess
@@ -58,26 +55,9 @@ struct ConsoleAnswer: Sendable {
     }
 }
 
-/// Does not follow redirects: a 303 comes back as it is.
-private final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
-    ) {
-        completionHandler(nil)
-    }
-}
-
+/// The browser's side, by hand: the test client never follows a redirect (a 303 comes back as it
+/// is) and keeps no cookies.
 enum ConsoleHTTP {
-    static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = 30
-        configuration.httpShouldSetCookies = false
-        configuration.httpCookieAcceptPolicy = .never
-        configuration.httpCookieStorage = nil
-        return URLSession(configuration: configuration, delegate: NoRedirects(), delegateQueue: nil)
-    }()
-
     static func get(_ url: String, cookie: String? = nil, host: String? = nil) async throws -> ConsoleAnswer {
         try await send("GET", url, cookie: cookie, host: host)
     }
@@ -92,16 +72,14 @@ enum ConsoleHTTP {
     private static func send(_ method: String, _ url: String, body: Data? = nil, cookie: String?, host: String? = nil) async throws
         -> ConsoleAnswer
     {
-        var request = URLRequest(url: URL(string: url)!)
-        request.httpMethod = method
-        request.httpBody = body
-        if body != nil { request.setValue("application/x-www-form-urlencoded", forHTTPHeaderField: "Content-Type") }
-        if let cookie { request.setValue(cookie, forHTTPHeaderField: "Cookie") }
-        if let host { request.setValue(host, forHTTPHeaderField: "Host") }
-        let (data, response) = try await session.data(for: request)
-        let http = response as! HTTPURLResponse
-        var headers: [String: String] = [:]
-        for (name, value) in http.allHeaderFields { headers["\(name)"] = "\(value)" }
-        return ConsoleAnswer(status: http.statusCode, headers: headers, body: String(decoding: data, as: UTF8.self))
+        var headers: [(String, String)] = []
+        if body != nil { headers.append(("Content-Type", "application/x-www-form-urlencoded")) }
+        if let cookie { headers.append(("Cookie", cookie)) }
+        if let host { headers.append(("Host", host)) }
+        let response = try await HTTP.client.send(
+            HTTPRequest(
+                method: method, url: url, headers: headers, body: Array(body ?? Data()),
+                timeout: TestTimeScale.scaled(.seconds(30))))
+        return ConsoleAnswer(status: response.status, headers: response.headers, body: String(decoding: response.body, as: UTF8.self))
     }
 }

@@ -3,9 +3,6 @@ import FakeApple
 import Foundation
 import Postgres
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// The whole stack as real processes: `siwa fake-apple` (checking client_secret signatures against a
 /// fresh `.p8`), `siwa-receiver` and `siwa-worker` pointed at it, over a migrated database. Every

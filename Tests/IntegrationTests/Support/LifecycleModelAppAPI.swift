@@ -4,9 +4,6 @@ import Foundation
 import SiwaCore
 import WorkerCore
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// The app API of one model sequence, served in process on 127.0.0.1:0 over the world's Apple
 /// context and pool. One per sequence that signs in: the API accepts identity tokens only for the
@@ -77,15 +74,9 @@ final class ModelAppAPI: Sendable {
     }
 
     private func post(_ path: String, body: [String: Any]?) async throws -> AppAPIHarness.Answer {
-        var request = URLRequest(url: URL(string: baseURL + path)!)
-        request.httpMethod = "POST"
-        request.setValue("Bearer \(Self.token)", forHTTPHeaderField: "Authorization")
-        if let body {
-            request.httpBody = try JSONSerialization.data(withJSONObject: body)
-            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        }
-        let (data, response) = try await AppAPIHarness.session.data(for: request)
-        return AppAPIHarness.Answer(status: (response as! HTTPURLResponse).statusCode, body: String(decoding: data, as: UTF8.self))
+        let json = try body.map { try JSONSerialization.data(withJSONObject: $0) }
+        let (status, text) = try await HTTP.request("POST", baseURL + path, body: json, bearer: Self.token, timeout: .seconds(30))
+        return AppAPIHarness.Answer(status: status, body: text)
     }
 }
 

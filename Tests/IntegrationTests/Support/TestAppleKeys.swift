@@ -2,9 +2,7 @@ import CryptoCore
 import Foundation
 import HTTPServer
 import JOSE
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
+import OutboundHTTP
 
 /// Stands in for Apple's key endpoint (`/auth/keys`) and signs notifications the way Apple does.
 /// Its key set can be changed mid-test (rotation) and the endpoint taken down (outage).
@@ -90,19 +88,17 @@ final class LockedBox<Value>: @unchecked Sendable {
 
 /// Small HTTP helper for driving a receiver.
 enum HTTP {
-    static let session: URLSession = {
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = TestTimeScale.scaled(seconds: 15)
-        configuration.httpMaximumConnectionsPerHost = 64
-        return URLSession(configuration: configuration)
-    }()
+    static let client = HTTPClient()
 
-    static func request(_ method: String, _ url: String, body: Data? = nil) async throws -> (status: Int, body: String) {
-        var request = URLRequest(url: URL(string: url)!)
-        request.httpMethod = method
-        request.httpBody = body
-        if body != nil { request.setValue("application/json", forHTTPHeaderField: "Content-Type") }
-        let (data, response) = try await session.data(for: request)
-        return ((response as! HTTPURLResponse).statusCode, String(decoding: data, as: UTF8.self))
+    static func request(_ method: String, _ url: String, body: Data? = nil, bearer: String? = nil, timeout: Duration = .seconds(15))
+        async throws -> (status: Int, body: String)
+    {
+        var headers: [(String, String)] = []
+        if body != nil { headers.append(("Content-Type", "application/json")) }
+        if let bearer { headers.append(("Authorization", "Bearer \(bearer)")) }
+        let response = try await client.send(
+            HTTPRequest(
+                method: method, url: url, headers: headers, body: Array(body ?? Data()), timeout: TestTimeScale.scaled(timeout)))
+        return (response.status, String(decoding: response.body, as: UTF8.self))
     }
 }

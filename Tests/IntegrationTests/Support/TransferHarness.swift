@@ -7,9 +7,6 @@ import Postgres
 import SiwaCore
 import WorkerCore
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 /// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
 /// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,
@@ -197,13 +194,9 @@ final class TransferSignIn: Sendable {
     }
 
     private func post(_ path: String, _ body: [String: Any]) async throws -> (status: Int, body: [String: Any]) {
-        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(server.port)\(path)")!)
-        request.httpMethod = "POST"
-        request.setValue("Bearer \(Self.token)", forHTTPHeaderField: "Authorization")
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.httpBody = try JSONSerialization.data(withJSONObject: body)
-        let (data, response) = try await HTTP.session.data(for: request)
-        let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] ?? [:]
-        return ((response as! HTTPURLResponse).statusCode, object)
+        let (status, text) = try await HTTP.request(
+            "POST", "http://127.0.0.1:\(server.port)\(path)", body: try JSONSerialization.data(withJSONObject: body), bearer: Self.token)
+        let object = (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
+        return (status, object)
     }
 }

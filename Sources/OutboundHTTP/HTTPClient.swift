@@ -1,0 +1,99 @@
+internal import Foundation
+import CCurl
+import Locking
+
+/// The one HTTP client of every process: Apple's endpoints, webhooks, the CLI's calls. Over
+/// libcurl (`CCurl`, imported by this module only). Its rules, whatever the caller: `http://` and
+/// `https://` only; certificates always verified (the system's store, plus `SIWA_CA_FILE`'s);
+/// redirects never followed (a 3xx is the answer); the proxy variables honoured (libcurl reads
+/// `https_proxy`/`HTTPS_PROXY`, `http_proxy`, `no_proxy`/`NO_PROXY` itself); at most 1 MiB of any
+/// body held; every call bounded by its timeout; HTTP/2 over TLS when the other end offers it.
+///
+/// Clients with the same trust share one pool (one thread, one connection cache), so connections
+/// are reused across every call of the process to the same host.
+package final class HTTPClient: Sendable {
+    /// The most of any answer's body a call reads.
+    package static let maximumBodyBytes = 1 << 20
+
+    private let pool: CurlPool
+
+    /// - Parameter extraCertificatesPEM: certificates trusted besides the system's (`SIWA_CA_FILE`).
+    package convenience init(extraCertificatesPEM: String? = nil) {
+        self.init(trust: CurlTrust(extraCertificatesPEM: extraCertificatesPEM, systemDirectory: nil))
+    }
+
+    /// For tests: `systemDirectory` stands in for the system's hashed certificate directory.
+    package convenience init(extraCertificatesPEM: String?, systemDirectory: String) {
+        self.init(trust: CurlTrust(extraCertificatesPEM: extraCertificatesPEM, systemDirectory: systemDirectory))
+    }
+
+    private init(trust: CurlTrust) {
+        pool = Self.pools.withLock { pools in
+            if let pool = pools[trust] { return pool }
+            let pool = CurlPool(trust: trust)
+            pools[trust] = pool
+            return pool
+        }
+    }
+
+    /// One pool per trust, for the life of the process (a process has one or two).
+    private static let pools = Locked<[CurlTrust: CurlPool]>([:])
+
+    /// Sends `request` and returns the answer, whatever its status; throws when there was no
+    /// whole answer (see `HTTPFailure`). Suspends without holding a thread.
+    package func send(_ request: HTTPRequest) async throws(HTTPFailure) -> HTTPResponse {
+        if let refusal = Self.refusal(of: request.url) { throw HTTPFailure(kind: .refusedURL, detail: refusal) }
+        let started = CancelGate()
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Result<HTTPResponse, HTTPFailure>, Never>) in
+                guard let handle = pool.makeHandle() else {
+                    continuation.resume(returning: .failure(HTTPFailure(kind: .other, detail: "curl_easy_init failed")))
+                    return
+                }
+                let transfer = CurlTransfer(request: request, handle: handle, continuation: continuation)
+                let refused = transfer.configure(trust: pool.trust)
+                guard refused == CURLE_OK else {
+                    transfer.finish(refused)
+                    pool.giveBack(handle)
+                    return
+                }
+                pool.start(transfer)
+                if started.set(transfer) { pool.cancel(transfer) }
+            }
+        } onCancel: {
+            if let transfer = started.cancel() { pool.cancel(transfer) }
+        }
+        return try result.get()
+    }
+
+    /// Why `url` is not called, or nil: only `http://` and `https://` URLs with a host.
+    static func refusal(of url: String) -> String? {
+        guard let components = URLComponents(string: url), let scheme = components.scheme?.lowercased() else {
+            return "not a URL"
+        }
+        guard scheme == "http" || scheme == "https" else { return "the \(scheme): scheme is not called (http and https only)" }
+        guard let host = components.host, !host.isEmpty else { return "the URL has no host" }
+        return nil
+    }
+}
+
+/// Between a call and its cancellation handler, which may run before the transfer exists.
+private final class CancelGate: Sendable {
+    private let state = Locked<(transfer: CurlTransfer?, cancelled: Bool)>((nil, false))
+
+    /// Records the started transfer; true when the task was cancelled already.
+    func set(_ transfer: CurlTransfer) -> Bool {
+        state.withLock { state in
+            state.transfer = transfer
+            return state.cancelled
+        }
+    }
+
+    /// Marks the call cancelled; returns its transfer if it started.
+    func cancel() -> CurlTransfer? {
+        state.withLock { state in
+            state.cancelled = true
+            return state.transfer
+        }
+    }
+}

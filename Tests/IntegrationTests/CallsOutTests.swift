@@ -1,0 +1,83 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+import Foundation
+import ScriptedHTTPServer
+import Testing
+
+/// The calls-out rules through the built `siwa`: the proxy variables, `SIWA_CA_FILE`, and the
+/// memory a process holds of an endless answer (its own peak RSS, read by wait4).
+@Suite("Calls out") struct CallsOutTests {
+    static let webhook = ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret]
+
+    @Test func theProxyVariablesAreHonoured() async throws {
+        // A proxy that refuses every tunnel: what it was asked for is the proof it was used.
+        let proxy = try ScriptedHTTPServer { _ in .answer("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", thenClose: true) }
+        defer { proxy.stop() }
+        let target = "https://127.0.0.1:9/hooks?key=v"
+        for variable in ["HTTPS_PROXY", "https_proxy"] {
+            let before = proxy.heads.count
+            let run = try await Siwa.run(
+                ["webhooks", "test"], environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": target, variable: "http://127.0.0.1:\(proxy.port)"]) { $1 })
+            #expect(run.status == 1, "\(run.stdout)\(run.stderr)")
+            #expect(proxy.heads.count == before + 1, "\(variable)")
+            #expect(proxy.heads.last?.hasPrefix("CONNECT 127.0.0.1:9 HTTP/1.1\r\n") == true, "\(proxy.heads)")
+        }
+        for variable in ["NO_PROXY", "no_proxy"] {
+            let before = proxy.heads.count
+            _ = try await Siwa.run(
+                ["webhooks", "test"],
+                environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": target, "HTTPS_PROXY": "http://127.0.0.1:\(proxy.port)", variable: "127.0.0.1"]) { $1 })
+            #expect(proxy.heads.count == before, "\(variable): the call went through the proxy")
+        }
+    }
+
+    @Test func aPrivateCAIsTrustedOnlyWhenGiven() async throws {
+        let endpoint = try ScriptedHTTPServer(tls: .localhost) { _ in .answer("HTTP/1.1 204 No Content\r\n\r\n") }
+        defer { endpoint.stop() }
+        let environment = Self.webhook.merging(["SIWA_WEBHOOK_URL": "https://localhost:\(endpoint.port)/hooks"]) { $1 }
+        let trusted = try await Siwa.run(["webhooks", "test"], environment: environment.merging(["SIWA_CA_FILE": TLSFixture.caPath]) { $1 })
+        #expect(trusted.status == 0, "\(trusted.stdout)\(trusted.stderr)")
+        #expect(trusted.stdout.contains("answered 204"))
+        let untrusted = try await Siwa.run(["webhooks", "test"], environment: environment)
+        #expect(untrusted.status == 1)
+        #expect(untrusted.stdout.contains("tls"), "\(untrusted.stdout)")
+        let notPEM = try await Siwa.run(["webhooks", "test"], environment: environment.merging(["SIWA_CA_FILE": "/etc/hostname"]) { $1 })
+        #expect(notPEM.status == 2, "\(notPEM.stdout)\(notPEM.stderr)")
+        #expect(endpoint.heads.count == 1, "only the trusted call was sent")
+    }
+
+    @Test func anEndlessAnswerIsNeverHeld() async throws {
+        // 2 GB offered after a 200 head: read and dropped past 1 MiB, and the 200 counts.
+        let endpoint = try ScriptedHTTPServer(tls: .localhost) { _ in
+            .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7fffffff\r\n", bodyBytes: 2_000_000_000)
+        }
+        defer { endpoint.stop() }
+        let environment = ServiceProcess.childEnvironment(
+            Self.webhook.merging(["SIWA_WEBHOOK_URL": "https://127.0.0.1:\(endpoint.port)/hooks", "SIWA_CA_FILE": TLSFixture.caPath]) { $1 })
+        let (status, peakKilobytes) = try await PeakMemory.run(try ServiceProcess.executable("siwa").path, ["webhooks", "test"], environment: environment)
+        #expect(status == 0, "a 200 head is delivered whatever the body")
+        #expect(peakKilobytes < 120 << 10, "siwa webhooks test peaked at \(peakKilobytes) kB")
+    }
+}
+
+/// Runs a program and returns its exit status and its own peak RSS (wait4's ru_maxrss, kB).
+enum PeakMemory {
+    static func run(_ path: String, _ arguments: [String], environment: [String: String], timeout: Duration = .seconds(60))
+        async throws -> (status: Int32, peakKilobytes: Int)
+    {
+        let argv = ([path] + arguments).map { strdup($0) } + [nil]
+        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var pid: pid_t = 0
+        guard posix_spawn(&pid, path, nil, nil, argv, envp) == 0 else { throw CocoaError(.executableLoad) }
+        let deadline = ContinuousClock.now + timeout
+        var status: Int32 = 0
+        var usage = rusage()
+        while wait4(pid, &status, WNOHANG, &usage) == 0 {
+            if ContinuousClock.now > deadline { kill(pid, SIGKILL) }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return ((status >> 8) & 0xff, usage.ru_maxrss)
+    }
+}

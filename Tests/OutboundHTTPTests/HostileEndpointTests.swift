@@ -1,0 +1,232 @@
+import Foundation
+import OutboundHTTP
+import ScriptedHTTPServer
+import Testing
+
+/// The client against an endpoint that answers byte for byte as each test scripts it, over plain
+/// HTTP and over real TLS (the test CA trusted as `SIWA_CA_FILE` would be): every shape an answer
+/// may take is an answer or one `HTTPFailure`, never a crash, and no call holds more than 1 MiB.
+/// No test asserts how long anything took; the suite's limit only turns a hang into a failure.
+@Suite(.timeLimit(.minutes(2))) struct HostileEndpointTests {
+    enum Scheme: String, CaseIterable, Sendable { case http, https }
+
+    let client = HTTPClient(extraCertificatesPEM: TLSFixture.caPEM)
+
+    func server(_ scheme: Scheme, _ script: @escaping @Sendable (Int) -> ScriptedHTTPServer.Reply) throws -> ScriptedHTTPServer {
+        try ScriptedHTTPServer(tls: scheme == .https ? .localhost : nil, script: script)
+    }
+
+    func get(_ server: ScriptedHTTPServer, _ scheme: Scheme, host: String = "127.0.0.1", path: String = "/x",
+             timeout: Duration = .seconds(20), limit: HTTPBodyLimit = .whole(), client: HTTPClient? = nil)
+        async -> Result<HTTPResponse, HTTPFailure>
+    {
+        let request = HTTPRequest(method: "GET", url: "\(scheme.rawValue)://\(host):\(server.port)\(path)", timeout: timeout, bodyLimit: limit)
+        do { return .success(try await (client ?? self.client).send(request)) } catch { return .failure(error) }
+    }
+
+    func failureOf(_ result: Result<HTTPResponse, HTTPFailure>) -> HTTPFailure? {
+        if case .failure(let failure) = result { return failure }
+        return nil
+    }
+
+    @Test(arguments: Scheme.allCases) func aChunkedAnswerWithATrailerIsAnAnswer(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { _ in
+            .answer("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n2\r\nok\r\n0\r\nX-Checksum: 1\r\n\r\n")
+        }
+        defer { server.stop() }
+        let response = try await get(server, scheme).get()
+        #expect(response.status == 200)
+        #expect(response.body == Array("ok".utf8))
+        #expect(response.headers["x-checksum"] == nil, "a trailer is read, never taken for a header")
+    }
+
+    @Test(arguments: Scheme.allCases) func chunkExtensionsAreSkipped(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { _ in
+            .answer("HTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n5;name=value;x\r\nhello\r\n6;y=\"z\"\r\n world\r\n0;end\r\n\r\n")
+        }
+        defer { server.stop() }
+        let response = try await get(server, scheme).get()
+        #expect(response.status == 202)
+        #expect(String(decoding: response.body, as: UTF8.self) == "hello world")
+    }
+
+    @Test(arguments: Scheme.allCases) func aHugeBodyStopsAtTheLimitAndIsNeverHeld(_ scheme: Scheme) async throws {
+        let hundredMegabytes = 100 << 20
+        let server = try server(scheme) { index in
+            index % 2 == 0
+                ? .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: \(hundredMegabytes)\r\n\r\n", bodyBytes: hundredMegabytes)
+                : .endless(head: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6400000\r\n", bodyBytes: hundredMegabytes)
+        }
+        defer { server.stop() }
+        let before = try #require(residentKilobytes())
+        for limit in [HTTPBodyLimit.whole(), .prefix(512), .whole(atMost: 4096), .prefix(512)] {
+            let failure = try #require(failureOf(await get(server, scheme, limit: limit)))
+            #expect(failure.kind == .tooLarge)
+            #expect(failure.status == 200, "the head had arrived: a webhook counts it")
+        }
+        let after = try #require(residentKilobytes())
+        // Four 100 MB bodies: held, they would add 400 MB; read and dropped past 1 MiB, a few MB.
+        #expect(after - before < 64 << 10, "RSS grew from \(before) kB to \(after) kB")
+    }
+
+    @Test(arguments: Scheme.allCases) func aLongerBodyKeepsItsPrefixAndTheConnection(_ scheme: Scheme) async throws {
+        let long = String(repeating: "y", count: 3000)
+        let server = try server(scheme) { _ in .answer("HTTP/1.1 500 Oops\r\nContent-Length: 3000\r\n\r\n\(long)") }
+        defer { server.stop() }
+        for _ in 0..<2 {
+            let response = try await get(server, scheme, limit: .prefix(512)).get()
+            #expect(response.status == 500)
+            #expect(response.body.count == 512)
+            #expect(response.bodyCut)
+        }
+        #expect(server.accepted == 1)
+    }
+
+    @Test(arguments: Scheme.allCases) func trickledBytesEndAtTheTimeout(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { index in
+            index == 0
+                ? .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", interval: .milliseconds(400))
+                : .trickle(String(repeating: "z", count: 400), interval: .milliseconds(40), afterHead: "HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
+        }
+        defer { server.stop() }
+        let inHead = try #require(failureOf(await get(server, scheme, timeout: .seconds(1))))
+        #expect(inHead.kind == .timeout)
+        #expect(inHead.status == nil)
+        // Long enough for a handshake on a loaded machine, far shorter than the 16 s of trickle.
+        let inBody = try #require(failureOf(await get(server, scheme, timeout: .seconds(8))))
+        #expect(inBody.kind == .timeout)
+        #expect(inBody.status == 200)
+    }
+
+    @Test(arguments: Scheme.allCases) func aResetMidAnswerIsAFailure(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { index in
+            index == 0
+                ? .answerThenReset("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
+                : .answerThenReset("HTTP/1.1 200 OK\r\nContent-Le")
+        }
+        defer { server.stop() }
+        let midBody = try #require(failureOf(await get(server, scheme)))
+        #expect(midBody.kind == .closed)
+        #expect(midBody.status == 200)
+        let midHead = try #require(failureOf(await get(server, scheme)))
+        #expect(midHead.kind == .closed)
+        #expect(midHead.status == nil, "the head never ended")
+    }
+
+    static let malformed = [
+        "HTTP/1.1 2OO OK\r\nContent-Length: 0\r\n\r\n",
+        "garbage, not HTTP\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nthis line has no colon\r\nContent-Length: 0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nX-A: 1\r\n folded: continuation\r\nContent-Length: 0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Length: twelve\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    ]
+
+    @Test(arguments: Scheme.allCases, malformed.indices) func aMalformedAnswerIsAFailure(_ scheme: Scheme, _ index: Int) async throws {
+        let text = Self.malformed[index]
+        let server = try server(scheme) { _ in .answer(text, thenClose: true) }
+        defer { server.stop() }
+        let result = await get(server, scheme)
+        let failure = try #require(failureOf(result), "\(result)")
+        #expect([.malformed, .closed].contains(failure.kind), "\(failure)")
+    }
+
+    @Test func aCertificateThatDoesNotVerifyIsATLSFailure() async throws {
+        for (fixture, host, client) in [
+            (TLSFixture.unknownCA, "127.0.0.1", client), (.wrongHost, "127.0.0.1", client), (.wrongHost, "localhost", client),
+            (.localhost, "127.0.0.1", HTTPClient()),  // the test CA is in no system store
+        ] {
+            let server = try ScriptedHTTPServer(tls: fixture) { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+            defer { server.stop() }
+            let failure = try #require(failureOf(await get(server, .https, host: host, client: client)))
+            #expect(failure.kind == .tls, "\(fixture) at \(host): \(failure)")
+            #expect(server.heads.isEmpty, "no request was sent")
+        }
+    }
+
+    @Test func aHandshakeThatFailsIsATLSFailure() async throws {
+        for greeting in ["HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", ""] {
+            let server = try ScriptedHTTPServer(greeting: greeting) { _ in .silent }
+            defer { server.stop() }
+            let failure = try #require(failureOf(await get(server, .https)))
+            #expect([.tls, .closed].contains(failure.kind), "\(failure)")
+        }
+    }
+
+    @Test(arguments: Scheme.allCases) func aRedirectIsTheAnswerNeverFollowed(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { _ in
+            .answer("HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n")
+        }
+        defer { server.stop() }
+        let response = try await get(server, scheme).get()
+        #expect(response.status == 307)
+        #expect(response.headers["location"] == "/elsewhere")
+        #expect(server.heads.count == 1)
+    }
+
+    @Test func onlyHTTPAndHTTPSAreCalled() async throws {
+        for url in ["ftp://127.0.0.1/x", "file:///etc/passwd", "gopher://127.0.0.1:70/", "dict://127.0.0.1/", "127.0.0.1:80", "http:///x"] {
+            do {
+                _ = try await client.send(HTTPRequest(method: "GET", url: url, timeout: .seconds(5)))
+                Issue.record("\(url) was called")
+            } catch {
+                #expect(error.kind == .refusedURL, "\(url): \(error)")
+            }
+        }
+    }
+
+    @Test(arguments: Scheme.allCases) func connectionsAreReused(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") }
+        defer { server.stop() }
+        for _ in 0..<5 { #expect(try await get(server, scheme).get().status == 200) }
+        #expect(server.accepted == 1)
+        #expect(server.heads.count == 5)
+    }
+
+    @Test func http2IsOfferedOverTLS() async throws {
+        let server = try server(.https) { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
+        defer { server.stop() }
+        _ = try await get(server, .https).get()
+        #expect(server.alpnOffers.first == ["h2", "http/1.1"])
+    }
+
+    @Test func anInterimContinueIsSkipped() async throws {
+        let server = try server(.http) { _ in .answer("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nX-A: b\r\n\r\n") }
+        defer { server.stop() }
+        let response = try await get(server, .http).get()
+        #expect(response.status == 204)
+        #expect(response.headers == ["x-a": "b"])
+    }
+
+    @Test func silenceIsATimeoutAndARefusalAConnectFailure() async throws {
+        let server = try server(.http) { _ in .silent }
+        defer { server.stop() }
+        #expect(failureOf(await get(server, .http, timeout: .milliseconds(300)))?.kind == .timeout)
+        let refusing = RefusingPort()
+        defer { refusing.close() }
+        do {
+            _ = try await client.send(HTTPRequest(method: "GET", url: "http://127.0.0.1:\(refusing.port)/", timeout: .seconds(5)))
+            Issue.record("a refused port answered")
+        } catch {
+            #expect(error.kind == .connect, "\(error)")
+        }
+    }
+
+    @Test func aCancelledCallEnds() async throws {
+        let server = try server(.http) { _ in .silent }
+        defer { server.stop() }
+        let call = Task { await get(server, .http, timeout: .seconds(60)) }
+        try await server.waitForRequests(1)
+        call.cancel()
+        #expect(failureOf(await call.value)?.kind == .cancelled)
+    }
+}
+
+/// This process's resident memory (VmRSS), in kB.
+func residentKilobytes() -> Int? {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return nil }
+    for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+        return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    }
+    return nil
+}
