@@ -33,13 +33,11 @@ enum SimulateCommand: CLICommand {
         var fakeAppleURL: URL
     }
 
-    static let switches: Set<String> = ["no-code"]
-
     static func run(_ source: ConfigurationSource) async -> Int32 {
         if source.positional.first == "sign-in" { return await SimulateSignIn.run(source) }
         let request: Request
         do {
-            request = try parse(source.withoutEnvironment(), type: source.positional.first)
+            request = try parse(source.withoutEnvironment(), environment: source, type: source.positional.first)
         } catch {
             FileHandle.standardError.write(Data("siwa simulate: \(error)\n".utf8))
             return 2
@@ -64,7 +62,8 @@ enum SimulateCommand: CLICommand {
         }
     }
 
-    private static func parse(_ flags: ConfigurationSource, type: String?) throws -> Request {
+    /// Flags first; the URLs then from the variables `siwa dev` prints (`environment`).
+    private static func parse(_ flags: ConfigurationSource, environment: ConfigurationSource, type: String?) throws -> Request {
         guard let type, FakeNotification.types.contains(type) else {
             throw ConfigurationError(variable: "TYPE", problem: "one of \(FakeNotification.types.joined(separator: ", "))")
         }
@@ -87,9 +86,11 @@ enum SimulateCommand: CLICommand {
         guard count == 1 || jti == nil else {
             throw ConfigurationError(variable: "--jti", problem: "cannot be combined with --count")
         }
-        guard let receiver = URL(string: try flags.string("RECEIVER_URL") ?? "http://127.0.0.1:8080/apple/notifications")
+        let receiverText = try flags.string("RECEIVER_URL") ?? environment.string("SIWA_RECEIVER_URL")
+        guard let receiver = URL(string: receiverText ?? "http://127.0.0.1:8080/apple/notifications"), receiver.host != nil
         else { throw ConfigurationError(variable: "--receiver-url", problem: "not a URL") }
-        guard let fake = URL(string: try flags.string("FAKE_APPLE_URL") ?? "http://127.0.0.1:9443")
+        let fakeText = try flags.string("FAKE_APPLE_URL") ?? environment.string("SIWA_APPLE_BASE_URL")
+        guard let fake = URL(string: fakeText ?? "http://127.0.0.1:9443"), fake.host != nil
         else { throw ConfigurationError(variable: "--fake-apple-url", problem: "not a URL") }
         return Request(
             type: type, sub: sub, subPrefix: try flags.string("SUB_PREFIX") ?? "sim-", clientID: try flags.require("CLIENT_ID"),
@@ -140,7 +141,9 @@ enum SimulateCommand: CLICommand {
     }
 
     private static func signingKey(from fakeAppleURL: URL) async throws -> (String, RSA.PrivateKey) {
-        let (data, response) = try await URLSession.shared.data(from: fakeAppleURL.appendingPathComponent("fake/signing-key"))
+        let (data, response) = try await fetch(
+            URLRequest(url: fakeAppleURL.appendingPathComponent("fake/signing-key")), what: "the fake Apple",
+            hint: "--fake-apple-url or SIWA_APPLE_BASE_URL (siwa dev prints it)")
         guard (response as? HTTPURLResponse)?.statusCode == 200,
             let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
             let kid = object["kid"] as? String, let pem = object["pem"] as? String
@@ -155,9 +158,34 @@ enum SimulateCommand: CLICommand {
         request.httpMethod = "POST"
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         request.httpBody = try JSONSerialization.data(withJSONObject: ["payload": jws])
-        let (body, response) = try await URLSession.shared.data(for: request)
+        let (body, response) = try await fetch(
+            request, what: "the receiver", hint: "--receiver-url or SIWA_RECEIVER_URL (siwa dev prints it)")
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
     }
+
+    /// One request; a failure to connect is one line naming the URL and how to point elsewhere.
+    static func fetch(_ request: URLRequest, what: String, hint: String) async throws -> (Data, URLResponse) {
+        do {
+            return try await URLSession.shared.data(for: request)
+        } catch let error as URLError {
+            let url = request.url.map { "\($0.scheme ?? "http")://\($0.host ?? "?")\($0.port.map { ":\($0)" } ?? "")" } ?? "?"
+            throw SimulateFailure(description: "cannot reach \(what) at \(url) (\(Self.reason(error))); set \(hint)")
+        }
+    }
+
+    private static func reason(_ error: URLError) -> String {
+        switch error.code {
+        case .cannotConnectToHost: "connection refused"
+        case .timedOut: "timed out"
+        case .cannotFindHost: "unknown host"
+        case .networkConnectionLost: "connection lost"
+        default: "error \(error.code.rawValue)"
+        }
+    }
+}
+
+struct SimulateFailure: Error, CustomStringConvertible {
+    var description: String
 }
 
 /// Lets `concurrentPerform` slices write their own element of one array without a lock.
