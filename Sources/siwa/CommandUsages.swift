@@ -99,8 +99,8 @@ extension SimulateCommand {
             + "fake Apple's key and posts it to the receiver; exit 0 on 200. `sign-in` runs a whole sign-in against the "
             + "app API: a nonce, the fake Apple's identity token for its hash, POST /v1/sign-in; exit 0 on 200. The URLs "
             + "come from the flags, else from the variables siwa dev prints (SIWA_RECEIVER_URL, SIWA_APPLE_BASE_URL, "
-            + "SIWA_APP_API_URL, SIWA_APP_API_TOKENS_FILE). The API token is read from SIWA_APP_API_TOKENS(_FILE), "
-            + "never a flag: a command line is visible to every user of the machine.",
+            + "SIWA_APP_API_URL, SIWA_APP_API_TOKENS_FILE). Give the API token through SIWA_APP_API_TOKENS_FILE rather "
+            + "than a flag: a command line is visible to every user of the machine.",
         options: [
             .init("sub", "SUB", "the user the notification is about (sign-in: who signs in)"),
             .init("client-id", "ID", "the app (the token's aud)"),
@@ -114,6 +114,8 @@ extension SimulateCommand {
             .init("output", "FILE", "write one request body per line instead of posting (load tests)"),
             .init("sub-prefix", "P", "with --count: sub of the i-th notification is P<i>", default: "sim-"),
             .init("api-url", "URL", "sign-in: the app API", default: "SIWA_APP_API_URL, else http://127.0.0.1:8081"),
+            .init("api-token", "T", "sign-in: the bearer token; avoid it, a command line is visible to every local user",
+                  default: "the first of SIWA_APP_API_TOKENS, or of the file SIWA_APP_API_TOKENS_FILE names"),
             .init("concurrency", "C", "sign-in with --count: sign-ins at a time", default: "1"),
             .init("no-code", nil, "sign-in: send no authorization code"),
         ],
