@@ -164,9 +164,11 @@ enum SimulateCommand: CLICommand {
     }
 
     /// One request; a failure to connect is one line naming the URL and how to point elsewhere.
-    static func fetch(_ request: URLRequest, what: String, hint: String) async throws -> (Data, URLResponse) {
+    static func fetch(
+        _ request: URLRequest, session: URLSession = .shared, what: String, hint: String
+    ) async throws -> (Data, URLResponse) {
         do {
-            return try await URLSession.shared.data(for: request)
+            return try await session.data(for: request)
         } catch let error as URLError {
             let url = request.url.map { "\($0.scheme ?? "http")://\($0.host ?? "?")\($0.port.map { ":\($0)" } ?? "")" } ?? "?"
             throw SimulateFailure(description: "cannot reach \(what) at \(url) (\(Self.reason(error))); set \(hint)")

@@ -268,7 +268,9 @@ enum SimulateSignIn {
         request.setValue("application/json", forHTTPHeaderField: "Content-Type")
         if let bearer { request.setValue("Bearer \(bearer)", forHTTPHeaderField: "Authorization") }
         request.httpBody = try JSONSerialization.data(withJSONObject: json)
-        let (body, response) = try await session.data(for: request)
+        let (body, response) = try await SimulateCommand.fetch(
+            request, session: session, what: "the server", hint: "--api-url and --fake-apple-url, or "
+                + "SIWA_APP_API_URL and SIWA_APPLE_BASE_URL (siwa dev prints them)")
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
     }
 }

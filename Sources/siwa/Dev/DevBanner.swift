@@ -57,7 +57,7 @@ struct DevBanner {
                     """
             }
         }
-        text += "  \(siwa) status\n"
+        text += "\nWhat is in the database:\n  \(siwa) status\n"
         return text
     }
 }
