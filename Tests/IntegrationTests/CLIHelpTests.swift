@@ -4,7 +4,8 @@ import Testing
 /// `siwa help COMMAND`, `siwa COMMAND --help` and `-h`: the command's usage on stdout, exit 0,
 /// nothing started (no database is given, so a command that ran would fail); an unknown flag exits 2
 /// naming it, for every command and both services.
-@Suite struct CLIHelpTests {
+/// Serialized: dozens of short processes at once would crowd out the suites running beside it.
+@Suite(.serialized) struct CLIHelpTests {
     static let commands = ["migrate", "status", "jobs", "dev", "fake-apple", "simulate", "accounts", "webhooks"]
 
     /// A flag (or setting) each command takes, which its usage must list.

@@ -48,7 +48,8 @@ import Testing
         func clusterFolders() -> [String] {
             ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.hasPrefix("siwa-pg-") }
         }
-        let cleanupDeadline = ContinuousClock.now + .seconds(10)
+        // A bound for a watchdog that never acts, not a speed requirement (pg_ctl stop under load).
+        let cleanupDeadline = ContinuousClock.now + .seconds(60)
         while ContinuousClock.now < cleanupDeadline, ProcessTree.isAlive(service) || ProcessTree.isAlive(server) || !clusterFolders().isEmpty {
             try await Task.sleep(for: .milliseconds(100))
         }
