@@ -9,7 +9,7 @@ import Locking
 /// Makes sure what this process starts dies with it, however it ends (SIGKILL included): a small
 /// watchdog process reads, on a pipe only this process can write to, what to clean up (child pids,
 /// throwaway clusters, temporary folders). When the pipe closes, which the kernel does as this
-/// process dies, the watchdog stops every child still registered (SIGTERM, then SIGKILL), stops each
+/// process dies, the watchdog stops every child still registered (SIGTERM, SIGKILL after 1 s), stops each
 /// cluster with `pg_ctl stop -m immediate` (pg_ctl's server is not our child: no parent-death signal
 /// reaches it) and deletes the folders. An orderly stop forgets each thing as it is cleaned up, so
 /// the watchdog then has nothing left to do. `siwa dev` and the test suite share it.
@@ -91,12 +91,16 @@ package final class OrphanReaper: Sendable {
     private static let script = #"""
         trap '' INT HUP TERM PIPE QUIT
         for fd in /proc/$$/fd/*; do fd=${fd##*/}; [[ $fd -gt 2 ]] && eval "exec $fd>&-"; done 2>/dev/null
+        # A pid is kept with its start time (field 22 of /proc/PID/stat): pids are reused within
+        # minutes on a busy machine, and a signal must never reach a process that merely got the number.
+        started() { local stat; stat=$(< "/proc/$1/stat") 2>/dev/null || return 1; set -- ${stat##*) }; echo "${20}"; }
+        same() { [[ $(started "$1") == "${pids[$1]}" ]]; }
         declare -A pids=() clusters=() folders=()
         pgctl= pguser=
         while IFS= read -r line; do
             kind=${line%% *}; value=${line#* }
             case $kind in
-                pid) pids[$value]=1 ;;
+                pid) pids[$value]=$(started "$value") || unset "pids[$value]" ;;
                 unpid) unset "pids[$value]" ;;
                 pgctl) pgctl=$value ;;
                 pguser) pguser=$value ;;
@@ -106,22 +110,26 @@ package final class OrphanReaper: Sendable {
                 undir) unset "folders[$value]" ;;
             esac
         done
-        for p in "${!pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-        for _ in $(seq 30); do
+        for p in "${!pids[@]}"; do same "$p" && kill -TERM "$p" 2>/dev/null; done
+        # The clusters stop meanwhile: nothing waits on them, and pg_ctl is slow on a busy machine.
+        for d in "${!clusters[@]}"; do
+            {
+                if [[ -n $pguser ]]; then
+                    runuser -u "$pguser" -- "$pgctl" -D "$d/data" -m immediate -w -t 10 stop
+                else
+                    "$pgctl" -D "$d/data" -m immediate -w -t 10 stop
+                fi
+                rm -rf -- "$d"
+            } &
+        done
+        for _ in $(seq 10); do
             alive=
-            for p in "${!pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+            for p in "${!pids[@]}"; do same "$p" && alive=1; done
             [[ -z $alive ]] && break
             sleep 0.1
         done
-        for p in "${!pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-        for d in "${!clusters[@]}"; do
-            if [[ -n $pguser ]]; then
-                runuser -u "$pguser" -- "$pgctl" -D "$d/data" -m immediate -w -t 10 stop
-            else
-                "$pgctl" -D "$d/data" -m immediate -w -t 10 stop
-            fi
-            rm -rf -- "$d"
-        done
+        for p in "${!pids[@]}"; do same "$p" && kill -KILL "$p" 2>/dev/null; done
+        wait
         for d in "${!folders[@]}"; do rm -rf -- "$d"; done
         """#
 }
