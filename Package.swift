@@ -60,7 +60,7 @@ let package = Package(
         .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
                 exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
-                swiftSettings: strict),
+                exclude: ["README.md"], swiftSettings: strict),
 
         // Executables: load configuration, run.
         // Every dependency list here is exact: each module a target's files import, and no other

@@ -55,6 +55,8 @@ package struct JobAdministration: Sendable {
         package var cancelledPendingDeletions: [Int64] = []
         /// Matched jobs already final (completed, discarded, cancelled).
         package var alreadyFinal: Int = 0
+        /// The kind of each job in `cancelled` and `refused`.
+        package var kinds: [Int64: String] = [:]
     }
 
     package static let states = ["available", "running", "completed", "discarded", "cancelled"]
@@ -113,7 +115,14 @@ package struct JobAdministration: Sendable {
     /// are kept; a job out of attempts gets one more (river's `JobRetry`): discarding counts errors,
     /// not attempts. A job discarded as `process_died` starts counting expired leases afresh.
     /// Returns the ids retried.
-    package func retry(_ target: Target) async throws -> [Int64] {
+    /// Cancelled jobs are not retried: an operator or `siwa webhooks disable` stopped them on purpose,
+    /// and a cancelled exchange no longer holds its authorization code.
+    package func retry(_ target: Target, kind: String? = nil) async throws -> [Int64] {
+        try await retryReturningKinds(target, kind: kind).map(\.id)
+    }
+
+    /// `retry`, with each retried job's kind.
+    package func retryReturningKinds(_ target: Target, kind: String? = nil) async throws -> [(id: Int64, kind: String)] {
         let rows = try await connection.query(
             """
             UPDATE siwa.jobs
@@ -122,25 +131,28 @@ package struct JobAdministration: Sendable {
                    max_attempts = greatest(max_attempts, jsonb_array_length(errors) + 1)
              WHERE (\(target.id)::bigint IS NULL OR id = \(target.id)::bigint)
                AND (\(target.sub)::text IS NULL OR sub = \(target.sub)::text)
+               AND (\(kind)::text IS NULL OR kind = \(kind)::text)
                AND (state = 'discarded' OR (state = 'available' AND jsonb_array_length(errors) > 0))
-            RETURNING id
+            RETURNING id, kind
             """)
-        return try rows.map { try $0.decode(Int64.self, column: "id") }.sorted()
+        return try rows.map { (try $0.decode(Int64.self, column: "id"), try $0.decode(String.self, column: "kind")) }
+            .sorted { $0.id < $1.id }
     }
 
     /// Cancels the matched jobs that are not final (available or running; a running job's worker
     /// loses its lease check and cannot complete it). A revoke whose account is still
     /// `pending_deletion` is cancelled only with `force`, and the cancellation is recorded in
     /// `siwa.account_changes` so it is never silent.
-    package func cancel(_ target: Target, force: Bool) async throws -> CancelResult {
+    package func cancel(_ target: Target, kind: String? = nil, force: Bool) async throws -> CancelResult {
         try await connection.withTransaction { connection in
             let matched = try await connection.query(
                 """
-                SELECT j.id, j.state, j.client_id, j.sub,
+                SELECT j.id, j.kind, j.state, j.client_id, j.sub,
                        \(unsafeSQL: Self.pendingDeletionRevokeSQL) AS guards_pending_deletion
                   FROM siwa.jobs j
                  WHERE (\(target.id)::bigint IS NULL OR j.id = \(target.id)::bigint)
                    AND (\(target.sub)::text IS NULL OR j.sub = \(target.sub)::text)
+                   AND (\(kind)::text IS NULL OR j.kind = \(kind)::text)
                  ORDER BY j.id
                    FOR UPDATE OF j
                 """)
@@ -152,6 +164,7 @@ package struct JobAdministration: Sendable {
                     result.alreadyFinal += 1
                     continue
                 }
+                result.kinds[id] = try row.decode(String.self, column: "kind")
                 let guardsDeletion = try row.decode(Bool.self, column: "guards_pending_deletion")
                 if guardsDeletion && !force {
                     result.refused.append(id)

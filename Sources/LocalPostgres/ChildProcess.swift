@@ -31,7 +31,7 @@ struct ChildProcess {
 
     /// Starts the process; returns its pid and the file its stdout+stderr go to.
     func spawn() throws(LocalPostgresError) -> (pid: pid_t, outputPath: String) {
-        var template = Array("/tmp/siwa-pg-output-XXXXXX".utf8CString)
+        var template = Array((temporaryFolder() + "/siwa-pg-output-XXXXXX").utf8CString)
         let outputFD = mkstemp(&template)
         guard outputFD >= 0 else { throw LocalPostgresError("mkstemp failed: errno \(errno)") }
         let outputPath = stringFromCArray(template)

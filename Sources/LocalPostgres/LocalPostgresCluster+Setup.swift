@@ -51,9 +51,9 @@ extension LocalPostgresCluster {
         return "postgres"
     }
 
-    /// A fresh `/tmp/siwa-pg-XXXXXX`, mode 0700, owned by the server user.
+    /// A fresh `$TMPDIR/siwa-pg-XXXXXX` (default `/tmp`), mode 0700, owned by the server user.
     static func makeDirectory(owner: String?) throws -> String {
-        var template = Array("/tmp/siwa-pg-XXXXXX".utf8CString)
+        var template = Array((temporaryFolder() + "/siwa-pg-XXXXXX").utf8CString)
         guard mkdtemp(&template) != nil else { throw LocalPostgresError("mkdtemp failed: errno \(errno)") }
         let directory = stringFromCArray(template)
         chmod(directory, 0o700)

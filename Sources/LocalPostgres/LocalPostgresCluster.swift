@@ -8,7 +8,8 @@ import Locking
 #endif
 
 /// A throwaway PostgreSQL cluster: initdb in a fresh temp directory, a free TCP port on 127.0.0.1,
-/// the unix socket in the temp directory, trust authentication for user `postgres`. For tests,
+/// the unix socket in the temp directory, trust authentication for user `postgres` (or, with
+/// `Options.password`, a password over TCP and the socket in the private folder only). For tests,
 /// `siwa dev` and benchmarks. When running as root (CI), the server programs run as the `postgres`
 /// system user through `runuser`, on a directory that user owns. Every wait is bounded.
 package final class LocalPostgresCluster: Sendable {
@@ -22,11 +23,15 @@ package final class LocalPostgresCluster: Sendable {
         package var settings: [String: String]
         /// Bound on `pg_ctl start`/`stop` (`-t`) and on initdb.
         package var timeout: Duration
+        /// When set, TCP connections must give this password (scram-sha-256) and only the unix
+        /// socket, in the 0700 directory, is trusted: no other local user gets in (`siwa dev`).
+        package var password: String?
 
         package init(
             fsync: Bool = false, database: String = "siwa", maxConnections: Int = 200, sharedBuffers: String = "128MB",
-            settings: [String: String] = [:], timeout: Duration = .seconds(60)
+            settings: [String: String] = [:], timeout: Duration = .seconds(60), password: String? = nil
         ) {
+            self.password = password
             self.fsync = fsync
             self.database = database
             self.maxConnections = maxConnections
@@ -54,10 +59,14 @@ package final class LocalPostgresCluster: Sendable {
         var destroyed = false
     }
 
-    /// `postgresql://postgres@127.0.0.1:PORT/DB`
-    package var url: String { "postgresql://postgres@127.0.0.1:\(port)/\(database)" }
-    /// `host=127.0.0.1 port=PORT user=postgres dbname=DB`
-    package var conninfo: String { "host=127.0.0.1 port=\(port) user=postgres dbname=\(database)" }
+    /// `postgresql://postgres@127.0.0.1:PORT/DB` (`postgres:PASSWORD@` with a password)
+    package var url: String {
+        "postgresql://postgres\(options.password.map { ":" + $0 } ?? "")@127.0.0.1:\(port)/\(database)"
+    }
+    /// `host=127.0.0.1 port=PORT user=postgres dbname=DB` (and `password=...`)
+    package var conninfo: String {
+        "host=127.0.0.1 port=\(port) user=postgres dbname=\(database)" + (options.password.map { " password=\($0)" } ?? "")
+    }
     package var isRunning: Bool { state.withLock { $0.running } }
 
     init(
@@ -72,6 +81,9 @@ package final class LocalPostgresCluster: Sendable {
         self.options = options
         self.user = user
         self.logger = logger
+        // From here on the folder (and the server, once started) goes with this process, however
+        // it ends.
+        OrphanReaper.shared?.watch(clusterIn: directory, pgCtl: binDirectory + "/pg_ctl", user: user)
     }
 
     deinit {
@@ -115,8 +127,9 @@ package final class LocalPostgresCluster: Sendable {
             try await cluster.initialize()
             try await cluster.startAgain()
             if options.database != "postgres" {
+                // Over the socket: with a password, TCP would ask for it.
                 try await cluster.client(
-                    "createdb", ["-h", "127.0.0.1", "-p", String(cluster.port), "-U", "postgres", options.database])
+                    "createdb", ["-h", directory, "-p", String(cluster.port), "-U", "postgres", options.database])
             }
         } catch {
             let serverLog = readFile(cluster.logPath) ?? ""
@@ -196,9 +209,17 @@ package final class LocalPostgresCluster: Sendable {
     var timeoutSeconds: Int { max(1, Int(options.timeout / .seconds(1))) }
 
     private func initialize() async throws {
+        var authentication = ["-A", "trust"]
+        let passwordFile = directory + "/initdb-password"
+        if let password = options.password {
+            // The file is the server user's (0600) and gone once initdb has read it.
+            try writePrivateFile(passwordFile, password)
+            authentication = ["--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile=" + passwordFile]
+        }
+        defer { unlink(passwordFile) }
         try await server(
             "initdb",
-            ["-D", dataDirectory, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C",
+            ["-D", dataDirectory] + authentication + ["-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C",
              "--no-instructions"],
             failure: "initdb failed")
         var settings: [(String, String)] = [
@@ -209,6 +230,16 @@ package final class LocalPostgresCluster: Sendable {
         ]
         settings += options.settings.sorted { $0.key < $1.key }
         try appendSettings(settings)
+    }
+
+    /// Writes `text` to a new file only the server user can read.
+    private func writePrivateFile(_ path: String, _ text: String) throws {
+        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw LocalPostgresError("cannot create \(path): errno \(errno)") }
+        defer { close(fd) }
+        let bytes = Array(text.utf8)
+        guard write(fd, bytes, bytes.count) == bytes.count else { throw LocalPostgresError("cannot write \(path): errno \(errno)") }
+        if let user, let account = getpwnam(user) { fchown(fd, account.pointee.pw_uid, account.pointee.pw_gid) }
     }
 
     /// Appends to `postgresql.conf`; a later line for the same name wins.
@@ -259,5 +290,6 @@ package final class LocalPostgresCluster: Sendable {
     private func removeDirectory() {
         _ = try? ChildProcess(executable: "/bin/rm", arguments: ["-rf", directory]).runBlocking(timeout: .seconds(30))
         state.withLock { $0.running = false }
+        OrphanReaper.shared?.forget(clusterIn: directory)
     }
 }

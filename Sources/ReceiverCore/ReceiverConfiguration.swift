@@ -4,12 +4,8 @@ package import SiwaCore
 
 /// `siwa-receiver`'s settings (CONTRACT.md, Configuration). It holds no Apple secrets.
 package struct ReceiverConfiguration: Sendable {
-    package static let variables = [
-        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
-        "SIWA_LOG_LEVEL", "SIWA_RECEIVER_THREADS", "SIWA_RECEIVER_DB_CONNECTIONS", "SIWA_RECEIVER_MAX_PENDING",
-        "SIWA_RECEIVER_CONNECTION_LIMIT", "SIWA_RECEIVER_CONNECTION_TIMEOUT", "SIWA_JWKS_REFETCH_INTERVAL",
-        "SIWA_RECEIVER_COMMIT_TIMEOUT", "SIWA_RECEIVER_PER_ADDRESS_LIMIT", "SIWA_RECEIVER_REQUEST_TIMEOUT", "SIWA_CA",
-    ]
+    /// What it reads: the settings the catalog lists for the receiver.
+    package static let variables = SettingCatalog.names(readBy: .receiver)
 
     package var databaseURL: String
     package var clientIDs: [String]

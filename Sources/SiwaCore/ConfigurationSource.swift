@@ -24,6 +24,8 @@ package struct ConfigurationSource: Sendable {
     private var flags: [String: String] = [:]
     private var switches: Set<String> = []
     private var environment: [String: String]
+    /// Set by `withoutEnvironment()`: errors then name the flag (`--client-id`), the only way in.
+    private var namesFlags = false
 
     /// - Parameter booleanFlags: flags that take no value (`--json`).
     package init(
@@ -72,6 +74,11 @@ package struct ConfigurationSource: Sendable {
         }
     }
 
+    /// How errors name `variable`: the variable, or its flag for a command's own options.
+    private func label(_ variable: String) -> String {
+        namesFlags ? "--" + Self.flagName(for: variable) : variable
+    }
+
     package func isSet(switch name: String) -> Bool { switches.contains(name) }
 
     /// The same command line with no environment behind it: for a command's own flags (`--sub`,
@@ -79,6 +86,7 @@ package struct ConfigurationSource: Sendable {
     package func withoutEnvironment() -> ConfigurationSource {
         var copy = self
         copy.environment = [:]
+        copy.namesFlags = true
         return copy
     }
 
@@ -106,7 +114,7 @@ package struct ConfigurationSource: Sendable {
             case (nil, nil): continue
             case (let value?, nil): return value
             case (nil, let path?): return try Self.read(path, for: fileVariable)
-            case (_?, _?): throw ConfigurationError(variable: variable, problem: "is set together with \(fileVariable); set one of them")
+            case (_?, _?): throw ConfigurationError(variable: label(variable), problem: "is set together with \(fileVariable); set one of them")
             }
         }
         return nil
@@ -123,7 +131,7 @@ package struct ConfigurationSource: Sendable {
 
     package func require(_ variable: String) throws(ConfigurationError) -> String {
         guard let value = try string(variable) else {
-            throw ConfigurationError(variable: variable, problem: "is required")
+            throw ConfigurationError(variable: label(variable), problem: "is required")
         }
         return value
     }
@@ -134,7 +142,7 @@ package struct ConfigurationSource: Sendable {
         guard let text = try string(variable) else { return fallback }
         guard let value = Int(text), range.contains(value) else {
             throw ConfigurationError(
-                variable: variable,
+                variable: label(variable),
                 problem: "expected a whole number from \(range.lowerBound) to \(range.upperBound), got \"\(text)\"")
         }
         return value
@@ -145,7 +153,7 @@ package struct ConfigurationSource: Sendable {
     {
         let text = try string(variable) ?? fallback
         guard let address = ListenAddress(text) else {
-            throw ConfigurationError(variable: variable, problem: "expected host:port (e.g. 0.0.0.0:8080), got \"\(text)\"")
+            throw ConfigurationError(variable: label(variable), problem: "expected host:port (e.g. 0.0.0.0:8080), got \"\(text)\"")
         }
         return address
     }
@@ -157,7 +165,7 @@ package struct ConfigurationSource: Sendable {
         guard let text = try string(variable) else { return fallback }
         guard let value = Self.parseDuration(text), range.contains(value) else {
             throw ConfigurationError(
-                variable: variable, problem: "expected a duration like 500ms, 30s, 5m, 7d (within \(range)), got \"\(text)\"")
+                variable: label(variable), problem: "expected a duration like 500ms, 30s, 5m, 7d (within \(range)), got \"\(text)\"")
         }
         return value
     }

@@ -13,10 +13,10 @@ package enum Termination {
         await signal() ?? "cancelled"
     }
 
-    /// The name of the first SIGTERM or SIGINT received after this call; nil when the waiting task
-    /// is cancelled first (so a task group racing it against a service can always finish).
-    package static func signal() async -> String? {
-        let wait = SignalWait()
+    /// The name of the first SIGTERM or SIGINT (or one of `extra`) received after this call; nil when
+    /// the waiting task is cancelled first (so a task group racing it against a service can always finish).
+    package static func signal(including extra: [(Int32, String)] = []) async -> String? {
+        let wait = SignalWait(signals: [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT")] + extra)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in wait.start(continuation) }
         } onCancel: {
@@ -42,6 +42,9 @@ private final class SignalWait: @unchecked Sendable {
     private let state = Mutex(State())
     private let queue = DispatchQueue(label: "siwa.signals")
     private var sources: [any DispatchSourceSignal] = []
+    private let signals: [(Int32, String)]
+
+    init(signals: [(Int32, String)]) { self.signals = signals }
 
     func start(_ continuation: CheckedContinuation<String?, Never>) {
         let finishedEarly = state.withLock { state -> String?? in
@@ -55,7 +58,7 @@ private final class SignalWait: @unchecked Sendable {
         }
         queue.sync {
             guard state.withLock({ $0.finished == nil }) else { return }
-            for (number, name) in [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT")] {
+            for (number, name) in signals {
                 signal(number, SIG_IGN)  // the dispatch source sees it instead of the default handler
                 let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
                 source.setEventHandler { [self] in finish(name) }

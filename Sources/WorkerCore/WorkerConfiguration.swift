@@ -6,15 +6,8 @@ package import SiwaCore
 /// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).
 package struct WorkerConfiguration: Sendable {
-    package static let variables = [
-        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_CA", "SIWA_TEAM_ID", "SIWA_KEY_ID",
-        "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS", "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY",
-        "SIWA_RETENTION_DAYS", "SIWA_OPS_LISTEN", "SIWA_LOG_LEVEL", "SIWA_POLL_INTERVAL", "SIWA_LISTEN_NOTIFY",
-        "SIWA_JOB_LEASE", "SIWA_SHUTDOWN_GRACE", "SIWA_COMPLETED_JOB_RETENTION", "SIWA_NOTIFICATION_BATCH",
-        "SIWA_NOTIFICATION_CONNECTIONS",
-        "SIWA_WORKER_ID", "SIWA_RECONCILE", "SIWA_RETRY_BASE", "SIWA_PAUSE_PROBE_INTERVAL",
-        "SIWA_WORKER_STATEMENT_TIMEOUT", "SIWA_APP_GROUPS",
-    ] + AppAPIConfiguration.variables + WebhookSettings.variables
+    /// What it reads: the settings the catalog lists for the worker (app API and webhooks included).
+    package static let variables = SettingCatalog.names(readBy: .worker)
 
     /// What the Apple handlers need (they parse the key and the token keys themselves).
     package struct Apple: Sendable {

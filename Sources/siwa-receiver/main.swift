@@ -3,6 +3,13 @@ import Logging
 import ReceiverCore
 import SiwaCore
 
+if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
+    print(
+        SettingDocuments.programHelp(
+            "siwa-receiver", about: "The HTTP endpoint Apple posts notifications to: verifies each one, stores it and its job in one transaction, answers. Holds no Apple secrets. Stops on SIGTERM or SIGINT after answering the requests in flight.", reader: .receiver), terminator: "")
+    exit(0)
+}
+
 // Configuration problems end here with exit status 2 and one line naming the variable.
 let configuration: ReceiverConfiguration
 do {

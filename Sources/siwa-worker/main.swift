@@ -4,6 +4,13 @@ import Postgres
 import SiwaCore
 import WorkerCore
 
+if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
+    print(
+        SettingDocuments.programHelp(
+            "siwa-worker", about: "Claims jobs (FOR UPDATE SKIP LOCKED), applies notifications, calls Apple (code exchange, revoke) with retries, delivers webhooks and, with SIWA_APP_API_LISTEN, serves the app API. Run any number of them. Stops on SIGTERM or SIGINT within SIWA_SHUTDOWN_GRACE.", reader: .worker), terminator: "")
+    exit(0)
+}
+
 // Configuration problems end here with exit status 2 and one line naming the variable.
 let configuration: WorkerConfiguration
 let apple: AppleSettings?

@@ -13,26 +13,54 @@ let commands: [any CLICommand.Type] = [
     WebhooksCommand.self,
     ConsoleCommand.self,
 ]
+/// Commands for the project's own scripts and tests, not listed by `siwa help`.
+let hiddenCommands: [any CLICommand.Type] = [ConfigReferenceCommand.self]
 
-func printUsage() {
+func overview() -> String {
     var text = "usage: siwa <command> [--flag value ...]\n\ncommands:\n"
     for command in commands { text += "  \(command.name.padding(toLength: 14, withPad: " ", startingAt: 0)) \(command.summary)\n" }
-    text += "\nEvery setting is an environment variable (DATABASE_URL, ...) or the same name as a --kebab-case flag.\n"
-    FileHandle.standardError.write(Data(text.utf8))
+    text += "\n`siwa help COMMAND` (or `siwa COMMAND --help`) lists a command's flags and settings.\n"
+    text += "Every setting is an environment variable (DATABASE_URL, ...) or the same name as a --kebab-case flag.\n"
+    return text
 }
 
-let arguments = Array(CommandLine.arguments.dropFirst())
-guard let name = arguments.first, !["help", "--help", "-h"].contains(name) else {
-    printUsage()
-    exit(arguments.isEmpty ? 2 : 0)
+func command(named name: String) -> (any CLICommand.Type)? {
+    (commands + hiddenCommands).first { $0.name == name }
 }
-guard let command = commands.first(where: { $0.name == name }) else {
+
+func unknownCommand(_ name: String) -> Never {
     FileHandle.standardError.write(Data("siwa: unknown command \"\(name)\" (try: siwa help)\n".utf8))
     exit(2)
 }
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+guard let name = arguments.first else {
+    FileHandle.standardError.write(Data(overview().utf8))
+    exit(2)
+}
+if ["help", "--help", "-h"].contains(name) {
+    // `siwa help` lists the commands; `siwa help COMMAND` is that command's usage.
+    guard let topic = arguments.dropFirst().first else {
+        print(overview(), terminator: "")
+        exit(0)
+    }
+    guard let command = command(named: topic) else { unknownCommand(topic) }
+    print(command.usage.text(), terminator: "")
+    exit(0)
+}
+guard let command = command(named: name) else { unknownCommand(name) }
+let rest = Array(arguments.dropFirst())
+// Help wins over everything else on the line: nothing is checked, nothing is started.
+if rest.contains("--help") || rest.contains("-h") {
+    print(command.usage.text(), terminator: "")
+    exit(0)
+}
 let source: ConfigurationSource
 do {
-    source = try ConfigurationSource(arguments: Array(arguments.dropFirst()), booleanFlags: command.switches)
+    source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches)
+    if let unknown = source.unknownFlags(known: command.usage.knownVariables).first {
+        throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option (siwa help \(name) lists them)")
+    }
 } catch {
     FileHandle.standardError.write(Data("siwa \(name): \(error)\n".utf8))
     exit(2)

@@ -211,6 +211,28 @@ import Testing
         }
     }
 
+    /// `--sub SUB --kind K` acts on that kind only (the user's webhook deliveries stay queued), and
+    /// each job acted on is printed with its kind.
+    @Test func cancelBySubNarrowsToAKindAndPrintsKinds() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let ids = try await connection.query(
+                """
+                INSERT INTO siwa.jobs (kind, client_id, sub) VALUES
+                  ('notification', 'c', 'kinds'), ('webhook', 'c', 'kinds') RETURNING id
+                """).map { try $0.decode(Int64.self, column: "id") }
+            let environment = ["DATABASE_URL": database.url]
+            let run = try await Siwa.run(["jobs", "cancel", "--sub", "kinds", "--kind", "notification"], environment: environment)
+            #expect(run.status == 0, "\(run.stderr)")
+            #expect(run.stdout.contains("cancelled 1 job") && run.stdout.contains("#\(ids[0]) notification"), "\(run.stdout)")
+            #expect(try await state(of: ids[0], connection) == "cancelled")
+            #expect(try await state(of: ids[1], connection) == "available", "the webhook delivery is left alone")
+            let bad = try await Siwa.run(["jobs", "cancel", "--sub", "kinds", "--kind", "nope"], environment: environment)
+            #expect(bad.status == 2 && bad.stderr.contains("--kind"), "\(bad.stderr)")
+        }
+    }
+
     private func state(of id: Int64, _ connection: PostgresConnection) async throws -> String {
         try await connection.query("SELECT state FROM siwa.jobs WHERE id = \(id)")[0].decode(String.self, column: "state")
     }

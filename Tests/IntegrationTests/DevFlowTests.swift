@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Synchronization
 import Testing
 
 /// The README's promise: a new user runs `siwa dev`, pastes the printed `siwa simulate ...` line, and
@@ -78,8 +79,11 @@ import Testing
     /// token for its hash, sign-in with the code. It prints the verified identity, and the account is
     /// active with the exchanged token stored.
     private func expectPrintedSignInLineSignsIn(_ dev: ServiceProcess, databaseURL: String) async throws {
-        let (words, output, environment) = try await runPrintedLine(dev, containing: " simulate sign-in ", timeout: .seconds(30))
-        #expect(words.contains("--api-token") && dev.log.contains("app API"))
+        let (words, output) = try await runPrintedLine(dev, containing: " simulate sign-in ", timeout: .seconds(30))
+        // The token comes from a file the line names, never as a flag.
+        let tokenFile = try #require(lastAssignments["SIWA_APP_API_TOKENS_FILE"], "\(words)")
+        let token = try String(contentsOfFile: tokenFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(token.count >= 32 && !dev.log.contains("--api-token") && !words.joined(separator: " ").contains(token))
         let answer = try #require(
             try JSONSerialization.jsonObject(with: Data(output.dropFirst(4).utf8)) as? [String: Any], "\(output)")
         let sub = try #require(words.firstIndex(of: "--sub").map { words[$0 + 1] })
@@ -95,33 +99,22 @@ import Testing
         // each sign-in a new `sub`, every one stored.
         var load = words
         load[try #require(load.firstIndex(of: "--sub")) + 1] = "\(sub)-load"
-        let (status, text) = try runSiwa(Array(load.dropFirst()) + ["--count", "7", "--concurrency", "3"], environment: environment)
+        // Siwa.run's output goes to files: a blocking read to the end of a pipe would hang for good if
+        // a process started meanwhile by another test inherited the pipe's write end.
+        let load7 = try await Siwa.run(
+            Array(load.dropFirst()) + ["--count", "7", "--concurrency", "3"], environment: lastAssignments,
+            timeout: .seconds(120))
+        let (status, text) = (load7.status, load7.stdout + load7.stderr)
         #expect(status == 0 && text.contains("RESULT sign_ins=7 failures=0 "), "\(text)")
         let loaded = try await db.query(
             "SELECT count(*) FROM siwa.accounts WHERE sub LIKE \(sub + "-load-%") AND status = 'active' AND refresh_token_enc IS NOT NULL")
         #expect(try loaded[0].decode(Int.self, at: 0) == 7)
     }
 
-    /// Runs the siwa binary with `arguments` (and `environment` over ours); its exit status and
-    /// output (stdout and stderr).
-    private func runSiwa(_ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String) {
-        let process = Process()
-        process.executableURL = try Siwa.binary()
-        process.arguments = arguments
-        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: output, as: UTF8.self))
-    }
-
     /// Waits for a printed line containing `marker`, runs it exactly as printed, expects exit 0 and
-    /// an answer starting with 200; returns its words, its output and the environment it set.
+    /// an answer starting with 200; returns its words and output (`lastAssignments`: the environment it set).
     private func runPrintedLine(_ dev: ServiceProcess, containing marker: String, timeout: Duration) async throws -> (
-        [String], String, [String: String]
+        [String], String
     ) {
         let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         var line: String?
@@ -133,11 +126,14 @@ import Testing
             }
             try await Task.sleep(for: .milliseconds(100))
         }
-        let allWords = line!.split(separator: " ").map(String.init)
-        // Leading `NAME=value` words set the command's environment, as a shell would (the throwaway
-        // CA, `SIWA_CA_FILE=...`, when the fake Apple serves https).
-        let assignments = allWords.prefix { $0.contains("=") && !$0.hasPrefix("-") }
-        let words = Array(allWords.dropFirst(assignments.count))
+        var words = line!.split(separator: " ").map(String.init)
+        // Leading NAME=value words are the environment the line sets (how secrets stay off the
+        // command line, where every local user could read them).
+        var assignments: [String: String] = [:]
+        while let first = words.first, let equals = first.firstIndex(of: "="), first.prefix(while: { $0 != "=" }).allSatisfy({ $0.isUppercase || $0 == "_" }) {
+            assignments[String(first[..<equals])] = String(first[first.index(after: equals)...])
+            words.removeFirst()
+        }
         // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
         let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
         #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
@@ -149,12 +145,7 @@ import Testing
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = Array(words.dropFirst())
-        var assigned: [String: String] = [:]
-        for assignment in assignments {
-            let parts = assignment.split(separator: "=", maxSplits: 1).map(String.init)
-            assigned[parts[0]] = parts.count > 1 ? parts[1] : ""
-        }
-        if !assigned.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(assigned) { $1 } }
+        process.environment = ProcessInfo.processInfo.environment.merging(assignments) { $1 }
         let output = FileHandle(forWritingAtPath: outputPath)  // one file offset for both streams
         process.standardOutput = output
         process.standardError = output
@@ -166,8 +157,16 @@ import Testing
         let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
         #expect(process.terminationStatus == 0, "\(text)")
         #expect(text.hasPrefix("200"), "\(text)")
-        return (words, text, assigned)
+        lastAssignments = assignments
+        return (words, text)
     }
+
+    /// The environment the last line run by `runPrintedLine` set.
+    private var lastAssignments: [String: String] {
+        get { Self.assignments.withLock { $0 } }
+        nonmutating set { Self.assignments.withLock { $0 = newValue } }
+    }
+    private static let assignments = Mutex<[String: String]>([:])
 
     /// Stored, verified (it is in the table at all), processed, applied: the account is consent_revoked.
     private func expectApplied(_ printed: PrintedLine, databaseURL: String) async throws {

@@ -33,6 +33,31 @@ struct WebhookCLITests {
         #expect(down.stdout.contains("connection failed"))
     }
 
+    /// `siwa webhooks sink` refuses a delivery signed with another secret (401), so `siwa webhooks
+    /// test` with the wrong secret fails (exit 1) instead of reporting OK; the right one passes.
+    @Test func sinkRefusesABadSignatureAndTestThenFails() async throws {
+        let sink = try ServiceProcess(
+            "siwa", arguments: ["webhooks", "sink", "--listen", "127.0.0.1:0"],
+            environment: ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret])
+        let deadline = ContinuousClock.now + .seconds(30)
+        var url: String?
+        while url == nil, sink.isRunning, ContinuousClock.now < deadline {
+            url = DevFlowTests.capture(#"listening on (http://127\.0\.0\.1:[0-9]+/)"#, in: sink.log)
+            if url == nil { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        let endpoint = try #require(url, "\(sink.log)")
+        let otherSecret = "whsec_" + Data((0..<32).map { UInt8($0 * 11 % 256) }).base64EncodedString()
+        let wrong = try await Siwa.run(
+            ["webhooks", "test"], environment: ["SIWA_WEBHOOK_URL": endpoint, "SIWA_WEBHOOK_SECRET": otherSecret])
+        #expect(wrong.status == 1, "\(wrong.stdout)")
+        #expect(wrong.stdout.contains("answered 401"), "\(wrong.stdout)")
+        let right = try await Siwa.run(
+            ["webhooks", "test"], environment: ["SIWA_WEBHOOK_URL": endpoint, "SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret])
+        #expect(right.status == 0 && right.stdout.contains("answered 204"), "\(right.stdout)")
+        #expect(sink.log.contains("BAD SIGNATURE") && sink.log.contains(": verified"), "\(sink.log)")
+        await sink.stop()
+    }
+
     @Test func badSettingsAreExitTwoNamingTheVariable() async throws {
         let secret = WebhookDeliveryTests.secret
         for (environment, variable) in [

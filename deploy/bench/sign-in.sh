@@ -84,7 +84,7 @@ children+=($worker_pid)
 wait_for -H "Authorization: Bearer $api_token" "http://127.0.0.1:$api_port/v1/changes"
 
 drive() {  # drive URL SUB_PREFIX COUNT: prints the driver's RESULT line
-  "$BIN/siwa" simulate sign-in --client-id com.example.app --sub "$2" --api-url "$1" --api-token "$api_token" \
+  SIWA_APP_API_TOKENS="$api_token" "$BIN/siwa" simulate sign-in --client-id com.example.app --sub "$2" --api-url "$1" \
     --fake-apple-url "$SIWA_APPLE_BASE_URL" --email bench@privaterelay.appleid.com --count "$3" --concurrency "$C" \
     2>>"$work/driver.err" | grep '^RESULT' || { cat "$work/driver.err" >&2; return 1; }
 }

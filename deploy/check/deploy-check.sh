@@ -4,6 +4,8 @@
 #            executables (the real binaries are not installed here), plus the required hardening,
 #            ordering, stop timeout and credential settings; siwa.env.example lists every variable
 #            of the contract's configuration table.
+#   credentials  every *_FILE a unit or manifest reads has its LoadCredential= / Secret key in the
+#            instructions that create it (credentials-check.sh, with a self-test).
 #   nginx    nginx -t on the site config inside a throwaway nginx.conf with a self-signed cert,
 #            then a real nginx on a free port in front of a stub receiver: POST is proxied with
 #            X-Forwarded-For, other paths 404, other methods 405, >64k 413, TLS 1.2/1.3 only.
@@ -150,6 +152,18 @@ if grep -Eq '^(DATABASE_URL|DATABASE_URL_FILE|SIWA_TOKEN_KEYS|SIWA_TOKEN_KEYS_FI
     fail "siwa.env.example sets a secret or a unit-owned variable"
 else
     ok "siwa.env.example sets no secret and nothing the units set"
+fi
+
+echo "== credentials (every *_FILE a unit or manifest reads is created by the instructions)"
+if out=$(bash "$here/credentials-check.sh" 2>&1); then
+    ok "every *_FILE has its LoadCredential= / Secret key in deploy/README.md and secrets.example.yaml ($(grep -c '^ok' <<<"$out") checked)"
+else
+    fail "credentials: $(grep FAIL <<<"$out" | tr '\n' ' ')"
+fi
+if out=$(bash "$here/credentials-check.sh" --self-test 2>&1); then
+    ok "the credentials rule fails on instructions that lack a key (self-test)"
+else
+    fail "credentials rule: $out"
 fi
 
 # ---------------------------------------------------------------------------------------------

@@ -15,14 +15,8 @@ import Locking
 enum DevCommand: CLICommand {
     static let name = "dev"
     static let summary = "run the whole stack here: throwaway PostgreSQL, fake Apple, receiver, worker [--once]"
-    static let switches: Set<String> = ["once", "no-fake-apple", "no-worker"]
 
-    static let variables = [
-        "DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_LISTEN", "SIWA_NOTIFICATION_PATH", "SIWA_APPLE_BASE_URL",
-        "SIWA_LOG_LEVEL", "SIWA_OPS_LISTEN", "SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS",
-        "SIWA_APPLE_CALLS", "SIWA_WORKER_CONCURRENCY", "SIWA_RETENTION_DAYS", "SIWA_DEV_EXIT_AFTER",
-        "SIWA_DEV_READY_TIMEOUT", "SIWA_APP_API_LISTEN", "SIWA_APP_API_TOKENS", "SIWA_DEV_FAKE_APPLE_TLS",
-    ]
+    static let variables = SettingCatalog.names(readBy: .dev)
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
         let settings: DevSettings
@@ -113,6 +107,7 @@ final class DevStack: @unchecked Sendable {
     private var children: [DevProcess] = []
     private var console: ConsoleServer?
     private var temporaryDirectory: String?
+    private var apiTokenFile = ""
     /// The first SIGINT/SIGTERM, checked by every wait so Ctrl-C works during start-up too.
     private let signalName = Locked<String?>(nil)
 
@@ -137,8 +132,8 @@ final class DevStack: @unchecked Sendable {
     private func say(_ text: String) { output.line("[dev] " + text) }
 
     func run() async -> Int32 {
-        let signals = Task { [self] in
-            let name = await Termination.wait()
+        let signals = Task { [self, output] in
+            let name = await DevShutdown.wait(output: output) ?? "cancelled"
             signalName.withLock { $0 = name }
         }
         defer { signals.cancel() }
@@ -146,6 +141,10 @@ final class DevStack: @unchecked Sendable {
         do {
             let urls = try await start()
             printURLs(urls)
+            let activity = Task { [output, logger] in
+                await DevActivity(databaseURL: urls.database, output: output, logger: logger).run()
+            }
+            defer { activity.cancel() }
             status = try await waitUntilDone()
         } catch let error as DevStopped {
             say("\(error.signal): stopping")
@@ -181,10 +180,17 @@ final class DevStack: @unchecked Sendable {
             throw DevError(
                 "\(path) is missing: build every product first (swift build, or swift build -c release)")
         }
-        var template = Array("/tmp/siwa-dev-XXXXXX".utf8CString)
-        guard mkdtemp(&template) != nil else { throw DevError("mkdtemp failed (errno \(errno))") }
+        var template = Array((temporaryFolder() + "/siwa-dev-XXXXXX").utf8CString)
+        guard mkdtemp(&template) != nil else { throw DevError("mkdtemp in \(temporaryFolder()) failed (errno \(errno))") }
         let directory = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         temporaryDirectory = directory
+        OrphanReaper.shared?.watch(folder: directory)
+        // The app API token goes to the lines printed below as a file, never as a flag: any user of
+        // the machine can read a command line.
+        apiTokenFile = directory + "/app-api-token"
+        guard FileManager.default.createFile(
+            atPath: apiTokenFile, contents: Data((settings.apiToken + "\n").utf8), attributes: [.posixPermissions: 0o600])
+        else { throw DevError("cannot write \(apiTokenFile)") }
 
         // Database.
         let databaseURL: String
@@ -193,7 +199,10 @@ final class DevStack: @unchecked Sendable {
             say("using DATABASE_URL")
         } else {
             say("starting a throwaway PostgreSQL (initdb, pg_ctl; a few seconds)...")
-            let cluster = try await LocalPostgresCluster.start(logger: logger)
+            // A generated password over TCP, the socket in the cluster's 0700 folder: no other user
+            // of this machine gets into the dev database (nor runs programs as its server's user).
+            let password = SecureRandom.bytes(count: 16).map { String(format: "%02x", $0) }.joined()
+            let cluster = try await LocalPostgresCluster.start(logger: logger, options: .init(password: password))
             self.cluster = cluster
             databaseURL = cluster.url
             say("PostgreSQL ready on port \(cluster.port) (data in \(cluster.directory), removed on exit)")
@@ -403,51 +412,10 @@ final class DevStack: @unchecked Sendable {
     }
 
     private func printURLs(_ urls: URLs) {
-        let clientID = settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app"
-        // The printed commands call the fake too: over https they need its CA.
-        let siwa = urls.caFile.map { "SIWA_CA_FILE=\($0) \(siwaCommand)" } ?? siwaCommand
-        var text = """
-
-            siwa dev is running. Ctrl-C stops everything\(cluster != nil ? " and deletes the database" : "").
-
-              notification endpoint  POST \(urls.endpoint)
-              receiver health        \(urls.receiver)/healthz  \(urls.receiver)/readyz
-              receiver metrics       \(urls.receiver)/metrics
-            \(settings.startWorker ? """
-                  worker ops             \(urls.workerOps)/healthz  \(urls.workerOps)/readyz
-                  worker metrics         \(urls.workerOps)/metrics
-
-                """ : "  worker                 not started (--no-worker)\n")\
-            \(urls.appAPI.map { """
-                  app API                \($0)  (Authorization: Bearer \(settings.apiToken))
-
-                """ } ?? "")\
-              Apple                  \(urls.fakeApple.map { "\($0) (fake)" } ?? urls.appleBase)
-            \(urls.caFile.map { "  trusted CA             \($0)  (throwaway; SIWA_CA_FILE of the receiver and worker)\n" } ?? "")\
-              DATABASE_URL           \(urls.database)
-              console                \(urls.console)  (the queue, deletions, each account's timeline)
-
-            """
-        if let fake = urls.fakeApple {
-            text += """
-
-                Try it (signs a notification with the fake's key and posts it):
-                  \(siwa) simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
-                --receiver-url \(urls.endpoint) --fake-apple-url \(fake)
-
-                """
-            if let appAPI = urls.appAPI {
-                text += """
-
-                    Sign in (app API nonce, the fake Apple's identity token for its hash, sign-in with the code):
-                      \(siwa) simulate sign-in --client-id \(clientID) --sub 000456.def.0001 \
-                    --api-url \(appAPI) --api-token \(settings.apiToken) --fake-apple-url \(fake)
-
-                    """
-            }
-        }
-        text += "  \(siwa) status --database-url '\(urls.database)'\n"
-        output.line(text)
+        output.line(DevBanner(
+            urls: urls, clientID: settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app",
+            siwa: siwaCommand, workerStarted: settings.startWorker, deletesDatabase: cluster != nil,
+            apiTokenFile: apiTokenFile).text)
     }
 
     /// `siwa` when the shell finds this very binary on PATH, else its full path, so the printed
@@ -506,7 +474,10 @@ final class DevStack: @unchecked Sendable {
             await cluster.destroy()
             say("PostgreSQL stopped and its directory removed")
         }
-        if let temporaryDirectory { try? FileManager.default.removeItem(atPath: temporaryDirectory) }
+        if let temporaryDirectory {
+            try? FileManager.default.removeItem(atPath: temporaryDirectory)
+            OrphanReaper.shared?.forget(folder: temporaryDirectory)
+        }
     }
 
     /// Where to connect for a listener bound to `host` (a wildcard listens on loopback too).

@@ -7,18 +7,10 @@ import SiwaCore
 enum JobsCommand: CLICommand {
     static let name = "jobs"
     static let summary = "list [--state S] [--kind K] [--sub SUB] [--limit N] [--json] | retry ID|--sub SUB | cancel ID|--sub SUB [--force]"
-    static let switches: Set<String> = ["json", "force"]
-
-    static let usage = """
-        usage: siwa jobs list [--state S] [--kind K] [--sub SUB] [--limit N] [--json]
-               siwa jobs retry ID | --sub SUB      discarded (or backing-off) jobs run again now; errors kept
-               siwa jobs cancel ID | --sub SUB [--force]
-                                                   available/running jobs; a pending deletion's revoke needs --force
-        """
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
         guard let action = source.positional.first else {
-            FileHandle.standardError.write(Data((usage + "\n").utf8))
+            FileHandle.standardError.write(Data(usage.text().utf8))
             return 2
         }
         switch action {
@@ -105,7 +97,12 @@ enum JobsCommand: CLICommand {
     // MARK: retry / cancel
 
     private static func act(_ action: String, _ source: ConfigurationSource) async -> Int32 {
-        guard let (url, logger) = CLI.databaseSettings(name, source, options: ["sub"]) else { return 2 }
+        guard let (url, logger) = CLI.databaseSettings(name, source, options: ["sub", "kind"]) else { return 2 }
+        let kind = source.option("kind")
+        if let kind, !JobAdministration.kinds.contains(kind) {
+            CLI.error(name, "--kind: expected one of \(JobAdministration.kinds.joined(separator: ", ")), got \"\(kind)\"")
+            return 2
+        }
         let target: JobAdministration.Target
         let arguments = source.positional.dropFirst()
         switch (arguments.first, source.option("sub")) {
@@ -130,16 +127,18 @@ enum JobsCommand: CLICommand {
         let administration = JobAdministration(connection: connection)
         do {
             if action == "retry" {
-                let ids = try await administration.retry(target)
-                print("retried \(ids.count) job\(ids.count == 1 ? "" : "s")\(idList(ids))")
-                if ids.isEmpty, case .id = target {
-                    print("(only discarded jobs, or available jobs waiting out a retry, can be retried)")
+                let retried = try await administration.retryReturningKinds(target, kind: kind)
+                print("retried \(retried.count) job\(retried.count == 1 ? "" : "s")")
+                for job in retried { print("  #\(job.id) \(job.kind)") }
+                if retried.isEmpty, case .id = target {
+                    print("(only discarded jobs, or available jobs waiting out a retry, can be retried; cancelled ones were stopped on purpose)")
                 }
                 return 0
             }
             let force = source.isSet(switch: "force")
-            let result = try await administration.cancel(target, force: force)
-            print("cancelled \(result.cancelled.count) job\(result.cancelled.count == 1 ? "" : "s")\(idList(result.cancelled))")
+            let result = try await administration.cancel(target, kind: kind, force: force)
+            print("cancelled \(result.cancelled.count) job\(result.cancelled.count == 1 ? "" : "s")")
+            for id in result.cancelled { print("  #\(id) \(result.kinds[id] ?? "?")") }
             if result.alreadyFinal > 0 {
                 print("\(result.alreadyFinal) already final (completed, discarded or cancelled), left as they were")
             }
@@ -151,7 +150,7 @@ enum JobsCommand: CLICommand {
             if !result.refused.isEmpty {
                 CLI.error(
                     name,
-                    "refused to cancel \(result.refused.map { "job #\($0)" }.joined(separator: ", ")): revoke of a pending deletion "
+                    "refused to cancel \(result.refused.map { "job #\($0) (revoke)" }.joined(separator: ", ")): revoke of a pending deletion "
                         + "(a deletion must never be dropped silently; add --force if you mean it)")
                 return 1
             }
@@ -160,9 +159,5 @@ enum JobsCommand: CLICommand {
             CLI.error(name, CLI.oneLine(error))
             return 1
         }
-    }
-
-    private static func idList(_ ids: [Int64]) -> String {
-        ids.isEmpty ? "" : " (" + ids.map { "#\($0)" }.joined(separator: ", ") + ")"
     }
 }

@@ -30,13 +30,11 @@ enum SimulateCommand: CLICommand {
         var fakeAppleURL: URL
     }
 
-    static let switches: Set<String> = ["no-code"]
-
     static func run(_ source: ConfigurationSource) async -> Int32 {
         if source.positional.first == "sign-in" { return await SimulateSignIn.run(source) }
         let request: Request
         do {
-            request = try parse(source.withoutEnvironment(), type: source.positional.first)
+            request = try parse(source.withoutEnvironment(), environment: source, type: source.positional.first)
         } catch {
             FileHandle.standardError.write(Data("siwa simulate: \(error)\n".utf8))
             return 2
@@ -61,7 +59,8 @@ enum SimulateCommand: CLICommand {
         }
     }
 
-    private static func parse(_ flags: ConfigurationSource, type: String?) throws -> Request {
+    /// Flags first; the URLs then from the variables `siwa dev` prints (`environment`).
+    private static func parse(_ flags: ConfigurationSource, environment: ConfigurationSource, type: String?) throws -> Request {
         guard let type, FakeNotification.types.contains(type) else {
             throw ConfigurationError(variable: "TYPE", problem: "one of \(FakeNotification.types.joined(separator: ", "))")
         }
@@ -84,9 +83,11 @@ enum SimulateCommand: CLICommand {
         guard count == 1 || jti == nil else {
             throw ConfigurationError(variable: "--jti", problem: "cannot be combined with --count")
         }
-        guard let receiver = URL(string: try flags.string("RECEIVER_URL") ?? "http://127.0.0.1:8080/apple/notifications")
+        let receiverText = try flags.string("RECEIVER_URL") ?? environment.string("SIWA_RECEIVER_URL")
+        guard let receiver = URL(string: receiverText ?? "http://127.0.0.1:8080/apple/notifications"), receiver.host != nil
         else { throw ConfigurationError(variable: "--receiver-url", problem: "not a URL") }
-        guard let fake = URL(string: try flags.string("FAKE_APPLE_URL") ?? "http://127.0.0.1:9443")
+        let fakeText = try flags.string("FAKE_APPLE_URL") ?? environment.string("SIWA_APPLE_BASE_URL")
+        guard let fake = URL(string: fakeText ?? "http://127.0.0.1:9443"), fake.host != nil
         else { throw ConfigurationError(variable: "--fake-apple-url", problem: "not a URL") }
         return Request(
             type: type, sub: sub, subPrefix: try flags.string("SUB_PREFIX") ?? "sim-", clientID: try flags.require("CLIENT_ID"),
@@ -138,7 +139,8 @@ enum SimulateCommand: CLICommand {
 
     private static func signingKey(from fakeAppleURL: URL) async throws -> (String, RSA.PrivateKey) {
         let answer = try await CLIHTTP.call(
-            "GET", fakeAppleURL.appendingPathComponent("fake/signing-key"), caCertificates: try CommonSettings.caCertificates(.init(arguments: [])))
+            "GET", fakeAppleURL.appendingPathComponent("fake/signing-key"), caCertificates: try CommonSettings.caCertificates(.init(arguments: [])),
+            target: .init(what: "the fake Apple", hint: "--fake-apple-url or SIWA_APPLE_BASE_URL (siwa dev prints it)"))
         guard answer.status == 200,
             let object = try JSONSerialization.jsonObject(with: Data(answer.body.utf8)) as? [String: Any],
             let kid = object["kid"] as? String, let pem = object["pem"] as? String
@@ -151,7 +153,8 @@ enum SimulateCommand: CLICommand {
     private static func post(_ jws: String, to url: URL) async throws -> (Int, String) {
         let answer = try await CLIHTTP.call(
             "POST", url, json: try JSONSerialization.data(withJSONObject: ["payload": jws]),
-            caCertificates: try CommonSettings.caCertificates(.init(arguments: [])))
+            caCertificates: try CommonSettings.caCertificates(.init(arguments: [])),
+            target: .init(what: "the receiver", hint: "--receiver-url or SIWA_RECEIVER_URL (siwa dev prints it)"))
         return (answer.status, answer.body)
     }
 }

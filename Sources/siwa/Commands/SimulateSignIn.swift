@@ -54,10 +54,15 @@ enum SimulateSignIn {
 
     static let options = ["CLIENT_ID", "SUB", "EMAIL", "API_URL", "API_TOKEN", "FAKE_APPLE_URL", "COUNT", "CONCURRENCY"]
 
+    /// The variable `siwa dev` prints for a URL flag.
+    private static func fallbackVariable(_ flag: String) -> String {
+        flag == "API_URL" ? "SIWA_APP_API_URL" : "SIWA_APPLE_BASE_URL"
+    }
+
     private static func parse(_ flags: ConfigurationSource, environment: ConfigurationSource) throws -> Request {
         try flags.rejectUnknownFlags(options)
         func url(_ name: String, _ fallback: String) throws -> URL {
-            let text = try flags.string(name) ?? fallback
+            let text = try flags.string(name) ?? environment.string(fallbackVariable(name)) ?? fallback
             guard let url = URL(string: text.hasSuffix("/") ? String(text.dropLast()) : text), url.host != nil else {
                 throw ConfigurationError(variable: "--\(ConfigurationSource.flagName(for: name))", problem: "not a URL")
             }

@@ -9,7 +9,6 @@ import WorkerCore
 enum StatusCommand: CLICommand {
     static let name = "status"
     static let summary = "queue, pending deletions, paused client IDs, last hour's notifications [--json]"
-    static let switches: Set<String> = ["json"]
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
         guard let (url, logger) = CLI.databaseSettings(name, source) else { return 2 }

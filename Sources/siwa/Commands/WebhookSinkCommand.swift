@@ -8,7 +8,7 @@ import WorkerCore
 /// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet] [--tls-cert-file CERT.pem --tls-key-file KEY.pem]`:
 /// a local receiver (over `https://` when given a certificate and key) to try the worker
 /// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
-/// 204 at once, prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
+/// 204 at once (401 to a bad signature), prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
 /// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
 /// (`POST /stats/reset` starts over; `GET /stats/deliveries` lists `change id,received at` in Unix
 /// seconds, for a benchmark to split each delay at the change's commit; `GET /stats/wait?verified=N&seconds=S` answers the stats once
@@ -51,9 +51,11 @@ enum WebhookSinkCommand {
                     books.reset()
                     respond(.json(#"{"reset":true}"#))
                 case ("POST", _):
-                    let line = books.record(request, secret: secret)
+                    let (line, verified) = books.record(request, secret: secret)
                     if !quiet { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
-                    respond(.empty(status: 204))
+                    // A delivery signed with another secret is refused, as the app's own
+                    // receiver must: `siwa webhooks test` with the wrong secret then fails.
+                    respond(verified ? .empty(status: 204) : .json(status: 401, #"{"error":"bad_signature"}"#))
                 default: respond(.json(status: 405, #"{"error":"method_not_allowed"}"#))
                 }
             },
@@ -118,8 +120,8 @@ final class SinkBooks: Sendable {
         }
     }
 
-    /// Records one delivery and returns its line.
-    func record(_ request: HTTPRequest, secret: WebhookSecret) -> String {
+    /// Records one delivery; returns its line and whether its signature verified.
+    func record(_ request: HTTPRequest, secret: WebhookSecret) -> (line: String, verified: Bool) {
         let now = Date()
         let verified = WebhookSignature.isValid(
             id: request.header("webhook-id") ?? "", timestamp: request.header("webhook-timestamp") ?? "", body: request.body,
@@ -141,7 +143,7 @@ final class SinkBooks: Sendable {
             for answer in reached { answer(stats) }
         }
         let change = object?["change"] as? String ?? "?"
-        return "webhook-id \(request.header("webhook-id") ?? "-") \(account) \(change): \(verdict)"
+        return ("webhook-id \(request.header("webhook-id") ?? "-") \(account) \(change): \(verdict)", verified)
     }
 
     private static func book(

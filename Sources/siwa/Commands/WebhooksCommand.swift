@@ -8,17 +8,6 @@ import WorkerCore
 enum WebhooksCommand: CLICommand {
     static let name = "webhooks"
     static let summary = "test (send a signed test event to SIWA_WEBHOOK_URL, print the answer) | disable | sink"
-    static let switches: Set<String> = ["quiet"]
-
-    static let usage = """
-        usage: siwa webhooks test       sends a signed test event to SIWA_WEBHOOK_URL (with SIWA_WEBHOOK_SECRET)
-                                        and prints the answer; exit 0 on a 2xx
-               siwa webhooks disable    stops queueing deliveries (DATABASE_URL) and cancels the queued ones;
-                                        a worker started with SIWA_WEBHOOK_URL enables them again
-               siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet]
-                                        a local receiver that checks signatures (SIWA_WEBHOOK_SECRET), answers 204,
-                                        prints each delivery; GET /stats for counts, order breaks and delays
-        """
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
         switch source.positional.first {
@@ -26,7 +15,7 @@ enum WebhooksCommand: CLICommand {
         case "disable": return await disable(source)
         case "sink": return await WebhookSinkCommand.run(source)
         default:
-            FileHandle.standardError.write(Data((usage + "\n").utf8))
+            FileHandle.standardError.write(Data(usage.text().utf8))
             return 2
         }
     }

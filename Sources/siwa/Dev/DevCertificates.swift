@@ -11,7 +11,7 @@ struct DevCertificates {
     /// Whether the fake Apple of `siwa dev` serves `https://` unless `SIWA_DEV_FAKE_APPLE_TLS` says.
     /// Off while the outbound client does not read `SIWA_CA_FILE`: the receiver could not fetch
     /// the fake's keys otherwise.
-    static let onByDefault = false
+    static let onByDefault = true
     /// Long enough for any dev session, short enough that a leaked copy is soon useless.
     static let validitySeconds = 7 * 86_400
 

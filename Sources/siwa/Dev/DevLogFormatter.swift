@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Locking
 
 /// Turns the children's JSON log lines (`{"ts","level","logger","msg",...}`) into
@@ -35,10 +38,26 @@ final class DevOutput: Sendable {
     /// Lines written so far. (Not `Locked(())`: ThreadSanitizer confuses a zero-size value's
     /// accesses with the lock's own field and reports a race that is not there.)
     private let linesWritten = Locked(0)
+    private let closed = Locked(false)
+
+    /// True once a write found no reader (EPIPE): `siwa dev` then stops.
+    var isClosed: Bool { closed.withLock { $0 } }
 
     func line(_ text: String) {
+        let bytes = Array((text + "\n").utf8)
         linesWritten.withLock { count in
-            FileHandle.standardOutput.write(Data((text + "\n").utf8))
+            // write(2), not FileHandle: FileHandle traps on EPIPE, and a closed pipe must stop the
+            // stack in order instead.
+            var offset = 0
+            while offset < bytes.count {
+                let written = bytes[offset...].withUnsafeBytes { Glibc.write(1, $0.baseAddress, $0.count) }
+                if written < 0 && errno == EINTR { continue }
+                if written <= 0 {
+                    if errno == EPIPE { closed.withLock { $0 = true } }
+                    return
+                }
+                offset += written
+            }
             count += 1
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import LocalPostgres
 import Locking
 
 #if canImport(Glibc)
@@ -24,6 +25,9 @@ final class DevProcess: Sendable {
         var pipeFDs: [Int32] = [0, 0]
         guard pipe(&pipeFDs) == 0 else { throw DevError("\(name): pipe failed (errno \(errno))") }
         let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
+        // Close-on-exec: another child must not hold this child's pipe open.
+        _ = fcntl(readEnd, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(writeEnd, F_SETFD, FD_CLOEXEC)
 
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
@@ -64,6 +68,8 @@ final class DevProcess: Sendable {
             throw DevError("could not start \(executable): \(String(cString: strerror(result)))")
         }
         self.pid = pid
+        // Stopped by the orphan reaper should `siwa dev` be killed outright.
+        OrphanReaper.shared?.watch(pid: pid)
         Thread.detachNewThread { Self.readLines(readEnd, onLine) }
     }
 
@@ -76,6 +82,7 @@ final class DevProcess: Sendable {
             guard result == pid else { return nil }
             let signal = raw & 0x7f
             saved = signal == 0 ? (raw >> 8) & 0xff : 128 + signal
+            OrphanReaper.shared?.forget(pid: pid)
             return saved
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import LocalPostgres
 
 /// One of our executables (`siwa-receiver`, `siwa-worker`, `siwa`) run as a real child process,
 /// with its stderr (JSON log lines) captured to a file the test can read.
@@ -47,6 +48,8 @@ final class ServiceProcess: @unchecked Sendable {
         process.standardError = FileHandle(forWritingAtPath: logPath)
         process.standardInput = FileHandle.nullDevice
         try process.run()
+        // A test process that crashes takes this child with it (the watchdog sees us go).
+        OrphanReaper.shared?.watch(pid: process.processIdentifier)
     }
 
     var isRunning: Bool { process.isRunning }
@@ -81,7 +84,9 @@ final class ServiceProcess: @unchecked Sendable {
     func waitForExit(timeout: Duration = .seconds(20)) async -> Int32? {
         let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
         while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
-        return process.isRunning ? nil : process.terminationStatus
+        if process.isRunning { return nil }
+        OrphanReaper.shared?.forget(pid: process.processIdentifier)
+        return process.terminationStatus
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL.
@@ -96,6 +101,7 @@ final class ServiceProcess: @unchecked Sendable {
 
     deinit {
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        OrphanReaper.shared?.forget(pid: process.processIdentifier)
         try? FileManager.default.removeItem(atPath: logPath)
     }
 }

@@ -1,0 +1,22 @@
+/// The fake Apple's own test endpoints, as `siwa help fake-apple` shows them (README.md in this
+/// folder says the same for readers of the code).
+package enum FakeAppleEndpoints {
+    package static let help = """
+        test endpoints (the fake's own; BASE is the printed http://HOST:PORT):
+          POST /fake/codes            an authorization code for a user, to link an account (siwa.link_account):
+            curl -s -X POST BASE/fake/codes -d '{"client_id":"com.example.app","sub":"000123.abc.0001"}'
+            -> {"code":"c...","expires_in":300}
+          POST /fake/identity-tokens  what a device gets at sign-in: an identity token whose nonce claim is the
+                                      given one (the SHA-256 hex of the app API's raw nonce) and a fresh code:
+            curl -s -X POST BASE/fake/identity-tokens \\
+              -d '{"client_id":"com.example.app","sub":"000123.abc.0001","nonce":"<sha256 hex>","email":"a@example.com"}'
+            -> {"identity_token":"eyJ...","authorization_code":"c..."}
+          POST /fake/failures         the next answers of one endpoint (token, revoke, keys, usermigrationinfo):
+                                      a status, an OAuth error name, "timeout", "slow" or "bad_signature":
+            curl -s -X POST BASE/fake/failures -d '{"endpoint":"revoke","responses":[503,"invalid_grant"],"retry_after":2}'
+            -> {"queued":2}
+          GET  /fake/calls            every call to the Apple endpoints so far (endpoint, client_id, time)
+          GET  /fake/signing-key      the key siwa simulate signs notifications with (test only)
+
+        """
+}

@@ -1,0 +1,73 @@
+import Foundation
+import LocalPostgres
+import Testing
+
+/// A test process that dies by SIGKILL leaves no PostgreSQL and no child service behind, nor the
+/// cluster's folder: the orphan reaper the test support and `siwa dev` share cleans up after it. The
+/// test runs this very test bundle as a child, with only the helper test selected.
+@Suite struct TestProcessCrashTests {
+    static let helperVariable = "SIWA_CRASH_HELPER_FOLDER"
+
+    /// The child's part: a throwaway cluster and a service started the way tests start them, then
+    /// a wait to be killed in. Does nothing in an ordinary run.
+    @Test func helperStartsAClusterAndAServiceThenWaits() async throws {
+        guard let folder = ProcessInfo.processInfo.environment[Self.helperVariable] else { return }
+        let cluster = try await LocalPostgresCluster.start(logger: TestDatabase.logger)
+        let service = try ServiceProcess("siwa", arguments: ["fake-apple", "--listen", "127.0.0.1:0"], environment: [:])
+        _ = try await ServiceProcessPort.wait(service)
+        try "\(service.processIdentifier)\n".write(toFile: folder + "/ready", atomically: true, encoding: .utf8)
+        try await Task.sleep(for: .seconds(120))
+        withExtendedLifetime((cluster, service)) {}
+    }
+
+    @Test func aKilledTestProcessLeavesNothingBehind() async throws {
+        guard ProcessInfo.processInfo.environment[Self.helperVariable] == nil else { return }
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-crash-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        chmod(folder, 0o755)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
+        child.arguments = ["--testing-library", "swift-testing", "--filter", "helperStartsAClusterAndAServiceThenWaits"]
+        child.environment = ServiceProcess.childEnvironment([Self.helperVariable: folder, "TMPDIR": folder])
+        child.standardOutput = FileHandle(forWritingAtPath: "/dev/null")
+        child.standardError = FileHandle(forWritingAtPath: "/dev/null")
+        try child.run()
+        defer { if child.isRunning { kill(child.processIdentifier, SIGKILL) } }
+
+        let deadline = ContinuousClock.now + .seconds(120)
+        while !FileManager.default.fileExists(atPath: folder + "/ready"), child.isRunning, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let ready = try #require(try? String(contentsOfFile: folder + "/ready", encoding: .utf8), "the helper never got ready")
+        let service = try #require(Int32(ready.trimmingCharacters(in: .whitespacesAndNewlines)))
+        let server = try #require(DevCleanupTests.postmasterPID(in: folder))
+        #expect(ProcessTree.isAlive(service) && ProcessTree.isAlive(server))
+
+        kill(child.processIdentifier, SIGKILL)
+        func clusterFolders() -> [String] {
+            ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.hasPrefix("siwa-pg-") }
+        }
+        // A bound for a watchdog that never acts, not a speed requirement (pg_ctl stop under load).
+        let cleanupDeadline = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < cleanupDeadline, ProcessTree.isAlive(service) || ProcessTree.isAlive(server) || !clusterFolders().isEmpty {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(!ProcessTree.isAlive(service), "the service outlived the killed test process")
+        #expect(!ProcessTree.isAlive(server), "PostgreSQL outlived the killed test process")
+        #expect(clusterFolders().isEmpty, "the cluster's folder is still there")
+    }
+}
+
+/// Waits for a service's `listening on http://...` line.
+enum ServiceProcessPort {
+    static func wait(_ service: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let url = DevFlowTests.capture(#"listening on (http://[0-9.:]+)"#, in: service.log) { return url }
+            guard service.isRunning else { break }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw ServiceProcessError(message: "\(service.name) printed no listening line:\n\(service.log)")
+    }
+}
