@@ -70,7 +70,7 @@ import Testing
 
     /// Waits for the printed `... simulate consent-revoked ...` line and runs it exactly as printed.
     private func runPrintedSimulateLine(_ dev: ServiceProcess, timeout: Duration = .seconds(30)) async throws -> PrintedLine {
-        let (words, _, _) = try await runPrintedLine(dev, containing: " simulate consent-revoked ", timeout: timeout)
+        let (words, _) = try await runPrintedLine(dev, containing: " simulate consent-revoked ", timeout: timeout)
         func flag(_ name: String) -> String? { words.firstIndex(of: name).map { words[$0 + 1] } }
         return PrintedLine(sub: try #require(flag("--sub")), clientID: try #require(flag("--client-id")))
     }
