@@ -245,7 +245,7 @@ import WorkerCore
             #expect(
                 columns == [
                     "client_id", "sub", "app_user_id", "status", "email", "is_private_email", "email_forwarding",
-                    "sessions_revoked_at", "linked_at", "updated_at", "has_refresh_token",
+                    "sessions_revoked_at", "linked_at", "updated_at", "has_refresh_token", "full_name", "real_user_status",
                 ])
         }
     }

@@ -254,7 +254,7 @@ final class DevStack: @unchecked Sendable {
         environment["SIWA_NOTIFICATION_PATH"] = settings.notificationPath
         if let certificates {
             environment["SIWA_CA_FILE"] = certificates.caFile  // replaces any file twin
-            environment["SIWA_CA_FILE_FILE"] = nil
+            environment["SIWA_CA"] = nil
         }
         // What dev decided replaces any file twin of the same setting (both set is an error).
         for decided in ["DATABASE_URL", "SIWA_CLIENT_IDS", "SIWA_APPLE_BASE_URL", "SIWA_LOG_LEVEL", "SIWA_NOTIFICATION_PATH"] {

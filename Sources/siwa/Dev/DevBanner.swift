@@ -45,11 +45,13 @@ struct DevBanner {
             text += "  export SIWA_APP_API_URL=\(appAPI)\n"
             text += "  export SIWA_APP_API_TOKENS_FILE=\(apiTokenFile)\n"
         }
+        // The lines below run on their own too: over https they name the fake's CA.
+        let trust = urls.caFile.map { "SIWA_CA_FILE=\($0) " } ?? ""
         if let fake = urls.fakeApple {
             text += """
 
                 Try it (signs a notification with the fake's key and posts it):
-                  \(siwa) simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
+                  \(trust)\(siwa) simulate consent-revoked --sub 000123.abc.0001 --client-id \(clientID) \
                 --receiver-url \(urls.endpoint) --fake-apple-url \(fake)
 
                 """
@@ -57,7 +59,7 @@ struct DevBanner {
                 text += """
 
                     Sign in (app API nonce, the fake Apple's identity token for its hash, sign-in with the code):
-                      SIWA_APP_API_TOKENS_FILE=\(apiTokenFile) \(siwa) simulate sign-in --client-id \(clientID) \
+                      \(trust)SIWA_APP_API_TOKENS_FILE=\(apiTokenFile) \(siwa) simulate sign-in --client-id \(clientID) \
                     --sub 000456.def.0001 --api-url \(appAPI) --fake-apple-url \(fake)
 
                     """
