@@ -24,7 +24,17 @@ if ! swift build --build-tests -Xswiftc -warnings-as-errors -Xswiftc -require-ex
 fi
 
 echo "==> testing"
-swift test --skip-build --disable-xctest "$@"
+if [ $# -gt 0 ]; then
+  swift test --skip-build --disable-xctest "$@"
+else
+  # The `siwa dev` suites run in a pass of their own: inside the full parallel run a dev process was
+  # twice sent a SIGTERM by a sender not yet found, during its fake Apple's start (they pass alone;
+  # see the open note in Tests/README.md). Every test still runs, every time.
+  dev_suites='DevFlowTests|DevCleanupTests'
+  swift test --skip-build --disable-xctest --skip "$dev_suites"
+  echo "==> testing siwa dev ($dev_suites)"
+  swift test --skip-build --disable-xctest --filter "$dev_suites"
+fi
 
 # The deployment files and the database roles, checked for real (they print "N passed, N failed").
 # Skipped when the call narrows the Swift tests (arguments given).

@@ -317,7 +317,7 @@ import WorkerCore
             """
             SELECT pg_get_constraintdef(oid) FROM pg_constraint
              WHERE conrelid = 'siwa.accounts'::regclass AND contype = 'c' AND pg_get_constraintdef(oid) LIKE '%status%'
-               AND pg_get_constraintdef(oid) NOT LIKE '%email_forwarding%'
+               AND pg_get_constraintdef(oid) NOT LIKE '%email_forwarding%' AND pg_get_constraintdef(oid) NOT LIKE '%real_user_status%'
             """)[0].decode(String.self, at: 0)
         connection.close()
         await database.drop()
