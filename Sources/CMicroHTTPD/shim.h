@@ -34,6 +34,35 @@ static inline int CMicroHTTPD_supports_tls(void) {
     return MHD_is_feature_supported(MHD_FEATURE_TLS) == MHD_YES;
 }
 
+static inline int CMicroHTTPD_hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/// MHD_UnescapeCallback for the path and the query: percent-decodes in place as libmicrohttpd's own
+/// does, except that `%00` becomes the byte 0xFF. A decoded NUL would end the C string early and
+/// the handler would act on a shorter path or value than the client sent (`/v1/accounts/c/v%00x`
+/// as `/v1/accounts/c/v`); 0xFF is never part of UTF-8, so the Swift side refuses the request.
+static size_t CMicroHTTPD_unescape(void *cls, struct MHD_Connection *connection, char *text) {
+    (void)cls; (void)connection;
+    char *read = text, *write = text;
+    while (*read != '\0') {
+        int high, low;
+        if (read[0] == '%' && (high = CMicroHTTPD_hex_digit(read[1])) >= 0
+            && (low = CMicroHTTPD_hex_digit(read[2])) >= 0) {
+            int byte = high * 16 + low;
+            *write++ = (char)(byte == 0 ? 0xFF : byte);
+            read += 3;
+        } else {
+            *write++ = *read++;
+        }
+    }
+    *write = '\0';
+    return (size_t)(write - text);
+}
+
 /// Starts a daemon on an already bound and listening socket (so bind errors carry errno),
 /// with an epoll thread pool, suspend/resume and an inter-thread channel (needed by
 /// MHD_resume_connection and MHD_quiesce_daemon). Returns NULL on failure (see the log).
@@ -71,6 +100,7 @@ static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
         MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
         MHD_OPTION_NOTIFY_COMPLETED, completed, completed_context,
         MHD_OPTION_NOTIFY_CONNECTION, notify_connection, notify_context,
+        MHD_OPTION_UNESCAPE_CALLBACK, CMicroHTTPD_unescape, NULL,
         MHD_OPTION_ARRAY, tls_options,
         MHD_OPTION_END);
 }

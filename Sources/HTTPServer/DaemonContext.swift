@@ -157,10 +157,20 @@ final class DaemonContext: Sendable {
             return queue(response, on: connection, daemon: daemon)
         }
 
+        // The path and the query as decoded text, or 400: a `%00` (decoded to 0xFF by
+        // CMicroHTTPD_unescape) or escapes that are not UTF-8 would otherwise reach the handler as
+        // a shorter or repaired string, naming another resource than the client's.
+        guard let path = url.map({ String(validatingCString: $0) }) ?? "/",
+              let query = validatedValues(of: .GET_ARGUMENT_KIND, on: connection)
+        else {
+            request.phase.withLock { $0 = .sent }
+            daemon.logger.debug("http.request.undecodable_target")
+            return queue(.serverError(status: 400, "bad_request"), on: connection, daemon: daemon)
+        }
         let httpRequest = HTTPRequest(
             method: method.map { String(cString: $0) } ?? "GET",
-            path: url.map { String(cString: $0) } ?? "/",
-            query: values(of: .GET_ARGUMENT_KIND, on: connection, lowercased: false),
+            path: path,
+            query: query,
             headers: values(of: .HEADER_KIND, on: connection, lowercased: true),
             body: request.body,
             remoteAddress: remoteAddress(of: connection))
@@ -264,6 +274,25 @@ final class DaemonContext: Sendable {
             _ = MHD_add_response_header(created, "Connection", "close")
         }
         return MHD_queue_response(connection, UInt32(clamping: response.status), created)
+    }
+
+    /// The query's arguments, or nil when a name or value is not UTF-8 (a `%00` among them).
+    private static func validatedValues(of kind: MHD_ValueKind, on connection: OpaquePointer) -> [String: String]? {
+        var collected: (values: [String: String], valid: Bool) = ([:], true)
+        withUnsafeMutablePointer(to: &collected) { pointer in
+            _ = MHD_get_connection_values(connection, kind, { cls, _, key, value in
+                guard let cls, let key else { return .YES }
+                let target = cls.assumingMemoryBound(to: (values: [String: String], valid: Bool).self)
+                guard let name = String(validatingCString: key), let text = value.map({ String(validatingCString: $0) }) ?? ""
+                else {
+                    target.pointee.valid = false
+                    return .NO
+                }
+                target.pointee.values[name] = text
+                return .YES
+            }, pointer)
+        }
+        return collected.valid ? collected.values : nil
     }
 
     private static func values(of kind: MHD_ValueKind, on connection: OpaquePointer, lowercased: Bool)

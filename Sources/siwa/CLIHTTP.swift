@@ -29,7 +29,10 @@ enum CLIHTTP {
         } catch {
             guard let target else { throw error }
             let origin = "\(url.scheme ?? "http")://\(url.host ?? "?")\(url.port.map { ":\($0)" } ?? "")"
-            throw CLIHTTPFailure(description: "cannot reach \(target.what) at \(origin) (\(error.kind.rawValue)); set \(target.hint)")
+            // A certificate that did not verify is not a wrong address: say which setting trusts it.
+            let hint = error.kind == .tls
+                ? "SIWA_CA_FILE to the CA that signed its certificate (siwa dev prints it), or \(target.hint)" : target.hint
+            throw CLIHTTPFailure(description: "cannot reach \(target.what) at \(origin) (\(error.kind.rawValue)); set \(hint)")
         }
     }
 }

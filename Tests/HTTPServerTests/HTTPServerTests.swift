@@ -83,6 +83,32 @@ struct HTTPServerTests {
         }
     }
 
+    /// libmicrohttpd's own unescaping turns `%00` into a NUL that ends the C string: the handler saw
+    /// `/v1/accounts/c/v` for `/v1/accounts/c/v%00x`. Such a request, and escapes that are not UTF-8,
+    /// are 400 before any handler runs; `%2F`, `%25` and UTF-8 escapes still decode.
+    @Test func aPercentZeroZeroOrNonUTF8EscapeIs400BeforeTheHandler() async throws {
+        let handled = Counter()
+        let handler = ClosureHTTPHandler(synchronous: { request in
+            handled.increment()
+            let json = try! JSONSerialization.data(withJSONObject: ["path": request.path, "query": request.query])
+            return .json(status: 201, String(decoding: json, as: UTF8.self))
+        })
+        try await withServer(handler: handler) { server in
+            for target in ["/v1/accounts/c/v%00x", "/v1/accounts/c/v?x=a%00b", "/v1/accounts/c/v?a%00=1", "/p%FF", "/p?v=%C3"] {
+                let answer = try await send("PATCH", target, port: server.port)
+                #expect(answer.status == 400, "\(target)")
+                #expect(String(decoding: answer.body, as: UTF8.self) == #"{"error":"bad_request"}"#, "\(target)")
+            }
+            #expect(handled.value == 0)
+            let decoded = try await send("GET", "/a%2Fb%25%C3%A9?q=%E2%9C%93", port: server.port)
+            #expect(decoded.status == 201)
+            let json = try #require(try JSONSerialization.jsonObject(with: decoded.body) as? [String: Any])
+            #expect(json["path"] as? String == "/a/b%\u{e9}")
+            #expect(json["query"] as? [String: String] == ["q": "\u{2713}"])
+            #expect(handled.value == 1)
+        }
+    }
+
     @Test func contentTypeIsAlwaysSent() async throws {
         let handler = ClosureHTTPHandler(synchronous: { _ in HTTPResponse(status: 204) })
         try await withServer(handler: handler) { server in

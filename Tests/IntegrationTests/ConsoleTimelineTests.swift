@@ -72,7 +72,7 @@ import Testing
         try await waitForStatus(sub, "deleted", db, timeout: .seconds(90))
         let simulate = try await Siwa.run(
             ["simulate", "consent-revoked", "--sub", sub, "--client-id", Self.clientID, "--receiver-url", stack.endpoint,
-             "--fake-apple-url", stack.fakeURL], environment: [:])
+             "--fake-apple-url", stack.fakeURL], environment: stack.trustEnvironment)
         #expect(simulate.status == 0, "\(simulate.stderr)")
         try await db.waitFor("SELECT count(*) FROM siwa.notifications WHERE sub = \(sub) AND processed_at IS NOT NULL") { $0 == 1 }
 

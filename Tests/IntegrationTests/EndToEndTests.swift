@@ -38,9 +38,16 @@ import WorkerCore
             #expect(revokes.first?.status == 200 && revokes.first?.validClientSecret == true)
             #expect(try await token(sub, db) == nil)
 
-            let simulate = try await Siwa.run(
-                ["simulate", "consent-revoked", "--sub", sub, "--client-id", Self.clientID, "--receiver-url", stack.endpoint,
-                 "--fake-apple-url", stack.fakeURL], environment: [:])
+            let arguments = [
+                "simulate", "consent-revoked", "--sub", sub, "--client-id", Self.clientID, "--receiver-url", stack.endpoint,
+                "--fake-apple-url", stack.fakeURL,
+            ]
+            if stack.caFile != nil {
+                // Without the CA the fake's certificate does not verify: one line naming the setting.
+                let untrusted = try await Siwa.run(arguments, environment: [:])
+                #expect(untrusted.status == 1 && untrusted.stderr.contains("(tls); set SIWA_CA_FILE"), "\(untrusted.stderr)")
+            }
+            let simulate = try await Siwa.run(arguments, environment: stack.trustEnvironment)
             #expect(simulate.status == 0, "\(simulate.stdout)\(simulate.stderr)")
             try await db.waitFor(
                 "SELECT count(*) FROM siwa.notifications WHERE sub = \(sub) AND processed_at IS NOT NULL") { $0 == 1 }

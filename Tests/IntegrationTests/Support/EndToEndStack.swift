@@ -14,9 +14,9 @@ final class EndToEndStack: @unchecked Sendable {
     static let clientID = "com.example.app"
     static let teamID = "E2ETEAM001"
     static let keyID = "E2EKEY0001"
-    /// Off until every client the stack and these tests use (the receiver's, the worker's, the
-    /// tests' own `HTTP`) honours `SIWA_CA_FILE`.
-    static let appleOverTLSByDefault = false
+    /// On: the end-to-end tests take the path that talks to the real Apple (https, certificates
+    /// verified against `SIWA_CA_FILE`); a test passes `appleOverTLS: false` for plain http.
+    static let appleOverTLSByDefault = true
 
     let database: MigratedDatabase
     let directory: URL
@@ -30,6 +30,8 @@ final class EndToEndStack: @unchecked Sendable {
     let caFile: String?
 
     var endpoint: String { receiverURL + "/apple/notifications" }
+    /// What a `siwa` command run against this stack needs to trust its fake Apple.
+    var trustEnvironment: [String: String] { caFile.map { ["SIWA_CA_FILE": $0] } ?? [:] }
     var processes: [ServiceProcess] { [fake, receiver, worker] }
 
     init(

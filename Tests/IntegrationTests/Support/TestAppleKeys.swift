@@ -86,9 +86,10 @@ final class LockedBox<Value>: @unchecked Sendable {
     }
 }
 
-/// Small HTTP helper for driving a receiver.
+/// Small HTTP helper for driving a receiver. Trusts the tests' CA (`TestCertificates.authority`)
+/// besides the system's, so a fake Apple or sink a test runs over `https://` answers it too.
 enum HTTP {
-    static let client = HTTPClient()
+    static let client = HTTPClient(extraCertificatesPEM: TestCertificates.authority.certificatePEM)
 
     static func request(_ method: String, _ url: String, body: Data? = nil, bearer: String? = nil, timeout: Duration = .seconds(15))
         async throws -> (status: Int, body: String)

@@ -1,15 +1,23 @@
 import CryptoCore
 import Foundation
 
-/// A throwaway CA and a server certificate for 127.0.0.1 and localhost, written into `directory`
-/// (the key file 0600), for servers the tests run over `https://` (`--tls-cert-file`, `--tls-key-file`).
+/// The test process's throwaway CA's certificate and a fresh server certificate for 127.0.0.1 and
+/// localhost, written into `directory` (the key file 0600), for servers the tests run over `https://`
+/// (`--tls-cert-file`, `--tls-key-file`). One CA for the whole test process, so the tests' own client
+/// (`HTTP.client`) trusts every such server, as `SIWA_CA_FILE` makes the receiver and worker do.
 struct TestCertificates {
     let caFile: String
     let certificateFile: String
     let keyFile: String
 
+    /// Made once per test process (an RSA/EC key and a self-signed certificate).
+    static let authority: LocalCertificateAuthority = {
+        do { return try LocalCertificateAuthority.generate(commonName: "siwa test CA", validitySeconds: 86_400) }
+        catch { fatalError("the tests' throwaway CA: \(error)") }
+    }()
+
     init(in directory: URL, prefix: String = "") throws {
-        let authority = try LocalCertificateAuthority.generate(commonName: "siwa test CA", validitySeconds: 86_400)
+        let authority = Self.authority
         let server = try authority.issueServerCertificate(
             commonName: "siwa test server", ipAddresses: ["127.0.0.1"], dnsNames: ["localhost"], validitySeconds: 86_400)
         caFile = directory.appendingPathComponent(prefix + "ca.pem").path
