@@ -4,10 +4,10 @@
 -- Tables: sql/009_team_transfer.sql.
 
 -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
--- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
--- one), or, when this database also holds the sending side's account (found by the transfer_sub the
--- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
--- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
+-- email; it is created with no refresh token (the old team's tokens are useless to the new one),
+-- or, when this database also holds the sending side's account (found by the transfer_sub the
+-- export stored on it), that account is re-keyed to the new `sub`, its old token dropped: both as
+-- event `transferred` of siwa.account_effect says (`active`, the grant ended for this team). An account that already exists under the new `sub` keeps its status (Apple told us about
 -- it after the transfer: newer than the line). A line whose account is being deleted or was deleted
 -- is `skipped`, never brought back. Appends change `transferred` (reason: how it completed).
 -- Returns the app_user_id the account now carries; the same for a line already completed with this
@@ -20,6 +20,7 @@ DECLARE
     line   siwa.transfer_imports;
     target siwa.accounts;
     source siwa.accounts;
+    effect siwa.account_effect;
 BEGIN
     IF coalesce(p_client_id, '') = '' OR coalesce(p_transfer_sub, '') = '' OR coalesce(p_sub, '') = ''
        OR p_via IS NULL OR p_via NOT IN ('import', 'sign_in') THEN
@@ -42,7 +43,9 @@ BEGIN
          ORDER BY a.sub LIMIT 1 FOR UPDATE;
     END IF;
 
-    IF coalesce(target.status, source.status) IN ('pending_deletion', 'deleted') THEN
+    -- No account at all: the line creates one (status NULL).
+    effect := siwa.account_effect(coalesce(target.status, source.status), 'transferred');
+    IF effect.outcome <> 'applied' THEN
         UPDATE siwa.transfer_imports t
            SET state = 'skipped', sub = p_sub, completed_by = p_via, completed_at = now(),
                last_error = 'account_' || coalesce(target.status, source.status)
@@ -60,22 +63,24 @@ BEGIN
         -- team: neither the new team nor the new key can use them, so they go
         -- (deploy/README.md, "Moving an app to another team").
         UPDATE siwa.accounts a
-           SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+           SET sub = p_sub, app_user_id = line.app_user_id, status = effect.next_status,
                email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
-               refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
+               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+               last_email_event_at = NULL,
                token_checked_at = NULL, linked_at = now(), updated_at = now(),
                transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
          WHERE a.client_id = source.client_id AND a.sub = source.sub;
     ELSE
         INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-        VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+        VALUES (p_client_id, p_sub, line.app_user_id, effect.next_status, p_email,
                 p_is_private_email, now(), now());
     END IF;
 
     UPDATE siwa.transfer_imports t
        SET state = 'done', sub = p_sub, completed_by = p_via, completed_at = now(), last_error = NULL
      WHERE t.client_id = p_client_id AND t.transfer_sub = p_transfer_sub;
-    PERFORM siwa.record_change(p_client_id, p_sub, 'transferred', p_via, NULL, NULL);
+    PERFORM siwa.record_change(p_client_id, p_sub, effect.change, p_via, NULL, NULL);
     RETURN line.app_user_id;
 END
 $$;
