@@ -452,6 +452,15 @@ BEGIN
 END
 $$;
 
+-- ReconcileJobHandler, before it calls Apple: the account's status, its current token and when
+-- that token was last checked; no row when there is no account.
+CREATE OR REPLACE FUNCTION siwa.reconcile_account(p_client_id text, p_sub text)
+RETURNS TABLE (status text, refresh_token_enc bytea, token_checked_at timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.status, a.refresh_token_enc, a.token_checked_at FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
 -- ReconcileJobHandler: Apple's answer for the token it tested (`p_token_enc`, as read before the
 -- call): `valid` or `invalid_grant`. Acts only if that token is still the stored one of an active
 -- account (a relink meanwhile stored a fresh token that the answer says nothing about). Fenced by
@@ -668,7 +677,7 @@ BEGIN
             siwa.account_imported(text, text, text, bytea),
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
-            siwa.reconcile_result(bigint, integer, bytea, text),
+            siwa.reconcile_account(text, text), siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text)

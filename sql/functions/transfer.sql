@@ -97,6 +97,69 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT siwa.complete_transfer(client_id, transfer_sub, sub, email, is_private_email, 'sign_in')
 $$;
 
+-- Team transfer, sending side (`siwa accounts transfer export`, WorkerCore/Transfer/TransferExport.swift):
+-- the accounts the file carries are the active ones with an app_user_id (the recipient maps each
+-- line to that); each gets the `transfer_sub` Apple gives for the target team, stored as it arrives.
+
+-- The client IDs with accounts to export.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_client_ids() RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT DISTINCT a.client_id FROM siwa.accounts a
+     WHERE a.status = 'active' AND a.app_user_id IS NOT NULL ORDER BY a.client_id
+$$;
+
+-- What an export of p_client_id to p_target_team finds: one row `exported` (every account the file
+-- carries) and `obtained` (those with an identifier for that team already), then one row per reason
+-- an account is left out (its status, or `no_app_user_id`) with how many.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_counts(p_client_id text, p_target_team text)
+RETURNS TABLE (what text, n bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 'exported', count(*) FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+    UNION ALL
+    SELECT 'obtained', count(*) FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND a.transfer_sub IS NOT NULL AND a.transfer_target_team = p_target_team
+    UNION ALL
+    SELECT * FROM (SELECT CASE WHEN a.status = 'active' THEN 'no_app_user_id' ELSE a.status END, count(*)
+                     FROM siwa.accounts a
+                    WHERE a.client_id = p_client_id AND NOT (a.status = 'active' AND a.app_user_id IS NOT NULL)
+                    GROUP BY 1) skipped
+$$;
+
+-- The next p_limit exported subs after p_after, in order, still without an identifier for p_target_team.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_missing(p_client_id text, p_target_team text, p_after text, p_limit integer)
+RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.sub FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND (a.transfer_sub IS NULL OR a.transfer_target_team IS DISTINCT FROM p_target_team)
+       AND a.sub > p_after
+     ORDER BY a.sub LIMIT p_limit
+$$;
+
+-- Stores the identifier Apple gave for (p_client_id, p_sub) and p_target_team; p_transfer_sub NULL
+-- forgets it (one the file cannot carry: the next run asks again).
+CREATE OR REPLACE FUNCTION siwa.transfer_export_store(p_client_id text, p_sub text, p_transfer_sub text, p_target_team text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.accounts a
+       SET transfer_sub = p_transfer_sub,
+           transfer_target_team = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_target_team ELSE p_target_team END,
+           transfer_sub_at = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_sub_at ELSE now() END
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
+-- The file's next p_limit records after p_after: every exported account with an identifier for p_target_team.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_records(p_client_id text, p_target_team text, p_after text, p_limit integer)
+RETURNS TABLE (sub text, transfer_sub text, app_user_id text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.sub, a.transfer_sub, a.app_user_id FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND a.transfer_sub IS NOT NULL AND a.transfer_target_team = p_target_team AND a.sub > p_after
+     ORDER BY a.sub LIMIT p_limit
+$$;
+
 -- Privileges: the worker only (app API, and operators running the transfer commands with its
 -- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see queue.sql).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -104,7 +167,11 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.complete_transfer(text, text, text, text, boolean, text),
-                                  siwa.claim_transfer(text, text, text, text, boolean)
+                                  siwa.claim_transfer(text, text, text, text, boolean),
+                                  siwa.transfer_export_client_ids(), siwa.transfer_export_counts(text, text),
+                                  siwa.transfer_export_missing(text, text, text, integer),
+                                  siwa.transfer_export_store(text, text, text, text),
+                                  siwa.transfer_export_records(text, text, text, integer)
            TO siwa_worker;
     END IF;
 END
