@@ -197,18 +197,16 @@ package struct JobQueue: Sendable {
 
     // MARK: Finishing a claimed job (fenced)
 
+    /// Completion, fenced by the lease (`siwa.complete_job`, sql/functions/queue.sql: the one way a
+    /// job completes).
     package static func completeQuery(_ job: Job, outcome: String) -> PostgresQuery {
-        """
-        UPDATE siwa.jobs SET state = 'completed', outcome = \(outcome), finalized_at = now(),
-               locked_by = NULL, locked_until = NULL
-         WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-        """
+        "SELECT siwa.complete_job(\(job.id), \(job.attempt)::integer, \(outcome))"
     }
 
     /// For handlers that complete the job in the transaction of their own effect: false means the
     /// lease was lost, and the caller must roll its effect back.
     package static func complete(_ job: Job, outcome: String, on connection: PostgresConnection) async throws -> Bool {
-        try await connection.execute(completeQuery(job, outcome: outcome)) == 1
+        try await connection.query(completeQuery(job, outcome: outcome))[0].decode(Bool.self, at: 0)
     }
 
     package func complete(_ job: Job, outcome: String) async throws -> Bool {
@@ -272,11 +270,8 @@ package struct JobQueue: Sendable {
 
     /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.
     package static func completeForgedNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
-        try await connection.execute(
-            """
-            UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
-             WHERE id = ANY(\(ids))
-            """)
+        _ = try await connection.query(
+            "SELECT count(*) FROM siwa.complete_jobs(\(ids), '{}', \(Array(repeating: "forged", count: ids.count)))")
     }
 
     // MARK: Leases

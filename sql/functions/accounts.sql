@@ -315,10 +315,8 @@ BEGIN
     SELECT * INTO result
       FROM siwa.account_linked(j.client_id, j.sub, j.args->>'app_user_id', p_token_enc, p_email, p_is_private_email,
                                coalesce(j.args->>'purpose', '') = 'deletion', deletion_after, j.id);
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN result.result_change = 'linked' THEN 'linked' ELSE 'token_kept_for_deletion' END,
-           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = p_job_id;
+    PERFORM siwa.complete_job(p_job_id, NULL,
+                              CASE WHEN result.result_change = 'linked' THEN 'linked' ELSE 'token_kept_for_deletion' END);
     RETURN result.result_status;
 END
 $$;
@@ -331,16 +329,17 @@ CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integ
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
+    result_outcome text;
 BEGIN
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN args->>'purpose' = 'deletion' THEN 'code_failed' ELSE 'link_failed' END,
-           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = p_job_id AND kind = 'exchange' AND state = 'running' AND attempt = p_attempt
-    RETURNING * INTO j;
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND kind = 'exchange' FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF j.outcome = 'link_failed' THEN
+    result_outcome := CASE WHEN j.args->>'purpose' = 'deletion' THEN 'code_failed' ELSE 'link_failed' END;
+    IF NOT siwa.complete_job(p_job_id, p_attempt, result_outcome) THEN
+        RETURN false;
+    END IF;
+    IF result_outcome = 'link_failed' THEN
         PERFORM siwa.record_change(j.client_id, j.sub, 'link_failed', p_reason, NULL, j.id);
     END IF;
     RETURN true;
@@ -410,18 +409,12 @@ BEGIN
             PERFORM siwa.erase_personal_data(a.client_id, a.sub);
         END IF;
         PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
-        UPDATE siwa.jobs
-           SET state = 'completed', outcome = CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END,
-               finalized_at = now(), locked_by = NULL, locked_until = NULL
-         WHERE id = j.id;
+        PERFORM siwa.complete_job(j.id, p_attempt, CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END);
         RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
         RETURN;
     END IF;
 
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END,
-           finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = j.id;
+    PERFORM siwa.complete_job(j.id, p_attempt, CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END);
     RETURN QUERY SELECT CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END, NULL::bytea, NULL::double precision;
 END
 $$;
@@ -501,9 +494,7 @@ BEGIN
     ELSE
         RAISE EXCEPTION 'siwa.reconcile_result: unknown answer %', p_answer USING ERRCODE = '22023';
     END IF;
-    UPDATE siwa.jobs SET state = 'completed', outcome = result_outcome, finalized_at = now(),
-                         locked_by = NULL, locked_until = NULL
-     WHERE id = j.id;
+    PERFORM siwa.complete_job(j.id, p_attempt, result_outcome);
     RETURN result_outcome;
 END
 $$;
