@@ -268,10 +268,10 @@ package struct JobQueue: Sendable {
         """
     }
 
-    /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.
+    /// Held notification jobs the gate refused: each notification recorded `forged`, never applied,
+    /// and its job completed with that outcome (`siwa.forged_notifications`).
     package static func completeForgedNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
-        _ = try await connection.query(
-            "SELECT count(*) FROM siwa.complete_jobs(\(ids), '{}', \(Array(repeating: "forged", count: ids.count)))")
+        _ = try await connection.query("SELECT siwa.forged_notifications(\(ids))")
     }
 
     // MARK: Leases

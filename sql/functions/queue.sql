@@ -171,6 +171,21 @@ BEGIN
 END
 $$;
 
+-- Held notification jobs the worker's gate refused (their jws or columns do not verify, see
+-- siwa.held_notification_jobs), locked by the caller: each notification is recorded `forged`,
+-- never applied, and its job completed with that outcome. Returns how many jobs completed.
+CREATE OR REPLACE FUNCTION siwa.forged_notifications(p_job_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.notifications n SET processed_at = now(), outcome = 'forged'
+      FROM siwa.jobs j
+     WHERE j.id = ANY (p_job_ids) AND n.jti = j.notification_jti AND n.processed_at IS NULL;
+    RETURN (SELECT count(*)
+              FROM siwa.complete_jobs(p_job_ids, '{}', array_fill('forged'::text, ARRAY[cardinality(p_job_ids)])));
+END
+$$;
+
 -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
 -- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
 -- the lease (kept in the signature for callers).
@@ -347,7 +362,7 @@ BEGIN
                                   siwa.complete_job(bigint, integer, text),
                                   siwa.claim_call_jobs(text, integer, double precision),
                                   siwa.rescue_expired_jobs(),
-                                  siwa.held_notification_jobs(integer, boolean),
+                                  siwa.held_notification_jobs(integer, boolean), siwa.forged_notifications(bigint[]),
                                   siwa.run_notification_batch(text, integer, double precision, boolean,
                                                               double precision, double precision, bigint[])
            TO siwa_worker;
