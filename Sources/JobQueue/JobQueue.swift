@@ -216,19 +216,13 @@ package struct JobQueue: Sendable {
     /// Records the error; back to `available` after `retryIn`, or `discarded` when `discard`.
     package func fail(_ job: Job, error: String, retryIn: Duration, discard: Bool) async throws -> Bool {
         try await pool.withConnection { connection in
-            try await connection.execute(
+            // `siwa.fail_jobs` (sql/functions/queue.sql): the one way a job fails.
+            try await connection.query(
                 """
-                UPDATE siwa.jobs
-                   SET errors = errors || jsonb_build_array(jsonb_build_object(
-                           'attempt', attempt, 'at', now(), 'error', \(error)::text)),
-                       state = CASE WHEN \(discard) THEN 'discarded' ELSE 'available' END,
-                       run_at = CASE WHEN \(discard) THEN run_at ELSE now() + make_interval(secs => \(retryIn.seconds)) END,
-                       finalized_at = CASE WHEN \(discard) THEN now() END,
-                       -- A discarded exchange keeps no authorization code (it is dead in minutes anyway).
-                       args = CASE WHEN \(discard) THEN args - 'code' ELSE args END,
-                       locked_by = NULL, locked_until = NULL
-                 WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-                """) == 1
+                SELECT count(*)::int FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
+                                                         ARRAY[\(error)]::text[], ARRAY[\(retryIn.seconds)]::float8[],
+                                                         ARRAY[\(discard)]::boolean[])
+                """)[0].decode(Int.self, at: 0) == 1
         }
     }
 

@@ -92,6 +92,38 @@ BEGIN
 END
 $$;
 
+-- The one way a job fails: its error appended to `errors` (with the attempt and the time), then
+-- back to `available` at now + p_retry_in seconds, or, where p_discard says so, `discarded` for
+-- good (finalized now, kept for an operator's `siwa jobs retry`; an exchange keeps no code, dead in
+-- minutes anyway). No lease is left. Fenced as siwa.complete_jobs is (p_row_locked: the batch's
+-- row lock, whose write grows the attempt). When to retry and when to discard is the caller's:
+-- JobLifecycle.decide for the Apple-calling jobs, siwa.run_notification_batch for its own.
+-- Returns each job written and its state.
+CREATE OR REPLACE FUNCTION siwa.fail_jobs(
+    p_ids bigint[], p_attempts integer[], p_errors text[], p_retry_in double precision[], p_discard boolean[],
+    p_row_locked boolean DEFAULT false
+) RETURNS TABLE (id bigint, state text)
+LANGUAGE plpgsql
+SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE siwa.jobs j
+       SET errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', u.error)),
+           state = CASE WHEN u.discard THEN 'discarded' ELSE 'available' END,
+           run_at = CASE WHEN u.discard THEN j.run_at ELSE now() + make_interval(secs => u.retry_in) END,
+           finalized_at = CASE WHEN u.discard THEN now() END,
+           args = CASE WHEN u.discard THEN j.args - 'code' ELSE j.args END,
+           attempt = CASE WHEN p_row_locked THEN j.attempt + 1 ELSE j.attempt END,
+           locked_by = NULL, locked_until = NULL
+      FROM unnest(p_ids, p_attempts, p_errors, p_retry_in, p_discard) AS u(id, attempt, error, retry_in, discard)
+     WHERE j.id = u.id AND j.attempt = u.attempt
+       AND j.state = CASE WHEN p_row_locked THEN 'available' ELSE 'running' END
+    RETURNING j.id, j.state;
+END
+$$;
+
 -- One job: siwa.complete_jobs for it. Returns whether it completed (false: the fence did not hold).
 CREATE OR REPLACE FUNCTION siwa.complete_job(p_job_id bigint, p_attempt integer, p_outcome text) RETURNS boolean
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
@@ -256,17 +288,14 @@ BEGIN
                 PERFORM siwa.apply_notification(job.jti, job.id);
             EXCEPTION WHEN OTHERS THEN
                 message := SQLERRM;
-                UPDATE siwa.jobs j
-                   SET errors = j.errors || jsonb_build_array(jsonb_build_object(
-                           'attempt', j.attempt, 'at', now(), 'error', message)),
-                       state = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
-                                    THEN 'discarded' ELSE 'available' END,
-                       run_at = now() + siwa.job_backoff(jsonb_array_length(j.errors) + 1, p_backoff_base, p_backoff_cap),
-                       finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
-                                           THEN now() END,
-                       attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
-                 WHERE j.id = job.id AND j.state = 'available' AND j.attempt = job.attempt
-                RETURNING j.state INTO final_state;
+                -- Discarded once its failures reach max_attempts, else retried after the backoff.
+                SELECT f.state INTO final_state
+                  FROM siwa.jobs j,
+                       siwa.fail_jobs(ARRAY[job.id], ARRAY[job.attempt], ARRAY[message],
+                                      ARRAY[extract(epoch FROM siwa.job_backoff(jsonb_array_length(j.errors) + 1,
+                                                                                 p_backoff_base, p_backoff_cap))::float8],
+                                      ARRAY[jsonb_array_length(j.errors) + 1 >= j.max_attempts], true) f
+                 WHERE j.id = job.id;
                 job_id := job.id; jti := job.jti; outcome := NULL; error := message;
                 state := coalesce(final_state, 'lost'); delay_seconds := NULL;
                 RETURN NEXT;
@@ -360,6 +389,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
                                   siwa.complete_jobs(bigint[], integer[], text[], boolean),
                                   siwa.complete_job(bigint, integer, text),
+                                  siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[], boolean),
                                   siwa.claim_call_jobs(text, integer, double precision),
                                   siwa.rescue_expired_jobs(),
                                   siwa.held_notification_jobs(integer, boolean), siwa.forged_notifications(bigint[]),
