@@ -197,18 +197,16 @@ package struct JobQueue: Sendable {
 
     // MARK: Finishing a claimed job (fenced)
 
+    /// Completion, fenced by the lease (`siwa.complete_job`, sql/functions/queue.sql: the one way a
+    /// job completes).
     package static func completeQuery(_ job: Job, outcome: String) -> PostgresQuery {
-        """
-        UPDATE siwa.jobs SET state = 'completed', outcome = \(outcome), finalized_at = now(),
-               locked_by = NULL, locked_until = NULL
-         WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-        """
+        "SELECT siwa.complete_job(\(job.id), \(job.attempt)::integer, \(outcome))"
     }
 
     /// For handlers that complete the job in the transaction of their own effect: false means the
     /// lease was lost, and the caller must roll its effect back.
     package static func complete(_ job: Job, outcome: String, on connection: PostgresConnection) async throws -> Bool {
-        try await connection.execute(completeQuery(job, outcome: outcome)) == 1
+        try await connection.query(completeQuery(job, outcome: outcome))[0].decode(Bool.self, at: 0)
     }
 
     package func complete(_ job: Job, outcome: String) async throws -> Bool {
@@ -218,19 +216,13 @@ package struct JobQueue: Sendable {
     /// Records the error; back to `available` after `retryIn`, or `discarded` when `discard`.
     package func fail(_ job: Job, error: String, retryIn: Duration, discard: Bool) async throws -> Bool {
         try await pool.withConnection { connection in
-            try await connection.execute(
+            // `siwa.fail_jobs` (sql/functions/queue.sql): the one way a job fails.
+            try await connection.query(
                 """
-                UPDATE siwa.jobs
-                   SET errors = errors || jsonb_build_array(jsonb_build_object(
-                           'attempt', attempt, 'at', now(), 'error', \(error)::text)),
-                       state = CASE WHEN \(discard) THEN 'discarded' ELSE 'available' END,
-                       run_at = CASE WHEN \(discard) THEN run_at ELSE now() + make_interval(secs => \(retryIn.seconds)) END,
-                       finalized_at = CASE WHEN \(discard) THEN now() END,
-                       -- A discarded exchange keeps no authorization code (it is dead in minutes anyway).
-                       args = CASE WHEN \(discard) THEN args - 'code' ELSE args END,
-                       locked_by = NULL, locked_until = NULL
-                 WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-                """) == 1
+                SELECT count(*)::int FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
+                                                         ARRAY[\(error)]::text[], ARRAY[\(retryIn.seconds)]::float8[],
+                                                         ARRAY[\(discard)]::boolean[])
+                """)[0].decode(Int.self, at: 0) == 1
         }
     }
 
@@ -270,13 +262,10 @@ package struct JobQueue: Sendable {
         """
     }
 
-    /// Held notification jobs the gate refused: completed with outcome `forged`, never applied.
+    /// Held notification jobs the gate refused: each notification recorded `forged`, never applied,
+    /// and its job completed with that outcome (`siwa.forged_notifications`).
     package static func completeForgedNotifications(_ ids: [Int64], on connection: PostgresConnection) async throws {
-        try await connection.execute(
-            """
-            UPDATE siwa.jobs SET state = 'completed', outcome = 'forged', finalized_at = now(), run_at = now()
-             WHERE id = ANY(\(ids))
-            """)
+        _ = try await connection.query("SELECT siwa.forged_notifications(\(ids))")
     }
 
     // MARK: Leases

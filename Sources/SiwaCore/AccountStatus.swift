@@ -1,5 +1,5 @@
 /// `siwa.accounts.status`, as its CHECK constraint allows (a test keeps the two equal). The
-/// transitions between them are decided in SQL only (`siwa.account_next_status`,
+/// transitions between them are decided in SQL only (`siwa.account_effect`,
 /// sql/functions/accounts.sql); Swift reads them.
 package enum AccountStatus: String, Sendable, CaseIterable {
     /// A completed link (an exchange or a sign-in).

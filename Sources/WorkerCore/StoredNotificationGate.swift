@@ -60,11 +60,6 @@ struct StoredNotificationGate: Sendable {
             }
         }
         if !verdicts.forged.isEmpty {
-            try await connection.execute(
-                """
-                UPDATE siwa.notifications SET processed_at = now(), outcome = 'forged'
-                 WHERE jti = ANY(\(verdicts.forged.map(\.jti))) AND processed_at IS NULL
-                """)
             try await JobQueue.completeForgedNotifications(verdicts.forged.map(\.jobID), on: connection)
         }
         return verdicts

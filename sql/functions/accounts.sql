@@ -1,41 +1,102 @@
--- The account lifecycle: one state machine (siwa.account_next_status) and the entry points every
+-- The account lifecycle: the account rules (siwa.account_effect) and the entry points every
 -- path calls (the app's functions, the worker's exchange, revoke and reconcile handlers, the app
 -- API's sign-in). The Swift handlers only talk to Apple and hand the outcome to these functions.
--- Notifications go through the same state machine in sql/functions/notifications.sql.
+-- Notifications go through the same rules in sql/functions/notifications.sql.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
---
--- Events: `linked` (an exchange or a sign-in), `late_link` (an exchange queued before a deletion
--- that has finished since), `deletion_requested`, `deletion_finished` (every token revoked),
--- `reconcile_invalid_grant`, and the notification types (`consent-revoked`, `account-deleted`,
--- `email-enabled`, `email-disabled`).
 
--- The next status of an account in `p_status` (NULL: no row yet) after `p_event`. Pure, so the
--- planner inlines it into the set-based statements of siwa.apply_notifications.
-CREATE OR REPLACE FUNCTION siwa.account_next_status(p_status text, p_event text) RETURNS text
+-- THE ACCOUNT RULES: what `p_event` does to an account in `p_status` (NULL: no row yet), every
+-- part of it in one value (the type's columns: sql/018_account_effect.sql). Every path that
+-- changes an account's status asks this and does what it says: the notification batch
+-- (siwa.apply_notifications, and so siwa.apply_notification), a link or sign-in
+-- (siwa.account_linked), siwa.request_deletion, a deletion's end (siwa.revoke_step),
+-- reconciliation (siwa.reconcile_result) and team transfer (siwa.complete_transfer). One line per
+-- (event, status); an event that does not apply does nothing (next_status is the status, no flag,
+-- no change). Tests/IntegrationTests/AccountEffectTableTests.swift holds the same table as
+-- sentences, checked against this and against what the notification batch does to real rows:
+-- changing what an event does is one line here and one row there.
+--
+-- Pure and inlined by the planner (no SET clause, no relation named); callers that read several
+-- columns for many rows compute it once per row (siwa.apply_notifications does, in a CTE).
+-- Not decided here, on purpose:
+--   - the order of events: an event older than the state it would overwrite is `stale`
+--     (siwa.notification_outcome, notifications.sql: event_time against linked_at and the last
+--     email event; a late link against the deletion requested since: siwa.exchange_succeeded,
+--     siwa.sign_in_succeeded); a repeated deletion request is answered with its pending job
+--     (siwa.request_deletion); reconciliation's answer only counts for the token still stored;
+--   - the data an event carries (the email an email event brings, the token a link brings).
+--
+-- Events: Apple's four (`consent-revoked`, `account-deleted`, `email-enabled`, `email-disabled`);
+-- `linked` (an exchange or a sign-in); `late_link` (a token that belongs to a deletion: the
+-- deletion's own code, or a link queued before a deletion that has finished since);
+-- `deletion_requested`; `deletion_finished` (every token revoked); `reconcile_invalid_grant` (Apple
+-- says the stored token is dead); `transferred` (team transfer: an imported line becomes this account).
+CREATE OR REPLACE FUNCTION siwa.account_effect(p_status text, p_event text) RETURNS siwa.account_effect
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE
-        WHEN p_event = 'deletion_requested' THEN 'pending_deletion'
-        WHEN p_event = 'deletion_finished' THEN
-            CASE WHEN p_status = 'pending_deletion' THEN 'deleted' ELSE p_status END
-        -- A pending deletion is finished only by its revoke; a deletion is left only by a new link.
-        WHEN p_status = 'pending_deletion' THEN p_status
-        WHEN p_event = 'linked' THEN 'active'
-        WHEN p_status = 'deleted' THEN p_status  -- Apple answers our revoke with consent-revoked
-        WHEN p_event IN ('consent-revoked', 'reconcile_invalid_grant') THEN
-            CASE WHEN p_status = 'apple_account_deleted' THEN p_status ELSE 'consent_revoked' END
-        WHEN p_event = 'account-deleted' THEN 'apple_account_deleted'
-        ELSE coalesce(p_status, 'active')  -- email events and unknown types change no status
+    SELECT CASE p_event
+    --                          next_status         outcome                   ends   ends  erases email  change
+    --                                                                        grant  sess. data   fwd.
+    WHEN 'consent-revoked' THEN CASE
+        WHEN p_status = 'deleted'  -- Apple answers our own revoke with consent-revoked: it must not revive the row
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        WHEN p_status IN ('consent_revoked', 'apple_account_deleted')
+            THEN ROW(p_status,          'no_change',               false, false, false, NULL, NULL)::siwa.account_effect
+        WHEN p_status = 'pending_deletion'  -- its revoke still revokes every token (Apple answers 200 for a dead one)
+            THEN ROW(p_status,          'applied',                 false, true,  false, NULL, 'consent_revoked')::siwa.account_effect
+        ELSE ROW('consent_revoked',     'applied',                 true,  true,  false, NULL, 'consent_revoked')::siwa.account_effect
+        END
+    WHEN 'account-deleted' THEN CASE
+        WHEN p_status = 'deleted'
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        WHEN p_status = 'apple_account_deleted'
+            THEN ROW(p_status,          'no_change',               false, false, false, NULL, NULL)::siwa.account_effect
+        WHEN p_status = 'pending_deletion'  -- the deletion finishes, and erases, on its own
+            THEN ROW(p_status,          'applied',                 false, true,  false, NULL, 'apple_account_deleted')::siwa.account_effect
+        ELSE ROW('apple_account_deleted', 'applied',               true,  true,  true,  NULL, 'apple_account_deleted')::siwa.account_effect
+        END
+    WHEN 'email-enabled' THEN CASE
+        WHEN p_status IN ('deleted', 'apple_account_deleted', 'pending_deletion')
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        ELSE ROW(coalesce(p_status, 'active'), 'applied',          false, false, false, 'enabled', 'email_enabled')::siwa.account_effect
+        END
+    WHEN 'email-disabled' THEN CASE
+        WHEN p_status IN ('deleted', 'apple_account_deleted', 'pending_deletion')
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        ELSE ROW(coalesce(p_status, 'active'), 'applied',          false, false, false, 'disabled', 'email_disabled')::siwa.account_effect
+        END
+    WHEN 'linked' THEN CASE
+        WHEN p_status = 'pending_deletion'  -- its token is kept for the deletion to revoke
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        ELSE ROW('active',              'applied',                 false, false, false, NULL, 'linked')::siwa.account_effect  -- after deleted: a new life
+        END
+    WHEN 'late_link'  -- its token goes to the deletion (kept, or revoked by a late revoke job)
+        THEN ROW(p_status,              'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+    WHEN 'deletion_requested'  -- a repeat is answered with its pending job before this (siwa.request_deletion)
+        THEN ROW('pending_deletion',    'applied',                 false, false, false, NULL, 'deletion_requested')::siwa.account_effect
+    WHEN 'deletion_finished' THEN CASE
+        WHEN p_status = 'pending_deletion'  -- its revoke removed every token already
+            THEN ROW('deleted',         'applied',                 false, true,  true,  NULL, 'deleted')::siwa.account_effect
+        ELSE ROW(p_status,              'no_change',               false, false, false, NULL, NULL)::siwa.account_effect
+        END
+    WHEN 'reconcile_invalid_grant' THEN CASE
+        WHEN p_status = 'active'
+            THEN ROW('consent_revoked', 'applied',                 true,  true,  false, NULL, 'consent_revoked')::siwa.account_effect
+        WHEN p_status IN ('pending_deletion', 'deleted')
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        ELSE ROW(p_status,              'no_change',               false, false, false, NULL, NULL)::siwa.account_effect
+        END
+    WHEN 'transferred' THEN CASE
+        WHEN p_status IN ('pending_deletion', 'deleted')  -- the imported line is skipped, never brought back
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        -- the old team's tokens are useless to the new one (and sealed with the old sub)
+        ELSE ROW('active',              'applied',                 true,  false, false, NULL, 'transferred')::siwa.account_effect
+        END
+    ELSE ROW(p_status,                  'ignored_unknown_type',    false, false, false, NULL, NULL)::siwa.account_effect
     END
 $$;
 
--- Whether `p_event` in `p_status` ends the user's grant at Apple, so the stored tokens are dead
--- and discarded (consent withdrawn, Apple account deleted). A pending deletion keeps them: its
--- revoke still revokes every one (Apple answers 200 for a dead token), so none is missed.
-CREATE OR REPLACE FUNCTION siwa.account_event_ends_grant(p_status text, p_event text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_event IN ('consent-revoked', 'account-deleted', 'reconcile_invalid_grant')
-       AND p_status IS DISTINCT FROM 'pending_deletion'
-$$;
+-- The helpers account_effect replaced (nothing calls them since).
+DROP FUNCTION IF EXISTS siwa.account_next_status(text, text);
+DROP FUNCTION IF EXISTS siwa.account_event_ends_grant(text, text);
 
 -- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
 -- The NOTIFY payload is bounded whatever the app stores (PostgreSQL refuses payloads of 8000
@@ -124,6 +185,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     a siwa.accounts;
     event text;
+    effect siwa.account_effect;
 BEGIN
     result_created := siwa.lock_account(p_client_id, p_sub, 'active');
     SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
@@ -133,11 +195,12 @@ BEGIN
     END IF;
     event := CASE WHEN p_for_deletion OR (a.status = 'deleted' AND p_queued_before_deletion) THEN 'late_link'
                   ELSE 'linked' END;
-    result_status := siwa.account_next_status(CASE WHEN result_created THEN NULL ELSE a.status END, event);
+    effect := siwa.account_effect(CASE WHEN result_created THEN NULL ELSE a.status END, event);
+    result_status := coalesce(effect.next_status, a.status);  -- a row created for a late link: as created
 
-    IF event = 'linked' AND result_status = 'active' THEN
+    IF effect.outcome = 'applied' THEN
         UPDATE siwa.accounts
-           SET status = 'active',
+           SET status = effect.next_status,
                app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
                email = coalesce(p_email, accounts.email),
                is_private_email = coalesce(p_is_private_email, accounts.is_private_email),
@@ -153,7 +216,7 @@ BEGIN
                token_checked_at = CASE WHEN p_token_enc IS NOT NULL THEN now() ELSE accounts.token_checked_at END,
                updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
-        result_change := 'linked';
+        result_change := effect.change;
         PERFORM siwa.record_change(p_client_id, p_sub, result_change, NULL, NULL, p_job_id);
     ELSIF p_token_enc IS NOT NULL THEN
         -- Kept for a deletion: the pending one, or a revoke queued now for a finished one.
@@ -252,10 +315,8 @@ BEGIN
     SELECT * INTO result
       FROM siwa.account_linked(j.client_id, j.sub, j.args->>'app_user_id', p_token_enc, p_email, p_is_private_email,
                                coalesce(j.args->>'purpose', '') = 'deletion', deletion_after, j.id);
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN result.result_change = 'linked' THEN 'linked' ELSE 'token_kept_for_deletion' END,
-           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = p_job_id;
+    PERFORM siwa.complete_job(p_job_id, NULL,
+                              CASE WHEN result.result_change = 'linked' THEN 'linked' ELSE 'token_kept_for_deletion' END);
     RETURN result.result_status;
 END
 $$;
@@ -268,16 +329,17 @@ CREATE OR REPLACE FUNCTION siwa.exchange_failed(p_job_id bigint, p_attempt integ
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
+    result_outcome text;
 BEGIN
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN args->>'purpose' = 'deletion' THEN 'code_failed' ELSE 'link_failed' END,
-           args = args - 'code', finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = p_job_id AND kind = 'exchange' AND state = 'running' AND attempt = p_attempt
-    RETURNING * INTO j;
+    SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND kind = 'exchange' FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF j.outcome = 'link_failed' THEN
+    result_outcome := CASE WHEN j.args->>'purpose' = 'deletion' THEN 'code_failed' ELSE 'link_failed' END;
+    IF NOT siwa.complete_job(p_job_id, p_attempt, result_outcome) THEN
+        RETURN false;
+    END IF;
+    IF result_outcome = 'link_failed' THEN
         PERFORM siwa.record_change(j.client_id, j.sub, 'link_failed', p_reason, NULL, j.id);
     END IF;
     RETURN true;
@@ -304,6 +366,7 @@ DECLARE
     a siwa.accounts;
     waiting double precision;
     reason text;
+    effect siwa.account_effect;
 BEGIN
     SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt FOR UPDATE;
     IF NOT FOUND THEN
@@ -332,26 +395,26 @@ BEGIN
         END IF;
     END IF;
 
-    IF a.status = 'pending_deletion' THEN
+    effect := siwa.account_effect(a.status, 'deletion_finished');
+    IF effect.outcome = 'applied' THEN
         reason := CASE WHEN coalesce((j.args->>'revoked')::integer, 0) > 0 THEN 'revoked' ELSE 'no_token' END;
+        -- Sessions ended earlier (a consent-revoked while pending) keep that time.
         UPDATE siwa.accounts
-           SET status = siwa.account_next_status(status, 'deletion_finished'),
-               sessions_revoked_at = coalesce(sessions_revoked_at, now()), updated_at = now()
+           SET status = effect.next_status,
+               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN coalesce(sessions_revoked_at, now())
+                                          ELSE sessions_revoked_at END,
+               updated_at = now()
          WHERE client_id = a.client_id AND sub = a.sub;
-        PERFORM siwa.erase_personal_data(a.client_id, a.sub);
-        PERFORM siwa.record_change(a.client_id, a.sub, 'deleted', reason, NULL, j.id);
-        UPDATE siwa.jobs
-           SET state = 'completed', outcome = CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END,
-               finalized_at = now(), locked_by = NULL, locked_until = NULL
-         WHERE id = j.id;
+        IF effect.erases_personal_data THEN
+            PERFORM siwa.erase_personal_data(a.client_id, a.sub);
+        END IF;
+        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
+        PERFORM siwa.complete_job(j.id, p_attempt, CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END);
         RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
         RETURN;
     END IF;
 
-    UPDATE siwa.jobs
-       SET state = 'completed', outcome = CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END,
-           finalized_at = now(), locked_by = NULL, locked_until = NULL
-     WHERE id = j.id;
+    PERFORM siwa.complete_job(j.id, p_attempt, CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END);
     RETURN QUERY SELECT CASE WHEN a.status = 'deleted' THEN 'done' ELSE 'superseded' END, NULL::bytea, NULL::double precision;
 END
 $$;
@@ -382,6 +445,15 @@ BEGIN
 END
 $$;
 
+-- ReconcileJobHandler, before it calls Apple: the account's status, its current token and when
+-- that token was last checked; no row when there is no account.
+CREATE OR REPLACE FUNCTION siwa.reconcile_account(p_client_id text, p_sub text)
+RETURNS TABLE (status text, refresh_token_enc bytea, token_checked_at timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.status, a.refresh_token_enc, a.token_checked_at FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
 -- ReconcileJobHandler: Apple's answer for the token it tested (`p_token_enc`, as read before the
 -- call): `valid` or `invalid_grant`. Acts only if that token is still the stored one of an active
 -- account (a relink meanwhile stored a fresh token that the answer says nothing about). Fenced by
@@ -393,6 +465,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     j siwa.jobs;
     a siwa.accounts;
+    effect siwa.account_effect;
     result_outcome text;
 BEGIN
     SELECT * INTO j FROM siwa.jobs WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt FOR UPDATE;
@@ -400,25 +473,28 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT * INTO a FROM siwa.accounts WHERE client_id = j.client_id AND sub = j.sub FOR UPDATE;
-    IF a.status IS DISTINCT FROM 'active' OR a.refresh_token_enc IS DISTINCT FROM p_token_enc THEN
+    -- Either answer is about an account invalid_grant would apply to (an active one), and its
+    -- stored token.
+    effect := siwa.account_effect(a.status, 'reconcile_invalid_grant');
+    IF effect.outcome <> 'applied' OR a.refresh_token_enc IS DISTINCT FROM p_token_enc THEN
         result_outcome := 'superseded';
     ELSIF p_answer = 'valid' THEN
         UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = a.client_id AND sub = a.sub;
         result_outcome := 'token_valid';
     ELSIF p_answer = 'invalid_grant' THEN
         UPDATE siwa.accounts
-           SET status = siwa.account_next_status(status, 'reconcile_invalid_grant'),
-               refresh_token_enc = NULL, retired_tokens_enc = '{}', sessions_revoked_at = now(),
+           SET status = effect.next_status,
+               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE refresh_token_enc END,
+               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE retired_tokens_enc END,
+               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN now() ELSE sessions_revoked_at END,
                token_checked_at = now(), updated_at = now()
          WHERE client_id = a.client_id AND sub = a.sub;
-        PERFORM siwa.record_change(a.client_id, a.sub, 'consent_revoked', 'reconcile_invalid_grant', NULL, j.id);
-        result_outcome := 'consent_revoked';
+        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, 'reconcile_invalid_grant', NULL, j.id);
+        result_outcome := effect.change;
     ELSE
         RAISE EXCEPTION 'siwa.reconcile_result: unknown answer %', p_answer USING ERRCODE = '22023';
     END IF;
-    UPDATE siwa.jobs SET state = 'completed', outcome = result_outcome, finalized_at = now(),
-                         locked_by = NULL, locked_until = NULL
-     WHERE id = j.id;
+    PERFORM siwa.complete_job(j.id, p_attempt, result_outcome);
     RETURN result_outcome;
 END
 $$;
@@ -501,6 +577,7 @@ DECLARE
     a siwa.accounts;
     job_id bigint;
     exchange_id bigint;
+    effect siwa.account_effect;
 BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
         RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
@@ -541,14 +618,15 @@ BEGIN
         RETURN job_id;
     END IF;
 
+    effect := siwa.account_effect(a.status, 'deletion_requested');
     UPDATE siwa.accounts
-       SET status = siwa.account_next_status(accounts.status, 'deletion_requested'), updated_at = now()
+       SET status = effect.next_status, updated_at = now()
      WHERE accounts.client_id = a.client_id AND accounts.sub = a.sub;
     -- A pending deletion is never dropped: revoke jobs retry for as long as it takes.
     INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
     VALUES ('revoke', 1, a.client_id, a.sub, 2147483647)
     RETURNING id INTO job_id;
-    PERFORM siwa.record_change(a.client_id, a.sub, 'deletion_requested', NULL, NULL, job_id);
+    PERFORM siwa.record_change(a.client_id, a.sub, effect.change, NULL, NULL, job_id);
     RETURN job_id;
 END
 $$;
@@ -583,14 +661,14 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION
-            siwa.account_next_status(text, text), siwa.account_event_ends_grant(text, text),
+            siwa.account_effect(text, text),
             siwa.record_change(text, text, text, text, text, bigint),
             siwa.change_payload(bigint, text, text, text, text), siwa.lock_account(text, text, text),
             siwa.account_linked(text, text, text, bytea, text, boolean, boolean, boolean, bigint),
             siwa.account_imported(text, text, text, bytea),
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
-            siwa.reconcile_result(bigint, integer, bytea, text),
+            siwa.reconcile_account(text, text), siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text)

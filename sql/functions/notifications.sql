@@ -1,33 +1,33 @@
 -- What Apple's notifications do to accounts: the four effects, order-aware and idempotent.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
--- Status changes go through the account state machine (siwa.account_next_status, accounts.sql).
+-- What each event does to an account is siwa.account_effect's (accounts.sql); this file adds
+-- the order of events and the data they carry.
 
 -- The order-aware rules of the four effects, in one place: the outcome of an event against the
--- account state it finds (status NULL: no account row, only for an unknown type). Inlined by the
--- planner into the statements of siwa.apply_notifications. The one siwa function without a pinned
--- search_path, on purpose: a SET clause would stop the inlining, and the body names no relation or
--- function, only built-in operators on built-in types, which resolve in pg_catalog first.
+-- account state it finds, given what the event does to the account's status (p_effect, from
+-- siwa.account_effect(p_status, event type)). Inlined by the planner into the statements of
+-- siwa.apply_notifications. The one kind of siwa function without a pinned search_path, on
+-- purpose: a SET clause would stop the inlining, and the body names no relation or function, only
+-- built-in operators on built-in types, which resolve in pg_catalog first.
+-- The order: an unknown type, and any event for a deleted account, are ignored whatever their
+-- time; then an event older than the account's link is `stale`; then what the event does to the
+-- status decides (p_effect's outcome); last, an email event older than the last email event
+-- applied is `stale`, and one that repeats it (same time, same forwarding) is `no_change`.
+DROP FUNCTION IF EXISTS siwa.notification_outcome(text, timestamptz, text, timestamptz, timestamptz, text);
 CREATE OR REPLACE FUNCTION siwa.notification_outcome(
-    p_event_type text, p_event_time timestamptz, p_status text, p_linked_at timestamptz,
+    p_effect siwa.account_effect, p_status text, p_event_time timestamptz, p_linked_at timestamptz,
     p_last_email_event_at timestamptz, p_email_forwarding text
 ) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
-        WHEN p_event_type NOT IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
-            THEN 'ignored_unknown_type'
-        -- Includes Apple's consent-revoked answering our own revoke: it must not revive the row.
-        WHEN p_status = 'deleted' THEN 'ignored_account_deleted'
+        WHEN (p_effect).outcome = 'ignored_unknown_type' OR p_status = 'deleted' THEN (p_effect).outcome
         WHEN p_linked_at IS NOT NULL AND p_event_time < p_linked_at THEN 'stale'
-        WHEN p_event_type = 'consent-revoked' THEN
-            CASE WHEN p_status IN ('consent_revoked', 'apple_account_deleted') THEN 'no_change' ELSE 'applied' END
-        WHEN p_event_type = 'account-deleted' THEN
-            CASE WHEN p_status = 'apple_account_deleted' THEN 'no_change' ELSE 'applied' END
-        WHEN p_status IN ('apple_account_deleted', 'pending_deletion') THEN 'ignored_account_deleted'
-        WHEN p_last_email_event_at IS NOT NULL AND p_event_time < p_last_email_event_at THEN 'stale'
-        WHEN p_last_email_event_at = p_event_time
-         AND p_email_forwarding = CASE p_event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END
-            THEN 'no_change'
+        WHEN (p_effect).outcome <> 'applied' THEN (p_effect).outcome
+        WHEN (p_effect).email_forwarding IS NOT NULL AND p_last_email_event_at IS NOT NULL
+         AND p_event_time < p_last_email_event_at THEN 'stale'
+        WHEN (p_effect).email_forwarding IS NOT NULL AND p_last_email_event_at = p_event_time
+         AND p_email_forwarding = (p_effect).email_forwarding THEN 'no_change'
         ELSE 'applied'
     END
 $$;
@@ -36,7 +36,7 @@ $$;
 -- notification (siwa.notifications.outcome; a jti with no row is `missing` to the caller).
 -- Idempotent (a processed notification is left as it is) and order-aware: the events of one
 -- account are applied in event_time order (then batch order), each against the state the
--- previous one left, with the rules of siwa.notification_outcome. Set-based: a few statements
+-- previous one left, with the rules of siwa.account_effect and siwa.notification_outcome. Set-based: a few statements
 -- per batch, one more per extra event of the busiest account.
 --
 -- Locks: the accounts the batch may touch are inserted (if missing) or locked in key order by one
@@ -169,6 +169,7 @@ BEGIN
             HAVING count(*) > 1 AND bool_and(u.event_type IN ('email-enabled', 'email-disabled'))
         ), e AS (
             SELECT u.*, a.status, a.linked_at, a.last_email_event_at, a.email_forwarding, a.app_user_id,
+                   siwa.account_effect(a.status, u.event_type) AS effect,
                    coalesce(hot.target IS NOT NULL
                             AND a.status NOT IN ('deleted', 'apple_account_deleted', 'pending_deletion'), false) AS folded,
                    greatest(a.linked_at, a.last_email_event_at) IS NULL
@@ -178,13 +179,12 @@ BEGIN
               LEFT JOIN siwa.accounts a ON hot.target IS NOT NULL AND a.client_id = u.target AND a.sub = u.sub
         ), f AS (
             SELECT e.*, siwa.notification_outcome(
-                       e.event_type, e.event_time, e.status, e.linked_at,
+                       e.effect, e.status, e.event_time, e.linked_at,
                        CASE WHEN e.previous_live THEN e.previous_time ELSE e.last_email_event_at END,
                        CASE WHEN e.previous_live THEN e.previous_forwarding ELSE e.email_forwarding END) AS outcome
               FROM (SELECT e.*, coalesce(lag(e.live) OVER w, false) AS previous_live,
                            lag(e.event_time) OVER w AS previous_time,
-                           CASE lag(e.event_type) OVER w WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END
-                               AS previous_forwarding
+                           lag((e.effect).email_forwarding) OVER w AS previous_forwarding
                       FROM e WHERE e.folded
                     WINDOW w AS (PARTITION BY e.target, e.sub ORDER BY e.event_time, e.ord)) e
         ), n AS (
@@ -194,15 +194,15 @@ BEGIN
             RETURNING f.*
         ), last AS (
             SELECT n.target, n.sub, max(n.event_time) AS event_time,
-                   (array_agg(n.event_type ORDER BY n.event_time DESC, n.ord DESC))[1] AS event_type,
+                   (array_agg(n.effect ORDER BY n.event_time DESC, n.ord DESC))[1] AS effect,
                    (array_agg(n.email ORDER BY n.event_time DESC, n.ord DESC) FILTER (WHERE n.email IS NOT NULL))[1] AS email,
                    (array_agg(n.is_private_email ORDER BY n.event_time DESC, n.ord DESC)
                         FILTER (WHERE n.is_private_email IS NOT NULL))[1] AS is_private_email
               FROM n WHERE n.outcome = 'applied' GROUP BY n.target, n.sub
         ), a AS (
             UPDATE siwa.accounts a
-               SET status = siwa.account_next_status(a.status, last.event_type),
-                   email_forwarding = CASE last.event_type WHEN 'email-enabled' THEN 'enabled' ELSE 'disabled' END,
+               SET status = (last.effect).next_status,
+                   email_forwarding = (last.effect).email_forwarding,
                    email = coalesce(last.email, a.email),
                    is_private_email = coalesce(last.is_private_email, a.is_private_email),
                    last_email_event_at = last.event_time, updated_at = now()
@@ -210,9 +210,7 @@ BEGIN
              WHERE a.client_id = last.target AND a.sub = last.sub
         ), c AS (
             INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
-            SELECT n.target, n.sub, n.app_user_id,
-                   CASE n.event_type WHEN 'email-enabled' THEN 'email_enabled' ELSE 'email_disabled' END,
-                   siwa.account_next_status(n.status, n.event_type), n.jti, n.job_id
+            SELECT n.target, n.sub, n.app_user_id, (n.effect).change, (n.effect).next_status, n.jti, n.job_id
               FROM n WHERE n.outcome = 'applied'
              ORDER BY n.target, n.sub, n.event_time, n.ord
             RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
@@ -231,22 +229,27 @@ BEGIN
 
     -- Round r applies the r-th event of every account at once (almost always one round).
     FOR r IN 1 .. coalesce(rounds, 0) LOOP
-        WITH e AS (
+        -- The event's effect once per event (MATERIALIZED: inlined, every column read below would
+        -- evaluate siwa.account_effect again).
+        WITH x AS MATERIALIZED (
             SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
                    n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
-                   siwa.notification_outcome(n.event_type, n.event_time, a.status, a.linked_at,
-                                             a.last_email_event_at, a.email_forwarding) AS outcome
+                   a.linked_at, a.last_email_event_at, a.email_forwarding,
+                   siwa.account_effect(a.status, n.event_type) AS effect
               FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
                    WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
               JOIN siwa.notifications n ON n.jti = u.jti
               -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
               LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
              WHERE u.rank = r
+        ), e AS (
+            SELECT x.*, siwa.notification_outcome(x.effect, x.status, x.event_time, x.linked_at,
+                                                  x.last_email_event_at, x.email_forwarding) AS outcome
+              FROM x
         ), d AS (
             -- erase: the account is deleted or deleted at Apple once this event is applied.
-            SELECT e.*, coalesce(e.status IN ('deleted', 'apple_account_deleted')
-                                 OR (e.outcome = 'applied' AND e.event_type = 'account-deleted'
-                                     AND e.status <> 'pending_deletion'), false) AS erase
+            SELECT e.*, coalesce(e.status IN ('deleted', 'apple_account_deleted'), false)
+                        OR (e.outcome = 'applied' AND (e.effect).erases_personal_data) AS erase
               FROM e
         ), n AS (
             UPDATE siwa.notifications n
@@ -265,17 +268,11 @@ BEGIN
             SELECT * FROM d WHERE NOT d.is_primary
         ), a AS (
             UPDATE siwa.accounts a
-               SET status = siwa.account_next_status(a.status, n.event_type),
-                   -- A pending deletion keeps its tokens: its revoke revokes every one.
-                   refresh_token_enc = CASE WHEN siwa.account_event_ends_grant(a.status, n.event_type)
-                                            THEN NULL ELSE a.refresh_token_enc END,
-                   retired_tokens_enc = CASE WHEN siwa.account_event_ends_grant(a.status, n.event_type)
-                                             THEN '{}' ELSE a.retired_tokens_enc END,
-                   sessions_revoked_at = CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted')
-                                              THEN now() ELSE a.sessions_revoked_at END,
-                   email_forwarding = CASE n.event_type WHEN 'email-enabled' THEN 'enabled'
-                                                        WHEN 'email-disabled' THEN 'disabled'
-                                                        ELSE a.email_forwarding END,
+               SET status = (n.effect).next_status,
+                   refresh_token_enc = CASE WHEN (n.effect).ends_grant THEN NULL ELSE a.refresh_token_enc END,
+                   retired_tokens_enc = CASE WHEN (n.effect).ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+                   sessions_revoked_at = CASE WHEN (n.effect).ends_sessions THEN now() ELSE a.sessions_revoked_at END,
+                   email_forwarding = coalesce((n.effect).email_forwarding, a.email_forwarding),
                    email = CASE WHEN n.erase THEN NULL
                                 WHEN n.event_type IN ('email-enabled', 'email-disabled') THEN coalesce(n.email, a.email)
                                 ELSE a.email END,
@@ -290,11 +287,7 @@ BEGIN
                    updated_at = now()
               FROM t n
              WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
-            RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord,
-                      CASE n.event_type WHEN 'consent-revoked' THEN 'consent_revoked'
-                                        WHEN 'account-deleted' THEN 'apple_account_deleted'
-                                        WHEN 'email-enabled' THEN 'email_enabled'
-                                        ELSE 'email_disabled' END AS change
+            RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord, (n.effect).change AS change
         ), c AS (
             INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
             SELECT a.client_id, a.sub, a.app_user_id, a.change, a.status, a.jti, a.job_id FROM a ORDER BY a.ord
@@ -370,7 +363,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION
-            siwa.notification_outcome(text, timestamptz, text, timestamptz, timestamptz, text),
+            siwa.notification_outcome(siwa.account_effect, text, timestamptz, timestamptz, timestamptz, text),
             siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
             siwa.erase_personal_data(text, text)
            TO siwa_worker;

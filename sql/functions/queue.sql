@@ -60,6 +60,76 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
     SELECT make_interval(secs => random() * least(p_cap, p_base * power(2, least(greatest(p_failures, 1) - 1, 60))))
 $$;
 
+-- The one way a job completes: state `completed` with its outcome, finalized now, no lease, no
+-- authorization code kept (a link's is spent or dead), due no later than now (a held
+-- notification's `infinity` goes, so retention sees it). Fenced job by job with p_attempts, the
+-- attempt the caller's lease holds:
+--   p_row_locked = false: a leased job (claimed: state `running`) completes only while that
+--     attempt is still the job's (a rescue or another worker's claim moved it on);
+--   p_row_locked = true: a notification job, whose lease is its batch's row lock (state
+--     `available`, siwa.run_notification_batch), completes at the attempt the batch read, and its
+--     completion grows it (the job row is written once);
+--   an attempt NULL (or p_attempts shorter than p_ids): unfenced, the caller holds the job's row lock and decided (an exchange's
+--     success, the code spent at Apple; the gate's forged notifications; a step checked first).
+-- Returns the ids completed.
+CREATE OR REPLACE FUNCTION siwa.complete_jobs(
+    p_ids bigint[], p_attempts integer[], p_outcomes text[], p_row_locked boolean DEFAULT false
+) RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE siwa.jobs j
+       SET state = 'completed', outcome = u.outcome, finalized_at = now(), run_at = least(j.run_at, now()),
+           attempt = CASE WHEN p_row_locked AND u.attempt IS NOT NULL THEN j.attempt + 1 ELSE j.attempt END,
+           args = j.args - 'code', locked_by = NULL, locked_until = NULL
+      FROM unnest(p_ids, p_attempts, p_outcomes) AS u(id, attempt, outcome)
+     WHERE j.id = u.id
+       AND (u.attempt IS NULL
+            OR (j.attempt = u.attempt AND j.state = CASE WHEN p_row_locked THEN 'available' ELSE 'running' END))
+    RETURNING j.id;
+END
+$$;
+
+-- The one way a job fails: its error appended to `errors` (with the attempt and the time), then
+-- back to `available` at now + p_retry_in seconds, or, where p_discard says so, `discarded` for
+-- good (finalized now, kept for an operator's `siwa jobs retry`; an exchange keeps no code, dead in
+-- minutes anyway). No lease is left. Fenced as siwa.complete_jobs is (p_row_locked: the batch's
+-- row lock, whose write grows the attempt). When to retry and when to discard is the caller's:
+-- JobLifecycle.decide for the Apple-calling jobs, siwa.run_notification_batch for its own.
+-- Returns each job written and its state.
+CREATE OR REPLACE FUNCTION siwa.fail_jobs(
+    p_ids bigint[], p_attempts integer[], p_errors text[], p_retry_in double precision[], p_discard boolean[],
+    p_row_locked boolean DEFAULT false
+) RETURNS TABLE (id bigint, state text)
+LANGUAGE plpgsql
+SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE siwa.jobs j
+       SET errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', u.error)),
+           state = CASE WHEN u.discard THEN 'discarded' ELSE 'available' END,
+           run_at = CASE WHEN u.discard THEN j.run_at ELSE now() + make_interval(secs => u.retry_in) END,
+           finalized_at = CASE WHEN u.discard THEN now() END,
+           args = CASE WHEN u.discard THEN j.args - 'code' ELSE j.args END,
+           attempt = CASE WHEN p_row_locked THEN j.attempt + 1 ELSE j.attempt END,
+           locked_by = NULL, locked_until = NULL
+      FROM unnest(p_ids, p_attempts, p_errors, p_retry_in, p_discard) AS u(id, attempt, error, retry_in, discard)
+     WHERE j.id = u.id AND j.attempt = u.attempt
+       AND j.state = CASE WHEN p_row_locked THEN 'available' ELSE 'running' END
+    RETURNING j.id, j.state;
+END
+$$;
+
+-- One job: siwa.complete_jobs for it. Returns whether it completed (false: the fence did not hold).
+CREATE OR REPLACE FUNCTION siwa.complete_job(p_job_id bigint, p_attempt integer, p_outcome text) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM siwa.complete_jobs(ARRAY[p_job_id], ARRAY[p_attempt], ARRAY[p_outcome]))
+$$;
+
 -- The worker's other two statements that run with every batch or wake-up, as functions so each is
 -- planned once per session (force_generic_plan). Sent as plain statements they were planned on
 -- every call, about 0.4 ms each, most of it the planner reading the end of the claim index to
@@ -133,6 +203,21 @@ BEGIN
 END
 $$;
 
+-- Held notification jobs the worker's gate refused (their jws or columns do not verify, see
+-- siwa.held_notification_jobs), locked by the caller: each notification is recorded `forged`,
+-- never applied, and its job completed with that outcome. Returns how many jobs completed.
+CREATE OR REPLACE FUNCTION siwa.forged_notifications(p_job_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.notifications n SET processed_at = now(), outcome = 'forged'
+      FROM siwa.jobs j
+     WHERE j.id = ANY (p_job_ids) AND n.jti = j.notification_jti AND n.processed_at IS NULL;
+    RETURN (SELECT count(*)
+              FROM siwa.complete_jobs(p_job_ids, '{}', array_fill('forged'::text, ARRAY[cardinality(p_job_ids)])));
+END
+$$;
+
 -- Claims up to p_limit due notification jobs (FOR UPDATE SKIP LOCKED), applies them and completes
 -- them, all in the caller's transaction. p_worker and p_lease_seconds are unused: the row lock is
 -- the lease (kept in the signature for callers).
@@ -203,17 +288,14 @@ BEGIN
                 PERFORM siwa.apply_notification(job.jti, job.id);
             EXCEPTION WHEN OTHERS THEN
                 message := SQLERRM;
-                UPDATE siwa.jobs j
-                   SET errors = j.errors || jsonb_build_array(jsonb_build_object(
-                           'attempt', j.attempt, 'at', now(), 'error', message)),
-                       state = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
-                                    THEN 'discarded' ELSE 'available' END,
-                       run_at = now() + siwa.job_backoff(jsonb_array_length(j.errors) + 1, p_backoff_base, p_backoff_cap),
-                       finalized_at = CASE WHEN jsonb_array_length(j.errors) + 1 >= j.max_attempts
-                                           THEN now() END,
-                       attempt = j.attempt + 1, locked_by = NULL, locked_until = NULL
-                 WHERE j.id = job.id AND j.state = 'available' AND j.attempt = job.attempt
-                RETURNING j.state INTO final_state;
+                -- Discarded once its failures reach max_attempts, else retried after the backoff.
+                SELECT f.state INTO final_state
+                  FROM siwa.jobs j,
+                       siwa.fail_jobs(ARRAY[job.id], ARRAY[job.attempt], ARRAY[message],
+                                      ARRAY[extract(epoch FROM siwa.job_backoff(jsonb_array_length(j.errors) + 1,
+                                                                                 p_backoff_base, p_backoff_cap))::float8],
+                                      ARRAY[jsonb_array_length(j.errors) + 1 >= j.max_attempts], true) f
+                 WHERE j.id = job.id;
                 job_id := job.id; jti := job.jti; outcome := NULL; error := message;
                 state := coalesce(final_state, 'lost'); delay_seconds := NULL;
                 RETURN NEXT;
@@ -241,13 +323,13 @@ BEGIN
                n.jti IS NOT NULL AND n.processed_at IS NULL AS deferred
           FROM unnest(done_ids, done_attempts, done_jtis) AS u(id, attempt, jti)
           LEFT JOIN siwa.notifications n ON n.jti = u.jti
+    ), done AS (
+        SELECT c.id FROM siwa.complete_jobs(
+            ARRAY(SELECT d.id FROM d WHERE NOT d.deferred ORDER BY d.id),
+            ARRAY(SELECT d.attempt FROM d WHERE NOT d.deferred ORDER BY d.id),
+            ARRAY(SELECT d.outcome FROM d WHERE NOT d.deferred ORDER BY d.id), true) AS c(id)
     ), completed AS (
-        UPDATE siwa.jobs j
-           SET state = 'completed', attempt = j.attempt + 1, outcome = d.outcome, finalized_at = now(),
-               run_at = least(j.run_at, now()), locked_by = NULL, locked_until = NULL
-          FROM d
-         WHERE j.id = d.id AND NOT d.deferred AND j.state = 'available' AND j.attempt = d.attempt
-        RETURNING j.id, j.notification_jti, d.outcome, d.received_at
+        SELECT d.id, d.jti AS notification_jti, d.outcome, d.received_at FROM d JOIN done ON done.id = d.id
     ), released AS (
         UPDATE siwa.jobs j SET run_at = now()
           FROM d
@@ -305,9 +387,12 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
+                                  siwa.complete_jobs(bigint[], integer[], text[], boolean),
+                                  siwa.complete_job(bigint, integer, text),
+                                  siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[], boolean),
                                   siwa.claim_call_jobs(text, integer, double precision),
                                   siwa.rescue_expired_jobs(),
-                                  siwa.held_notification_jobs(integer, boolean),
+                                  siwa.held_notification_jobs(integer, boolean), siwa.forged_notifications(bigint[]),
                                   siwa.run_notification_batch(text, integer, double precision, boolean,
                                                               double precision, double precision, bigint[])
            TO siwa_worker;

@@ -4,10 +4,10 @@
 -- Tables: sql/009_team_transfer.sql.
 
 -- Completes a pending line: the account `(client_id, sub)` gets the line's app_user_id and the new
--- email; it is created (event `linked` of siwa.account_next_status: `active`) with no refresh token (the old team's tokens are useless to the new
--- one), or, when this database also holds the sending side's account (found by the transfer_sub the
--- export stored on it), that account is re-keyed to the new `sub` and made `active`, its old token
--- dropped. An account that already exists under the new `sub` keeps its status (Apple told us about
+-- email; it is created with no refresh token (the old team's tokens are useless to the new one),
+-- or, when this database also holds the sending side's account (found by the transfer_sub the
+-- export stored on it), that account is re-keyed to the new `sub`, its old token dropped: both as
+-- event `transferred` of siwa.account_effect says (`active`, the grant ended for this team). An account that already exists under the new `sub` keeps its status (Apple told us about
 -- it after the transfer: newer than the line). A line whose account is being deleted or was deleted
 -- is `skipped`, never brought back. Appends change `transferred` (reason: how it completed).
 -- Returns the app_user_id the account now carries; the same for a line already completed with this
@@ -20,6 +20,7 @@ DECLARE
     line   siwa.transfer_imports;
     target siwa.accounts;
     source siwa.accounts;
+    effect siwa.account_effect;
 BEGIN
     IF coalesce(p_client_id, '') = '' OR coalesce(p_transfer_sub, '') = '' OR coalesce(p_sub, '') = ''
        OR p_via IS NULL OR p_via NOT IN ('import', 'sign_in') THEN
@@ -42,7 +43,9 @@ BEGIN
          ORDER BY a.sub LIMIT 1 FOR UPDATE;
     END IF;
 
-    IF coalesce(target.status, source.status) IN ('pending_deletion', 'deleted') THEN
+    -- No account at all: the line creates one (status NULL).
+    effect := siwa.account_effect(coalesce(target.status, source.status), 'transferred');
+    IF effect.outcome <> 'applied' THEN
         UPDATE siwa.transfer_imports t
            SET state = 'skipped', sub = p_sub, completed_by = p_via, completed_at = now(),
                last_error = 'account_' || coalesce(target.status, source.status)
@@ -60,22 +63,24 @@ BEGIN
         -- team: neither the new team nor the new key can use them, so they go
         -- (deploy/README.md, "Moving an app to another team").
         UPDATE siwa.accounts a
-           SET sub = p_sub, app_user_id = line.app_user_id, status = siwa.account_next_status(a.status, 'linked'),
+           SET sub = p_sub, app_user_id = line.app_user_id, status = effect.next_status,
                email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
-               refresh_token_enc = NULL, retired_tokens_enc = '{}', last_email_event_at = NULL,
+               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
+               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+               last_email_event_at = NULL,
                token_checked_at = NULL, linked_at = now(), updated_at = now(),
                transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
          WHERE a.client_id = source.client_id AND a.sub = source.sub;
     ELSE
         INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-        VALUES (p_client_id, p_sub, line.app_user_id, siwa.account_next_status(NULL, 'linked'), p_email,
+        VALUES (p_client_id, p_sub, line.app_user_id, effect.next_status, p_email,
                 p_is_private_email, now(), now());
     END IF;
 
     UPDATE siwa.transfer_imports t
        SET state = 'done', sub = p_sub, completed_by = p_via, completed_at = now(), last_error = NULL
      WHERE t.client_id = p_client_id AND t.transfer_sub = p_transfer_sub;
-    PERFORM siwa.record_change(p_client_id, p_sub, 'transferred', p_via, NULL, NULL);
+    PERFORM siwa.record_change(p_client_id, p_sub, effect.change, p_via, NULL, NULL);
     RETURN line.app_user_id;
 END
 $$;
@@ -92,6 +97,69 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT siwa.complete_transfer(client_id, transfer_sub, sub, email, is_private_email, 'sign_in')
 $$;
 
+-- Team transfer, sending side (`siwa accounts transfer export`, WorkerCore/Transfer/TransferExport.swift):
+-- the accounts the file carries are the active ones with an app_user_id (the recipient maps each
+-- line to that); each gets the `transfer_sub` Apple gives for the target team, stored as it arrives.
+
+-- The client IDs with accounts to export.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_client_ids() RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT DISTINCT a.client_id FROM siwa.accounts a
+     WHERE a.status = 'active' AND a.app_user_id IS NOT NULL ORDER BY a.client_id
+$$;
+
+-- What an export of p_client_id to p_target_team finds: one row `exported` (every account the file
+-- carries) and `obtained` (those with an identifier for that team already), then one row per reason
+-- an account is left out (its status, or `no_app_user_id`) with how many.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_counts(p_client_id text, p_target_team text)
+RETURNS TABLE (what text, n bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 'exported', count(*) FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+    UNION ALL
+    SELECT 'obtained', count(*) FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND a.transfer_sub IS NOT NULL AND a.transfer_target_team = p_target_team
+    UNION ALL
+    SELECT * FROM (SELECT CASE WHEN a.status = 'active' THEN 'no_app_user_id' ELSE a.status END, count(*)
+                     FROM siwa.accounts a
+                    WHERE a.client_id = p_client_id AND NOT (a.status = 'active' AND a.app_user_id IS NOT NULL)
+                    GROUP BY 1) skipped
+$$;
+
+-- The next p_limit exported subs after p_after, in order, still without an identifier for p_target_team.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_missing(p_client_id text, p_target_team text, p_after text, p_limit integer)
+RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.sub FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND (a.transfer_sub IS NULL OR a.transfer_target_team IS DISTINCT FROM p_target_team)
+       AND a.sub > p_after
+     ORDER BY a.sub LIMIT p_limit
+$$;
+
+-- Stores the identifier Apple gave for (p_client_id, p_sub) and p_target_team; p_transfer_sub NULL
+-- forgets it (one the file cannot carry: the next run asks again).
+CREATE OR REPLACE FUNCTION siwa.transfer_export_store(p_client_id text, p_sub text, p_transfer_sub text, p_target_team text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.accounts a
+       SET transfer_sub = p_transfer_sub,
+           transfer_target_team = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_target_team ELSE p_target_team END,
+           transfer_sub_at = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_sub_at ELSE now() END
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
+-- The file's next p_limit records after p_after: every exported account with an identifier for p_target_team.
+CREATE OR REPLACE FUNCTION siwa.transfer_export_records(p_client_id text, p_target_team text, p_after text, p_limit integer)
+RETURNS TABLE (sub text, transfer_sub text, app_user_id text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.sub, a.transfer_sub, a.app_user_id FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.status = 'active' AND a.app_user_id IS NOT NULL
+       AND a.transfer_sub IS NOT NULL AND a.transfer_target_team = p_target_team AND a.sub > p_after
+     ORDER BY a.sub LIMIT p_limit
+$$;
+
 -- Privileges: the worker only (app API, and operators running the transfer commands with its
 -- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see queue.sql).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -99,7 +167,11 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.complete_transfer(text, text, text, text, boolean, text),
-                                  siwa.claim_transfer(text, text, text, text, boolean)
+                                  siwa.claim_transfer(text, text, text, text, boolean),
+                                  siwa.transfer_export_client_ids(), siwa.transfer_export_counts(text, text),
+                                  siwa.transfer_export_missing(text, text, text, integer),
+                                  siwa.transfer_export_store(text, text, text, text),
+                                  siwa.transfer_export_records(text, text, text, integer)
            TO siwa_worker;
     END IF;
 END

@@ -181,6 +181,23 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
 $$;
 
+-- `siwa webhooks disable`: no delivery is queued for new changes any more (the endpoint goes), and
+-- the queued (available or discarded) ones are cancelled, kept with outcome `webhooks_disabled`.
+-- Returns how many were cancelled.
+CREATE OR REPLACE FUNCTION siwa.disable_webhooks() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cancelled integer;
+BEGIN
+    DELETE FROM siwa.webhook_endpoint;
+    UPDATE siwa.jobs SET state = 'cancelled', outcome = 'webhooks_disabled', finalized_at = now(),
+           locked_by = NULL, locked_until = NULL
+     WHERE kind = 'webhook' AND state IN ('available', 'discarded');
+    GET DIAGNOSTICS cancelled = ROW_COUNT;
+    RETURN cancelled;
+END
+$$;
+
 -- Privileges: the worker delivers; nobody else (see queue.sql on PUBLIC). The trigger function runs
 -- as its owner whoever records a change.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -197,6 +214,7 @@ BEGIN
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.extend_webhook_leases(bigint[], bigint[], double precision) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.release_webhook_deliveries(bigint[], bigint[]) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.webhook_backlog() TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.disable_webhooks() TO siwa_worker';
     END IF;
 END
 $$;

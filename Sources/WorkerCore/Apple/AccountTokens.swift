@@ -111,15 +111,7 @@ package struct TokenKeyRotation {
     /// Tokens still sealed with another key (current and retired ones: a deletion revokes both).
     package func remaining() async throws -> Int {
         let current = Array(tokenBox.currentKeyID.utf8)
-        let rows = try await connection.query(
-            """
-            SELECT (SELECT count(*) FROM siwa.accounts
-                     WHERE refresh_token_enc IS NOT NULL
-                       AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current))
-                 + (SELECT count(*) FROM siwa.accounts a, unnest(a.retired_tokens_enc) AS t(token)
-                     WHERE cardinality(a.retired_tokens_enc) > 0
-                       AND substring(t.token FROM 3 FOR get_byte(t.token, 1)) <> \(current))
-            """)
+        let rows = try await connection.query("SELECT siwa.tokens_sealed_with_other_keys(\(current))")
         return try rows[0].decode(Int.self, at: 0)
     }
 
@@ -133,15 +125,7 @@ package struct TokenKeyRotation {
             let batchSize = batchSize
             let (count, done, failed, last) = try await connection.withTransaction { connection in
                 let rows = try await connection.query(
-                    """
-                    SELECT client_id, sub, refresh_token_enc FROM siwa.accounts
-                     WHERE refresh_token_enc IS NOT NULL
-                       AND substring(refresh_token_enc FROM 3 FOR get_byte(refresh_token_enc, 1)) <> \(current)
-                       AND (client_id, sub) > (\(cursor.0), \(cursor.1))
-                     ORDER BY client_id, sub
-                     LIMIT \(batchSize)
-                     FOR UPDATE SKIP LOCKED
-                    """)
+                    "SELECT * FROM siwa.current_tokens_to_reseal(\(current), \(cursor.0), \(cursor.1), \(batchSize)::integer)")
                 var done = 0
                 var failed = 0
                 var last = cursor
@@ -156,11 +140,7 @@ package struct TokenKeyRotation {
                         failed += 1
                         continue
                     }
-                    done += try await connection.execute(
-                        """
-                        UPDATE siwa.accounts SET refresh_token_enc = \(sealed)
-                         WHERE client_id = \(clientID) AND sub = \(sub) AND refresh_token_enc = \(stored)
-                        """)
+                    done += try await Self.reseal(stored, as: sealed, clientID: clientID, sub: sub, on: connection)
                 }
                 return (rows.count, done, failed, last)
             }
@@ -174,6 +154,15 @@ package struct TokenKeyRotation {
         return summary
     }
 
+    /// Replaces a stored token (current or retired) with the same token sealed with the current key
+    /// (sql/functions/token_keys.sql). Returns 1, or 0 when it is no longer stored.
+    private static func reseal(
+        _ stored: [UInt8], as sealed: [UInt8], clientID: String, sub: String, on connection: PostgresConnection
+    ) async throws -> Int {
+        try await connection.query("SELECT siwa.reseal_token(\(clientID), \(sub), \(stored), \(sealed))")[0]
+            .decode(Int.self, at: 0)
+    }
+
     /// The tokens kept for a later deletion (`retired_tokens_enc`), re-sealed the same way.
     private func rotateRetired(into summary: inout Summary, progress: (Summary) -> Void) async throws {
         let current = Array(tokenBox.currentKeyID.utf8)
@@ -184,15 +173,7 @@ package struct TokenKeyRotation {
             let batchSize = batchSize
             let (count, done, failed, last) = try await connection.withTransaction { connection in
                 let rows = try await connection.query(
-                    """
-                    SELECT a.client_id, a.sub, t.token FROM (
-                        SELECT client_id, sub, retired_tokens_enc FROM siwa.accounts
-                         WHERE cardinality(retired_tokens_enc) > 0 AND (client_id, sub) > (\(cursor.0), \(cursor.1))
-                         ORDER BY client_id, sub
-                         LIMIT \(batchSize)
-                           FOR UPDATE SKIP LOCKED) a, unnest(a.retired_tokens_enc) AS t(token)
-                     ORDER BY a.client_id, a.sub
-                    """)
+                    "SELECT * FROM siwa.retired_tokens_to_reseal(\(cursor.0), \(cursor.1), \(batchSize)::integer)")
                 var done = 0
                 var failed = 0
                 var last = cursor
@@ -210,11 +191,7 @@ package struct TokenKeyRotation {
                         failed += 1
                         continue
                     }
-                    done += try await connection.execute(
-                        """
-                        UPDATE siwa.accounts SET retired_tokens_enc = array_replace(retired_tokens_enc, \(stored), \(sealed))
-                         WHERE client_id = \(clientID) AND sub = \(sub) AND \(stored) = ANY (retired_tokens_enc)
-                        """)
+                    done += try await Self.reseal(stored, as: sealed, clientID: clientID, sub: sub, on: connection)
                 }
                 return (accounts, done, failed, last)
             }

@@ -23,11 +23,7 @@ package struct ReconcileJobHandler: JobHandler {
         let account: (status: String, token: [UInt8]?, checkedAt: Date?)?
         do {
             account = try await context.pool.withConnection { connection in
-                let rows = try await connection.query(
-                    """
-                    SELECT status, refresh_token_enc, token_checked_at FROM siwa.accounts
-                     WHERE client_id = \(job.clientID) AND sub = \(job.sub)
-                    """)
+                let rows = try await connection.query("SELECT * FROM siwa.reconcile_account(\(job.clientID), \(job.sub))")
                 guard let row = rows.first else { return nil }
                 return (
                     try row.decode(String.self, column: "status"), try row.decode([UInt8]?.self, column: "refresh_token_enc"),

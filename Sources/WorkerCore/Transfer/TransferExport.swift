@@ -47,40 +47,24 @@ package struct TransferExport {
         self.logger = logger
     }
 
-    /// Which accounts the file carries.
-    static let exported = "status = 'active' AND app_user_id IS NOT NULL"
+    // Which accounts the file carries (active, with an app_user_id): sql/functions/transfer.sql.
 
     /// The client IDs that have accounts to export (the command needs exactly one).
     package static func clientIDs(on connection: PostgresConnection) async throws -> [String] {
-        try await connection.query(
-            """
-            SELECT DISTINCT client_id FROM siwa.accounts
-             WHERE \(unsafeSQL: exported) ORDER BY client_id
-            """
-        ).map { try $0.decode(String.self, at: 0) }
+        try await connection.query("SELECT siwa.transfer_export_client_ids()").map { try $0.decode(String.self, at: 0) }
     }
 
     /// Obtains the missing identifiers. `progress` gets the summary every `progressEvery` accounts.
     /// Throws `MigrationConfigurationFault` when Apple refuses the credentials.
     package func obtainIdentifiers(progressEvery: Int = 100, progress: @Sendable (Summary) -> Void) async throws -> Summary {
         var summary = Summary()
-        let counts = try await connection.query(
-            """
-            SELECT count(*) AS accounts,
-                   count(*) FILTER (WHERE transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam)) AS obtained
-              FROM siwa.accounts
-             WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
-            """)
-        summary.accounts = try counts[0].decode(Int.self, column: "accounts")
-        summary.alreadyObtained = try counts[0].decode(Int.self, column: "obtained")
-        for row in try await connection.query(
-            """
-            SELECT CASE WHEN status = 'active' THEN 'no_app_user_id' ELSE status END AS status, count(*) AS n
-              FROM siwa.accounts
-             WHERE client_id = \(clientID) AND NOT (\(unsafeSQL: Self.exported)) GROUP BY 1
-            """)
-        {
-            summary.skipped[try row.decode(String.self, column: "status")] = try row.decode(Int.self, column: "n")
+        for row in try await connection.query("SELECT * FROM siwa.transfer_export_counts(\(clientID), \(targetTeam))") {
+            let (what, n) = (try row.decode(String.self, column: "what"), try row.decode(Int.self, column: "n"))
+            switch what {
+            case "exported": summary.accounts = n
+            case "obtained": summary.alreadyObtained = n
+            default: summary.skipped[what] = n
+            }
         }
         progress(summary)
 
@@ -89,13 +73,7 @@ package struct TransferExport {
         var reported = 0
         while true {
             let subs = try await connection.query(
-                """
-                SELECT sub FROM siwa.accounts
-                 WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
-                   AND (transfer_sub IS NULL OR transfer_target_team IS DISTINCT FROM \(targetTeam))
-                   AND sub > \(after)
-                 ORDER BY sub LIMIT \(batchSize)
-                """
+                "SELECT siwa.transfer_export_missing(\(clientID), \(targetTeam), \(after), \(batchSize)::integer)"
             ).map { try $0.decode(String.self, at: 0) }
             guard let last = subs.last else { break }
             after = last
@@ -130,12 +108,8 @@ package struct TransferExport {
                         outcome = .failed(reason: "malformed_identifier")
                     }
                     if case .success(let transferSub) = outcome {
-                        try await connection.execute(
-                            """
-                            UPDATE siwa.accounts
-                               SET transfer_sub = \(transferSub), transfer_target_team = \(targetTeam), transfer_sub_at = now()
-                             WHERE client_id = \(clientID) AND sub = \(sub)
-                            """)
+                        _ = try await connection.query(
+                            "SELECT siwa.transfer_export_store(\(clientID), \(sub), \(transferSub), \(targetTeam))")
                     }
                     return outcome
                 }
@@ -161,12 +135,7 @@ package struct TransferExport {
         var written = 0
         while true {
             let rows = try await connection.query(
-                """
-                SELECT sub, transfer_sub, app_user_id FROM siwa.accounts
-                 WHERE client_id = \(clientID) AND \(unsafeSQL: Self.exported)
-                   AND transfer_sub IS NOT NULL AND transfer_target_team = \(targetTeam) AND sub > \(after)
-                 ORDER BY sub LIMIT 1000
-                """)
+                "SELECT * FROM siwa.transfer_export_records(\(clientID), \(targetTeam), \(after), 1000)")
             guard !rows.isEmpty else { break }
             var page = ""
             for row in rows {
@@ -177,8 +146,8 @@ package struct TransferExport {
                         appUserID: try row.decode(String.self, column: "app_user_id"))
                 else {
                     // Forgotten, so the next run asks Apple again.
-                    try await connection.execute(
-                        "UPDATE siwa.accounts SET transfer_sub = NULL WHERE client_id = \(clientID) AND sub = \(after)")
+                    _ = try await connection.query(
+                        "SELECT siwa.transfer_export_store(\(clientID), \(after), NULL::text, \(targetTeam))")
                     refused(after)
                     continue
                 }

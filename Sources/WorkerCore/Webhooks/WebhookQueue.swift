@@ -57,15 +57,7 @@ package struct WebhookQueue: Sendable {
     /// (available or discarded) ones are cancelled, kept with outcome `webhooks_disabled`. Returns
     /// how many were cancelled.
     package static func disable(on connection: PostgresConnection) async throws -> Int {
-        try await connection.withTransaction { connection in
-            _ = try await connection.execute("DELETE FROM siwa.webhook_endpoint")
-            return try await connection.execute(
-                """
-                UPDATE siwa.jobs SET state = 'cancelled', outcome = 'webhooks_disabled', finalized_at = now(),
-                       locked_by = NULL, locked_until = NULL
-                 WHERE kind = 'webhook' AND state IN ('available', 'discarded')
-                """)
-        }
+        try await connection.query("SELECT siwa.disable_webhooks()")[0].decode(Int.self, at: 0)
     }
 
     /// The registered endpoint for `siwa status`, if any.
