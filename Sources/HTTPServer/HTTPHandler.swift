@@ -24,15 +24,18 @@ package struct ClosureHTTPHandler: HTTPHandler {
 }
 
 /// Runs an `async` handler in a new `Task` per request and responds when it returns; the
-/// connection stays suspended meanwhile.
+/// connection stays suspended meanwhile. With an `executor`, the task prefers it (its nonisolated
+/// code runs on that executor's threads rather than the Swift concurrency pool's).
 package struct AsyncHTTPHandler: HTTPHandler {
     private let body: @Sendable (HTTPRequest) async -> HTTPResponse
+    private let executor: (any TaskExecutor)?
 
-    package init(_ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
+    package init(executor: (any TaskExecutor)? = nil, _ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
         self.body = body
+        self.executor = executor
     }
 
     package func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
-        Task { respond(await body(request)) }
+        Task(executorPreference: executor) { respond(await body(request)) }
     }
 }

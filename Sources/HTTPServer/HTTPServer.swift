@@ -93,12 +93,12 @@ package final class HTTPServer: Sendable {
         self.init(configuration: configuration, handler: ClosureHTTPHandler(synchronous: respond), logger: logger)
     }
 
-    /// A server whose handler is `async`, run in a task per request.
+    /// A server whose handler is `async`, run in a task per request (preferring `executor`, if given).
     package convenience init(
-        configuration: Configuration, logger: Logger = Logger(label: "http-server"),
+        configuration: Configuration, logger: Logger = Logger(label: "http-server"), executor: (any TaskExecutor)? = nil,
         asyncRespond: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
     ) {
-        self.init(configuration: configuration, handler: AsyncHTTPHandler(asyncRespond), logger: logger)
+        self.init(configuration: configuration, handler: AsyncHTTPHandler(executor: executor, asyncRespond), logger: logger)
     }
 
     deinit { stop() }

@@ -30,17 +30,20 @@ package enum JWTSigner {
         try es256(payload: encode(claims), keyID: keyID, privateKey: privateKey)
     }
 
-    /// Header JSON with sorted keys: `{"alg":...,"kid":...,"typ":...}` (absent ones omitted).
+    /// Header JSON with sorted keys: `{"alg":...,"kid":...,"typ":...}` (absent ones omitted). Written
+    /// here, not by `JSONSerialization`, whose key sorting goes through ICU collation on Linux (a
+    /// client_secret per Apple call paid for it).
     package static func header(algorithm: String, keyID: String?, type: String? = nil) -> [UInt8] {
-        var fields = ["alg": algorithm]
-        if let keyID { fields["kid"] = keyID }
-        if let type { fields["typ"] = type }
-        do {
-            let data = try JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys, .withoutEscapingSlashes])
-            return Array(data)
-        } catch {
-            fatalError("a [String: String] always serializes: \(error)")
+        var text: [UInt8] = [UInt8(ascii: "{")]
+        for (name, value) in [("alg", algorithm), ("kid", keyID), ("typ", type)] {
+            guard let value else { continue }
+            if text.count > 1 { text.append(UInt8(ascii: ",")) }
+            JSONText.appendString(name, to: &text)
+            text.append(UInt8(ascii: ":"))
+            JSONText.appendString(value, to: &text)
         }
+        text.append(UInt8(ascii: "}"))
+        return text
     }
 
     /// `BASE64URL(header).BASE64URL(payload).BASE64URL(sign(signingInput))`. Tests use it to
@@ -57,5 +60,25 @@ package enum JWTSigner {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         return Array(try encoder.encode(claims))
+    }
+}
+
+/// Compact JSON text as `JSONSerialization` writes it with `.withoutEscapingSlashes`.
+package enum JSONText {
+    /// `text` as a JSON string: `"` and `\\` escaped, control characters as `\\n`, `\\r`, `\\t` or `\\u00XX`.
+    package static func appendString(_ text: String, to out: inout [UInt8]) {
+        let hex = Array("0123456789abcdef".utf8)
+        out.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), byte]
+            case 0x0A: out += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
+            case 0x0D: out += [UInt8(ascii: "\\"), UInt8(ascii: "r")]
+            case 0x09: out += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
+            case ..<0x20: out += Array("\\u00".utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
+            default: out.append(byte)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
     }
 }

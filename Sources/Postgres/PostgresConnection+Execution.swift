@@ -62,7 +62,13 @@ struct CancelObject: @unchecked Sendable {
 }
 
 extension PostgresConnection {
-    /// Runs `work` on the queue and resumes the caller; task cancellation cancels the running statement.
+    /// Runs `work` on the queue and resumes the caller; task cancellation cancels the running
+    /// statement, and so does `statementTimeout` running out (the call then throws `timeout`).
+    ///
+    /// On a `BlockingCallExecutor` thread the work runs right there instead (through `queue.sync`,
+    /// which runs it on the calling thread when the queue is idle, as a leased connection's is): no
+    /// hop to the queue's thread and back. The thread blocks for the statement, which its deadline
+    /// bounds; such threads are there for that, never the Swift concurrency pool's.
     func onQueue<T: Sendable>(
         _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
     ) async throws -> T {
@@ -70,8 +76,33 @@ extension PostgresConnection {
             state.nextOperation &+= 1
             return state.nextOperation
         }
-        return try await withTaskCancellationHandler {
-            try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
+        guard let timeout = Self.statementTimeout else { return try await onQueue(operation, work) }
+        let expired = Locked(false)
+        let timer = DeadlineTimer.shared.schedule(after: timeout) { [self] in
+            expired.withLock { $0 = true }
+            // PQcancel connects to the server and waits for it: not on the timer's thread.
+            DispatchQueue.global().async { self.cancelRunning(operation) }
+        }
+        do {
+            let value = try await onQueue(operation, work)
+            DeadlineTimer.shared.cancel(timer)
+            return value
+        } catch {
+            if !DeadlineTimer.shared.cancel(timer), expired.withLock({ $0 }) {
+                throw PostgresError(.timeout, message: "the statement ran past its bound of \(timeout) and was cancelled")
+            }
+            throw error
+        }
+    }
+
+    private func onQueue<T: Sendable>(
+        _ operation: UInt64, _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
+    ) async throws -> T {
+        try await withTaskCancellationHandler {
+            if BlockingCallExecutor.currentThreadAllowsBlocking {
+                return try blocking(operation: operation, work)
+            }
+            return try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
         } onCancel: {
             self.cancelRunning(operation)
         }
@@ -91,9 +122,9 @@ extension PostgresConnection {
     }
 
     /// Runs `work` on the caller's thread, serialized with the queue.
-    func blocking<T>(_ work: (OpaquePointer) throws(PostgresError) -> T) throws -> T {
+    func blocking<T>(operation: UInt64? = nil, _ work: (OpaquePointer) throws(PostgresError) -> T) throws -> T {
         dispatchPrecondition(condition: .notOnQueue(queue))
-        return try queue.sync { () throws(PostgresError) -> T in try runOnQueue(operation: nil, work) }
+        return try queue.sync { () throws(PostgresError) -> T in try runOnQueue(operation: operation, work) }
     }
 
     /// The one place a `PGconn` is used. Marks the connection bad when libpq reports it broken and
@@ -101,6 +132,10 @@ extension PostgresConnection {
     func runOnQueue<T>(operation: UInt64?, _ work: (OpaquePointer) throws(PostgresError) -> T) throws(PostgresError)
         -> T
     {
+        // Work runs on the queue's thread or, inline, on a caller's; the queue orders them, and
+        // passing through `handOff` at both ends shows that order to ThreadSanitizer too.
+        handOff.receive()
+        defer { handOff.publish() }
         guard let connection = handle.pointer else {
             throw PostgresError(.connectionClosed, message: "the connection is closed")
         }

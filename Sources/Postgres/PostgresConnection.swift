@@ -9,7 +9,8 @@ import Locking
 /// `DispatchQueue` and touches the `PGconn` only there (STYLE §5.3). The async API hops onto the queue
 /// and resumes a continuation, keeping the cooperative pool free. The `…Blocking` API runs the same
 /// work on the caller's thread through `queue.sync` (serialized with the async calls); use it only from
-/// a dedicated thread, never from the Swift concurrency pool.
+/// a dedicated thread, never from the Swift concurrency pool. An async call made on a
+/// `BlockingCallExecutor` thread (the app API's requests) takes that path by itself: no hop.
 ///
 /// Cancelling the task of a running async call sends a libpq cancel request for that statement.
 package final class PostgresConnection: Sendable {
@@ -30,6 +31,12 @@ package final class PostgresConnection: Sendable {
     let state: Locked<State>
     /// Orders the queue's work before the awaiting task's reads where ThreadSanitizer can see it.
     let handOff = QueueHandOff()
+
+    /// The bound on each statement of the calls made inside `$statementTimeout.withValue(...)`:
+    /// when it runs out the statement is cancelled at the server and the call throws `timeout`.
+    /// Kept by a timer thread of its own, so it fires whether the call waits in a task or blocks a
+    /// `BlockingCallExecutor` thread. Nil: no bound but the session's own (`SessionLimits`).
+    @TaskLocal package static var statementTimeout: Duration?
 
     struct State {
         var status: Status = .ok
@@ -230,6 +237,15 @@ package final class PostgresConnection: Sendable {
         get async {
             (try? await onQueue { connection throws(PostgresError) in Self.keepaliveEnabled(PQsocket(connection)) }) ?? false
         }
+    }
+
+    /// `checkHealth()` on the caller's thread, any thread: the probe never blocks, and `queue.sync`
+    /// runs it right here when the queue is idle (a pooled connection's is, or is finishing the
+    /// hand-off of its last call). What the pool does on each lease, without a hop.
+    package func checkHealthHere() -> Bool {
+        let alive = (try? blocking { connection throws(PostgresError) in Self.probe(connection) }) ?? false
+        if !alive { state.withLock { $0.status = .bad } }
+        return alive
     }
 
     /// Non-blocking liveness probe (poll with zero timeout, consume pending input). Updates `status`.

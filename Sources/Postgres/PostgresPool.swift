@@ -139,7 +139,7 @@ package final class PostgresPool: Sendable {
     /// Turns a grant into a usable connection, reconnecting when the granted one is dead.
     private func connection(for grant: Grant) async throws -> PostgresConnection {
         if case .connection(let connection) = grant {
-            if connection.isUsable, await connection.checkHealth() { return connection }
+            if connection.isUsable, connection.checkHealthHere() { return connection }
             logger.debug("postgres pool discards a broken connection")
             connection.close()  // its slot is reused for the new connection below
         }
@@ -152,41 +152,33 @@ package final class PostgresPool: Sendable {
         }
     }
 
+    /// Waits for `release` to hand this waiter a grant. The bound is an entry in `DeadlineTimer`
+    /// (no task, no timer of its own), and cancelling the task ends the wait at once.
     private func waitForGrant(_ id: UInt64) async throws -> Grant {
-        try await withThrowingTaskGroup(of: Grant?.self) { group in
-            group.addTask {
-                // `deliver` resumes under the lock, so taking it again after the await waits for that
-                // unlock: an order ThreadSanitizer sees also when the resume came before the await
-                // (see `QueueHandOff`), for whatever the releasing task did before handing over.
-                defer { self.state.withLock { _ in } }
-                return try await withCheckedThrowingContinuation { continuation in
-                    self.state.withLock { state in
-                        guard let waiter = state.waiters[id] else { return }
-                        if let outcome = waiter.outcome {
-                            state.waiters[id] = nil
-                            continuation.resume(with: outcome)
-                        } else {
-                            state.waiters[id]?.continuation = continuation
-                        }
+        let timeout = acquireTimeout
+        let timer = DeadlineTimer.shared.schedule(after: timeout) { [self] in
+            let error = PostgresError(.timeout, message: "no pooled connection became free within \(timeout)")
+            state.withLock { $0.deliver(.failure(error), to: id) }
+        }
+        defer { DeadlineTimer.shared.cancel(timer) }
+        return try await withTaskCancellationHandler {
+            // `deliver` resumes under the lock, so taking it again after the await waits for that
+            // unlock: an order ThreadSanitizer sees also when the resume came before the await
+            // (see `QueueHandOff`), for whatever the releasing task did before handing over.
+            defer { self.state.withLock { _ in } }
+            return try await withCheckedThrowingContinuation { continuation in
+                self.state.withLock { state in
+                    guard let waiter = state.waiters[id] else { return }
+                    if let outcome = waiter.outcome {
+                        state.waiters[id] = nil
+                        continuation.resume(with: outcome)
+                    } else {
+                        state.waiters[id]?.continuation = continuation
                     }
                 }
             }
-            group.addTask {
-                try? await Task.sleep(for: self.acquireTimeout)
-                let error: any Error =
-                    Task.isCancelled
-                    ? CancellationError()
-                    : PostgresError(.timeout, message: "no pooled connection became free within \(self.acquireTimeout)")
-                self.state.withLock { $0.deliver(.failure(error), to: id) }
-                return nil
-            }
-            while let result = try await group.next() {
-                if let grant = result {
-                    group.cancelAll()
-                    return grant
-                }
-            }
-            throw PostgresError(.timeout, message: "no pooled connection became free")
+        } onCancel: {
+            self.state.withLock { $0.deliver(.failure(CancellationError()), to: id) }
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import LocalPostgres
+import Locking
 import Logging
 import Postgres
 import Testing
@@ -441,6 +442,36 @@ struct PostgresConnectionTests {
                 }
                 #expect(error?.code == .timeout)
             }
+            #expect(pool.openConnections == 1)
+        }
+    }
+
+    /// `statementTimeout` cancels a statement at the server and throws `timeout`, whether the call
+    /// waits in a task (the statement on the connection's queue) or blocks a `BlockingCallExecutor`
+    /// thread (the statement inline on it, where no task-based deadline could fire).
+    @Test(arguments: [false, true]) func statementTimeoutCancelsTheStatement(onBlockingThread: Bool) async throws {
+        try await withTestSchema { schema in
+            let pool = PostgresPool(
+                conninfo: schema.conninfo, size: 1, acquireTimeout: .seconds(30), logger: TestDatabase.logger)
+            defer { pool.close() }
+            let call = { @Sendable () async -> (inline: Bool, error: PostgresError?) in
+                do {
+                    try await PostgresConnection.$statementTimeout.withValue(.milliseconds(300)) {
+                        try await pool.withConnection { connection in try await connection.execute("SELECT pg_sleep(120)") }
+                    }
+                    return (BlockingCallExecutor.currentThreadAllowsBlocking, nil)
+                } catch {
+                    return (BlockingCallExecutor.currentThreadAllowsBlocking, error as? PostgresError)
+                }
+            }
+            let outcome = await Task(executorPreference: onBlockingThread ? BlockingCallExecutor(maximumThreads: 1) : nil) {
+                await call()
+            }.value
+            #expect(outcome.inline == onBlockingThread)
+            #expect(outcome.error?.code == .timeout, "\(String(describing: outcome.error))")
+            // Cancelled, not abandoned: the same connection answers the next statement.
+            let one = try await pool.withConnection { connection in try await connection.query("SELECT 1")[0].decode(Int.self, at: 0) }
+            #expect(one == 1)
             #expect(pool.openConnections == 1)
         }
     }

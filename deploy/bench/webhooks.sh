@@ -15,7 +15,10 @@
 # Targets: >= 1,000 deliveries/s per worker; delay p50 <= 20 ms at 200 changes/s (p99 shown beside it).
 # Each run starts from a queue analyzed while empty, then filled (as after a quiet night): the claim
 # must not depend on autovacuum having analyzed the backlog.
-# Usage: deploy/bench/webhooks.sh   (env: CHANGES=20000, ACCOUNTS=5000, RATE=200, SECONDS_AT_RATE=10)
+# Each of these runs twice by default: against the sink over http://, then over https:// (a throwaway
+# CA made here, trusted by the workers through SIWA_CA_FILE); SCHEMES="https" runs one.
+# Usage: deploy/bench/webhooks.sh   (env: CHANGES=20000, ACCOUNTS=5000, RATE=200, SECONDS_AT_RATE=10, SCHEMES="http https",
+#        SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,6 +27,7 @@ changes=${CHANGES:-20000}
 accounts=${ACCOUNTS:-5000}
 rate=${RATE:-200}
 rate_seconds=${SECONDS_AT_RATE:-10}
+schemes=${SCHEMES:-http https}
 
 # shellcheck source=../scripts/throwaway-postgres.sh
 source "$root/deploy/scripts/throwaway-postgres.sh"
@@ -33,11 +37,15 @@ if [[ -z "$(pg_throwaway_find_bin)" && $(id -u) -eq 0 ]]; then
         || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql postgresql-contrib >/dev/null 2>&1; }
 fi
 
-echo "bench: building siwa-worker and siwa (release)"
-(cd "$root" && swift build -c release --product siwa-worker >/tmp/siwa-bench-build.log 2>&1 \
-    && swift build -c release --product siwa >>/tmp/siwa-bench-build.log 2>&1) \
-    || { tail -20 /tmp/siwa-bench-build.log >&2; exit 1; }
-bin=$(cd "$root" && swift build -c release --show-bin-path)
+if [[ -n "${SIWA_BENCH_BIN:-}" ]]; then
+    bin=$SIWA_BENCH_BIN  # release siwa and siwa-worker built already (a copy, so a build may run meanwhile)
+else
+    echo "bench: building siwa-worker and siwa (release)"
+    (cd "$root" && swift build -c release --product siwa-worker >/tmp/siwa-bench-build.log 2>&1 \
+        && swift build -c release --product siwa >>/tmp/siwa-bench-build.log 2>&1) \
+        || { tail -20 /tmp/siwa-bench-build.log >&2; exit 1; }
+    bin=$(cd "$root" && swift build -c release --show-bin-path)
+fi
 
 # track_commit_timestamp: the delay phase splits each change's delay at its commit.
 pg_throwaway_start fsync=on synchronous_commit=on track_commit_timestamp=on track_functions=pl || exit 1
@@ -60,21 +68,33 @@ cleanup() {
 }
 trap cleanup EXIT
 
-SIWA_WEBHOOK_SECRET=$secret "$bin/siwa" webhooks sink --listen 127.0.0.1:0 --quiet >"$PG_DIR/sink.log" 2>&1 &
-sink_pid=$!
-for _ in $(seq 100); do grep -q "listening on" "$PG_DIR/sink.log" && break; sleep 0.05; done
-sink=$(grep -o 'http://[0-9.:]*' "$PG_DIR/sink.log" | head -1)
-[[ -n "$sink" ]] || { echo "bench: the sink did not start" >&2; cat "$PG_DIR/sink.log" >&2; exit 1; }
-hook="$sink/hooks/siwa"
+# A throwaway CA and a certificate for 127.0.0.1 signed by it, for the https:// runs.
+source "$root/deploy/scripts/throwaway-ca.sh"
+throwaway_ca "$PG_DIR" sink
+
+start_sink() {  # start_sink http|https: sets sink (its base URL), hook, sink_pid
+    local tls=()
+    [[ $1 == https ]] && tls=(--tls-cert-file "$PG_DIR/sink.pem" --tls-key-file "$PG_DIR/sink.key")
+    [[ -n "$sink_pid" ]] && { kill "$sink_pid" 2>/dev/null; wait "$sink_pid" 2>/dev/null; }
+    SIWA_WEBHOOK_SECRET=$secret "$bin/siwa" webhooks sink --listen 127.0.0.1:0 --quiet "${tls[@]}" >"$PG_DIR/sink-$1.log" 2>&1 &
+    sink_pid=$!
+    for _ in $(seq 100); do grep -q "listening on" "$PG_DIR/sink-$1.log" && break; sleep 0.05; done
+    sink=$(grep -o 'https*://[0-9.:]*' "$PG_DIR/sink-$1.log" | head -1)
+    [[ -n "$sink" ]] || { echo "bench: the sink did not start" >&2; cat "$PG_DIR/sink-$1.log" >&2; exit 1; }
+    hook="$sink/hooks/siwa"
+    ca_file=
+    [[ $1 == https ]] && ca_file=$PG_DIR/ca.pem
+}
+start_sink "${schemes%% *}"
 # Registered by hand so changes are queued before any worker runs (a worker's start does the same).
 psql -d siwa -c "INSERT INTO siwa.webhook_endpoint (endpoint) VALUES ('$hook')"
 
-stats() { curl -s "$sink/stats"; }
+stats() { curl -s ${ca_file:+--cacert "$ca_file"} "$sink/stats"; }
 field() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(eval(sys.argv[2], {}, d))" "$1" "$2"; }
 reset() {
     psql -d siwa -c "TRUNCATE siwa.jobs, siwa.account_changes"
     psql -d siwa -c "ANALYZE siwa.jobs"
-    curl -s -X POST "$sink/stats/reset" >/dev/null
+    curl -s ${ca_file:+--cacert "$ca_file"} -X POST "$sink/stats/reset" >/dev/null
 }
 queue() {  # queue N changes over ACCOUNTS accounts in one INSERT (the trigger queues a delivery each)
     psql -d siwa -c "INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status)
@@ -83,8 +103,8 @@ queue() {  # queue N changes over ACCOUNTS accounts in one INSERT (the trigger q
           FROM generate_series(1, $1) AS i ORDER BY i"
 }
 start_worker() {
-    SIWA_LOG_LEVEL=warn DATABASE_URL=$url SIWA_CLIENT_IDS=com.example.app SIWA_APPLE_CALLS=disabled \
-        SIWA_OPS_LISTEN=127.0.0.1:0 SIWA_WEBHOOK_URL=$hook SIWA_WEBHOOK_SECRET=$secret \
+    env SIWA_LOG_LEVEL=warn DATABASE_URL=$url SIWA_CLIENT_IDS=com.example.app SIWA_APPLE_CALLS=disabled \
+        SIWA_OPS_LISTEN=127.0.0.1:0 SIWA_WEBHOOK_URL=$hook SIWA_WEBHOOK_SECRET=$secret ${ca_file:+SIWA_CA_FILE=$ca_file} \
         "$bin/siwa-worker" 2>>"$PG_DIR/worker.log" &
     workers+=($!)
 }
@@ -131,7 +151,7 @@ burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy
     local began; began=$(now)
     for _ in $(seq "$1"); do start_worker; done
     # The sink answers once it has verified them all: no polling query competes with the run.
-    curl -s "$sink/stats/wait?verified=$changes&seconds=180" >/dev/null
+    curl -s ${ca_file:+--cacert "$ca_file"} "$sink/stats/wait?verified=$changes&seconds=180" >/dev/null
     local ended; ended=$(now)
     local worker_cpu pg1 sink1 t1; worker_cpu=$(workers_cpu_s); pg1=$(pg_cpu_s); sink1=$(cpu_s "$sink_pid"); read -r -a t1 <<<"$(ticks)"
     local deadline=$((SECONDS + 60))
@@ -173,7 +193,7 @@ SQL
 # created_at -> commit is the inserting transaction's own wait (its WAL flush), commit -> the sink's
 # receipt is ours (NOTIFY, claim, HTTP). Prints p50/p99/max of both, in ms.
 split_delay() {
-    curl -s "$sink/stats/deliveries" >"$PG_DIR/receipts.csv"
+    curl -s ${ca_file:+--cacert "$ca_file"} "$sink/stats/deliveries" >"$PG_DIR/receipts.csv"
     psql -d siwa <<SQL
 CREATE TEMP TABLE receipts (id bigint, at double precision);
 \copy receipts FROM '$PG_DIR/receipts.csv' WITH (FORMAT csv)
@@ -219,44 +239,60 @@ SQL
 
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
 echo "bench: deliveries go through the libcurl client (Sources/OutboundHTTP), keep-alive connections to the sink"
-(changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
 cpu_line() {
     echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"
     echo "      per delivery: $6 commits, $7 WAL flushes, $8 claims, $9 result writes (a claim carries $(python3 -c "print(round(1 / max($8, 1e-9), 1))") on average)"
 }
-read -r -a one <<<"$(burn_down 1)"; echo "  burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"
-read -r -a two <<<"$(burn_down 2)"; echo "  burn-down, 2 worker processes: ${two[0]} deliveries/s; $(cpu_line "${two[@]}")"
-one=("${one[@]:0:5}"); two=("${two[@]:0:5}")
 raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1 connection:  $raw1 deliveries/s"
 raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
-read -r p50 p99 count < <(delay)
-echo "  delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
-echo "    split at the change's commit: $(cat "$PG_DIR/split.txt")"
+summaries=()
+for scheme in $schemes; do
+    start_sink "$scheme"
+    echo "bench: [$scheme] sink at $sink"
+    (changes=$((changes / 5)); burn_down 1 >/dev/null)  # warm-up, not reported
+    read -r -a one <<<"$(burn_down 1)"; echo "  [$scheme] burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"
+    read -r -a two <<<"$(burn_down 2)"; echo "  [$scheme] burn-down, 2 worker processes: ${two[0]} deliveries/s; $(cpu_line "${two[@]}")"
+    one=("${one[@]:0:5}"); two=("${two[@]:0:5}")
+    read -r p50 p99 count < <(delay)
+    echo "  [$scheme] delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
+    echo "    split at the change's commit: $(cat "$PG_DIR/split.txt")"
+    summaries+=("$scheme|${one[*]}|${two[*]}|$p50|$p99")
+done
 echo
 echo "bench: load at end:$(uptime | sed 's/.*load average://')"
-python3 - "$(nproc)" "${one[*]}" "${two[*]}" "$raw1" "$raw2" "$p50" "$p99" <<'PY'
+python3 - "$(nproc)" "$raw1" "$raw2" "${summaries[@]}" <<'PY'
 import sys
 cores = int(sys.argv[1])
-one, two = ([float(x) for x in a.split()] for a in sys.argv[2:4])
-raw1, raw2, p50, p99 = (float(x) for x in sys.argv[4:])
+raw1, raw2 = float(sys.argv[2]), float(sys.argv[3])
 def line(name, value, target, ok):
     print(f"  {name:<46} {value:>12}   target {target:<22} {'OK' if ok else 'BELOW TARGET'}")
 def info(name, value, note):
     print(f"  {name:<46} {value:>12}   {note}")
-line("1 worker", f"{one[0]:.0f}/s", ">= 1000/s", one[0] >= 1000)
-info("  SQL-only peer, 1 connection", f"{raw1:.0f}/s", f"(the database's ceiling; the worker reaches {one[0]/raw1:.0%})")
-line("2 workers, per worker", f"{two[0]/2:.0f}/s", ">= 1000/s", two[0] / 2 >= 1000)
-info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the workers reach {two[0]/raw2:.0%})")
-# Every delivery costs CPU in the worker, the sink and PostgreSQL, all on these cores: their sum
-# caps the rate whatever the scheduling (the ceiling), and the part that is not the worker's is
-# what any worker would pay here (the floor).
-_, worker, sink, pg, busy = two
-total = worker + sink + pg
-share = two[0] * total / 1e6 / cores
-info("2 workers: CPU per delivery, all parts", f"{total:.0f} us", f"worker(s) {worker:.0f} + sink {sink:.0f} + PostgreSQL {pg:.0f}")
-info("  share of the machine", f"{share:.0%}", f"used by these parts; the machine was {busy:.0f}% busy at normal priority (the rest: other processes)")
-info("  ceiling on these cores", f"{cores * 1e6 / total:.0f}/s", f"= {cores} cores / {total:.0f} us ({cores * 1e6 / total / 2:.0f} per worker)")
-info("  without the worker's own CPU", f"{cores * 1e6 / (sink + pg):.0f}/s", f"= {cores} cores / (sink + PostgreSQL {sink + pg:.0f} us)")
-line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
-info("delay p99 at steady rate", f"{p99:.2f} ms", "(information: no target)")
+costs = {}
+for summary in sys.argv[4:]:
+    scheme, one, two, p50, p99 = summary.split("|")
+    one, two = ([float(x) for x in a.split()] for a in (one, two))
+    p50, p99 = float(p50), float(p99)
+    print(f"  sink over {scheme}://")
+    line("1 worker", f"{one[0]:.0f}/s", ">= 1000/s", one[0] >= 1000)
+    info("  SQL-only peer, 1 connection", f"{raw1:.0f}/s", f"(the database's ceiling; the worker reaches {one[0]/raw1:.0%})")
+    line("2 workers, per worker", f"{two[0]/2:.0f}/s", ">= 1000/s", two[0] / 2 >= 1000)
+    info("  SQL-only peer, 2 connections, per connection", f"{raw2/2:.0f}/s", f"(the workers reach {two[0]/raw2:.0%})")
+    # Every delivery costs CPU in the worker, the sink and PostgreSQL, all on these cores: their sum
+    # caps the rate whatever the scheduling (the ceiling), and the part that is not the worker's is
+    # what any worker would pay here (the floor).
+    _, worker, sink, pg, busy = two
+    total = worker + sink + pg
+    costs[scheme] = (one[1], worker, sink, pg)
+    share = two[0] * total / 1e6 / cores
+    info("2 workers: CPU per delivery, all parts", f"{total:.0f} us", f"worker(s) {worker:.0f} + sink {sink:.0f} + PostgreSQL {pg:.0f}")
+    info("  share of the machine", f"{share:.0%}", f"used by these parts; the machine was {busy:.0f}% busy at normal priority (the rest: other processes)")
+    info("  ceiling on these cores", f"{cores * 1e6 / total:.0f}/s", f"= {cores} cores / {total:.0f} us ({cores * 1e6 / total / 2:.0f} per worker)")
+    info("  without the worker's own CPU", f"{cores * 1e6 / (sink + pg):.0f}/s", f"= {cores} cores / (sink + PostgreSQL {sink + pg:.0f} us)")
+    line("delay p50 at steady rate", f"{p50:.2f} ms", "<= 20 ms", p50 <= 20)
+    info("delay p99 at steady rate", f"{p99:.2f} ms", "(information: no target)")
+if "http" in costs and "https" in costs:
+    (h1, hw, hs, hp), (s1, sw, ss, sp) = costs["http"], costs["https"]
+    print("  CPU per delivery, http:// vs https:// (us): "
+          f"worker with 1 process {h1:.0f} vs {s1:.0f}, workers with 2 {hw:.0f} vs {sw:.0f}, sink {hs:.0f} vs {ss:.0f}, PostgreSQL {hp:.0f} vs {sp:.0f}")
 PY

@@ -1,5 +1,6 @@
 import Foundation
 internal import HTTPServer
+import JOSE
 import Postgres
 
 /// An answer other than success: the contract's status and `{"error":"<code>"}`, with a `detail`
@@ -73,12 +74,12 @@ enum AppAPIJSON {
         case let flag as Bool: out += flag ? Array("true".utf8) : Array("false".utf8)
         case let number as Int: out += Array(String(number).utf8)
         case let number as Int64: out += Array(String(number).utf8)
-        case let text as String: writeString(text, to: &out)
+        case let text as String: JSONText.appendString(text, to: &out)
         case let object as [String: Any]:
             out.append(UInt8(ascii: "{"))
             for (index, key) in object.keys.sorted().enumerated() {
                 if index > 0 { out.append(UInt8(ascii: ",")) }
-                writeString(key, to: &out)
+                JSONText.appendString(key, to: &out)
                 out.append(UInt8(ascii: ":"))
                 write(object[key]!, to: &out)
             }
@@ -93,22 +94,6 @@ enum AppAPIJSON {
         default:  // NSNull, and anything a body should never hold
             out += Array("null".utf8)
         }
-    }
-
-    private static func writeString(_ text: String, to out: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
-        out.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), byte]
-            case 0x0A: out += Array("\\n".utf8)
-            case 0x0D: out += Array("\\r".utf8)
-            case 0x09: out += Array("\\t".utf8)
-            case ..<0x20: out += Array("\\u00".utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
-            default: out.append(byte)
-            }
-        }
-        out.append(UInt8(ascii: "\""))
     }
 
     /// The `siwa.account(...)` view.

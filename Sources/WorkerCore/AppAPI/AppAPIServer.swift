@@ -12,6 +12,10 @@ package import SiwaCore
 /// The app API (CONTRACT.md, "App API"), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
 /// that do not share this database: nonces, sign-in, an account's state, deletion, the change feed.
 ///
+/// Requests run on `BlockingCallExecutor.shared`'s threads, where each database statement runs
+/// inline under its bound (no hop to the connection's queue and back); Apple calls still go
+/// through the one curl thread, suspending the request's task, not its thread.
+///
 /// Every request is authenticated first (bearer token, constant-time), before routing or any
 /// other work. Bodies are at most 16 KiB (larger: 413 from the HTTP layer, unread). Database
 /// calls are bounded (`AppAPIStore`), Apple calls at 5 s. Internal network only.
@@ -63,7 +67,7 @@ package final class AppAPIServer: Sendable {
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port, threadCount: 2, connectionLimit: 512,
                 connectionTimeout: .seconds(30), maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5)),
-            logger: logger, asyncRespond: { [self] request in await respond(to: request) })
+            logger: logger, executor: BlockingCallExecutor.shared, asyncRespond: { [self] request in await respond(to: request) })
         try http.start()
         server.withLock { $0 = http }
         logger.info(

@@ -5,7 +5,7 @@ import SiwaCore
 
 /// The app API's database side: one method per statement, each through the functions of
 /// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is
-/// bounded: the pool's lease wait, then `timeout` for the statement (cancelled at the server when
+/// bounded: the pool's lease wait, then `timeout` for each statement (cancelled at the server when
 /// it runs out), so no request waits on the database without end.
 package struct AppAPIStore: Sendable {
     let pool: PostgresPool
@@ -71,9 +71,13 @@ package struct AppAPIStore: Sendable {
     }
 
 
+    /// `body` on a leased connection, each of its statements bounded by `timeout` (cancelled at
+    /// the server when it runs out, by a timer that fires also while the statement blocks the
+    /// app API's thread; see `PostgresConnection.statementTimeout`).
     private func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
-        let pool = pool
-        return try await withDeadline(timeout) { try await pool.withConnection { try await body($0) } }
+        try await PostgresConnection.$statementTimeout.withValue(timeout) {
+            try await pool.withConnection { try await body($0) }
+        }
     }
 
     /// Stores a nonce by its SHA-256; returns when it expires.
@@ -245,24 +249,5 @@ package struct AppAPIStore: Sendable {
                     reason: try row.decode(String?.self, column: "reason"), createdAt: try row.decode(Date.self, column: "created_at"))
             }
         }
-    }
-}
-
-/// A bounded wait ran out; the work was cancelled.
-struct DeadlineExceeded: Error, CustomStringConvertible {
-    var description: String { "deadline exceeded" }
-}
-
-/// Runs `body`, cancelling it (a running statement is cancelled at the server) when `limit` passes.
-func withDeadline<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    try await withThrowingTaskGroup(of: T.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: limit)
-            throw DeadlineExceeded()
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next() else { throw DeadlineExceeded() }
-        return first
     }
 }

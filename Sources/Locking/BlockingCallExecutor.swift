@@ -1,0 +1,93 @@
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A task executor over threads of its own, off the Swift concurrency pool, on which a job may make
+/// a *bounded* blocking call: a database statement under its deadline runs right on the thread the
+/// request's task is on (`PostgresConnection` checks `currentThreadAllowsBlocking`), instead of
+/// hopping to the connection's queue and back, two thread switches a statement.
+///
+/// A task started with `Task(executorPreference: executor)` runs its nonisolated code here. Jobs
+/// wait in one queue, first in first out; an idle thread takes the next, and a new thread is
+/// started when none is idle, up to `maximumThreads` (then jobs wait for a thread to come free, so
+/// a blocked thread holds up only jobs queued behind it while every other thread is busy too).
+/// Threads live as long as the process; the shared instance is made once.
+package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
+    // @unchecked: every field below `mutex` is touched only with it held.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let wake: UnsafeMutablePointer<pthread_cond_t>
+    private var jobs: [UnownedJob] = []
+    private var head = 0
+    private var threads = 0
+    private var idle = 0
+    package let maximumThreads: Int
+
+    /// The app API's executor (one per process: servers made by tests share it).
+    package static let shared = BlockingCallExecutor(maximumThreads: 64)
+
+    package init(maximumThreads: Int) {
+        precondition(maximumThreads > 0, "an executor needs a thread")
+        self.maximumThreads = maximumThreads
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        wake = .allocate(capacity: 1)
+        wake.initialize(to: pthread_cond_t())
+        precondition(pthread_mutex_init(mutex, nil) == 0 && pthread_cond_init(wake, nil) == 0, "pthread init failed")
+    }
+
+    /// True on one of any `BlockingCallExecutor`'s threads: a bounded blocking call may run here.
+    package static var currentThreadAllowsBlocking: Bool { pthread_getspecific(threadKey) != nil }
+
+    private static let threadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create failed")
+        return key
+    }()
+
+    package func enqueue(_ job: consuming ExecutorJob) {
+        let unowned = UnownedJob(job)
+        pthread_mutex_lock(mutex)
+        jobs.append(unowned)
+        let startThread = idle == 0 && threads < maximumThreads
+        if startThread { threads += 1 }
+        let signal = idle > 0
+        pthread_mutex_unlock(mutex)
+        if signal { pthread_cond_signal(wake) }
+        if startThread { spawn() }
+    }
+
+    private func spawn() {
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(self).toOpaque()
+        let status = pthread_create(&thread, nil, { context in
+            let executor = Unmanaged<BlockingCallExecutor>.fromOpaque(context!).takeRetainedValue()
+            executor.run()
+            return nil
+        }, context)
+        precondition(status == 0, "pthread_create failed: \(status)")
+        pthread_detach(thread)
+    }
+
+    private func run() {
+        pthread_setspecific(Self.threadKey, UnsafeRawPointer(bitPattern: 1))
+        let executor = asUnownedTaskExecutor()
+        while true {
+            pthread_mutex_lock(mutex)
+            while head == jobs.count {
+                idle += 1
+                pthread_cond_wait(wake, mutex)
+                idle -= 1
+            }
+            let job = jobs[head]
+            head += 1
+            if head == jobs.count || head > 1024 {
+                jobs.removeFirst(head)
+                head = 0
+            }
+            pthread_mutex_unlock(mutex)
+            job.runSynchronously(on: executor)
+        }
+    }
+}
