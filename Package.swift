@@ -94,7 +94,7 @@ let package = Package(
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "Locking", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).

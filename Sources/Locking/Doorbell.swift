@@ -1,5 +1,4 @@
 internal import Dispatch
-import Locking
 
 /// A wake-up signal with a bounded wait, for any number of waiters: `ring()` wakes the longest
 /// waiting one, or, when none waits, makes the next `wait` return at once; `ringAll()` wakes every
