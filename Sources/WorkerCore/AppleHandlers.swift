@@ -34,16 +34,3 @@ package func makeAppleJobContext(
     context.pauseInterval = settings.pauseInterval
     return context
 }
-
-/// The Apple settings of a worker configuration, checked; nil when Apple calls are disabled.
-package func appleSettings(_ configuration: WorkerConfiguration) throws(ConfigurationError) -> AppleSettings? {
-    let apple = configuration.apple
-    guard apple.callsEnabled else { return nil }
-    let settings = AppleSettings(
-        teamID: apple.teamID, keyID: apple.keyID, privateKeyPEMPath: apple.privateKeyPath,
-        tokenKeys: apple.tokenKeys.map { "\($0.id):\($0.base64)" }.joined(separator: ","),
-        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily, pauseInterval: apple.pauseInterval,
-        caCertificates: apple.caCertificates)
-    try settings.validate()
-    return settings
-}

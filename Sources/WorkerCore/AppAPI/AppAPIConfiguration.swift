@@ -32,7 +32,7 @@ package struct AppAPIConfiguration: Sendable {
                 problem: "token \(index + 1) is shorter than \(Self.minimumTokenLength) characters")
         }
         self.tokens = tokens
-        nonceLifetime = try WorkerConfiguration.duration(
-            source, "SIWA_NONCE_TTL", default: .seconds(300), range: .seconds(10) ... .seconds(3600))
+        nonceLifetime = try source.duration(
+            "SIWA_NONCE_TTL", default: .seconds(300), range: .seconds(10) ... .seconds(3600))
     }
 }
