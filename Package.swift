@@ -52,12 +52,29 @@ let package = Package(
         .target(name: "ReceiverCore",
                 dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "JSON"],
                 swiftSettings: strict),
+        // The Apple-calling job handlers (exchange, revoke, reconcile) and their shared context.
+        .target(name: "AppleJobs",
+                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "SiwaCore"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // The app API: its server, routes, answers, sign-in and SQL calls.
+        .target(name: "AppAPI",
+                dependencies: ["AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging",
+                               "Postgres", "SiwaCore"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // Webhooks: the queue, the dispatcher, signatures, the retry rule, the transports.
+        .target(name: "Webhooks",
+                dependencies: ["CryptoCore", "JobQueue", "Locking", "Logging", "OutboundHTTP", "Postgres", "SiwaCore"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // Team transfer (`siwa accounts transfer`): the file, export, import, Apple's migration calls.
+        .target(name: "TeamTransfer", dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // The worker: its loops, its ops server, and the services it starts.
         .target(name: "WorkerCore",
-                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
-                               "Logging", "AppleClient", "JSON", "OutboundHTTP"],
-                exclude: ["AppAPI/README.md"], swiftSettings: strict),
+                dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging",
+                               "Postgres", "SiwaCore", "Webhooks"],
+                exclude: ["README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
-        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
+        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "Webhooks"],
                 exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
                 exclude: ["README.md"], swiftSettings: strict),
@@ -68,11 +85,11 @@ let package = Package(
         // deploy/check/package-deps.sh for the second).
         .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "SiwaCore", "Logging"],
                           swiftSettings: strict),
-        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Postgres", "Logging"],
+        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppAPI", "AppleJobs", "SiwaCore", "Postgres", "Logging"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "OutboundHTTP", "Console"],
+                                         "CryptoCore", "Logging", "AppleJobs", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
@@ -94,7 +111,7 @@ let package = Package(
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "Locking", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "JobQueue", "Locking", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).
@@ -104,7 +121,8 @@ let package = Package(
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
                     dependencies: ["Postgres", "LocalPostgres", "Locking", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "OutboundHTTP", "ScriptedHTTPServer"],
+                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks",
+                                   "OutboundHTTP", "ScriptedHTTPServer"],
                     swiftSettings: strict),
     ]
 )

@@ -7,6 +7,7 @@ package import Logging
 internal import Postgres
 package import SiwaCore
 import Locking
+import Webhooks
 
 /// The running worker: applies notification effects in batches, runs the Apple-calling jobs through
 /// their handlers, keeps leases alive, rescues expired ones, prunes old rows, and serves /metrics.

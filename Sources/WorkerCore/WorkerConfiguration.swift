@@ -2,6 +2,9 @@ package import Foundation
 package import Logging
 package import Postgres
 package import SiwaCore
+package import AppAPI
+package import Webhooks
+package import AppleJobs
 
 /// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).

@@ -3,6 +3,8 @@ import Logging
 import Postgres
 import SiwaCore
 import WorkerCore
+import AppAPI
+import AppleJobs
 
 if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
     print(

@@ -6,6 +6,7 @@ import Postgres
 import SiwaCore
 import Testing
 import WorkerCore
+import AppleJobs
 
 /// One test per rule of CONTRACT.md → "Account lifecycle rules", against the real SQL, the real
 /// handlers and the fake Apple.

@@ -4,7 +4,7 @@ import Logging
 import Postgres
 import SiwaCore
 import Testing
-import WorkerCore
+import Webhooks
 
 /// Webhook deliveries by a real `WebhookDispatcher` against a real PostgreSQL and a local sink that
 /// checks every signature with a verifier of its own.

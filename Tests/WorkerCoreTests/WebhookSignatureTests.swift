@@ -1,7 +1,7 @@
 import Foundation
 import SiwaCore
 import Testing
-import WorkerCore
+import Webhooks
 
 @Suite("Webhook signatures and settings")
 struct WebhookSignatureTests {

@@ -4,7 +4,7 @@ import JobQueue
 import Logging
 import Postgres
 import SiwaCore
-import WorkerCore
+import TeamTransfer
 
 /// `siwa accounts transfer export --target-team TEAMID [--client-id ID] > file` (sending team) and
 /// `siwa accounts transfer import [--client-id ID] < file` (recipient team): moving the app's users

@@ -3,7 +3,7 @@ import HTTPServer
 import Locking
 import Logging
 import SiwaCore
-import WorkerCore
+import Webhooks
 
 /// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet] [--tls-cert-file CERT.pem --tls-key-file KEY.pem]`:
 /// a local receiver (over `https://` when given a certificate and key) to try the worker

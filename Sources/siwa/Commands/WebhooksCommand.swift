@@ -2,7 +2,7 @@ import Foundation
 import JobQueue
 import Postgres
 import SiwaCore
-import WorkerCore
+import Webhooks
 
 /// `siwa webhooks test|disable`: check an endpoint by hand, or stop queueing deliveries.
 enum WebhooksCommand: CLICommand {

@@ -2,8 +2,7 @@ import AppleClient
 import FakeApple
 import Foundation
 import SiwaCore
-import WorkerCore
-
+import AppAPI
 
 /// The app API of one model sequence, served in process on 127.0.0.1:0 over the world's Apple
 /// context and pool. One per sequence that signs in: the API accepts identity tokens only for the

@@ -5,8 +5,8 @@ import Foundation
 import Logging
 import Postgres
 import SiwaCore
-import WorkerCore
-
+import AppAPI
+import AppleJobs
 
 /// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
 /// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,
