@@ -1,4 +1,4 @@
-package import SiwaCore
+package import Settings
 
 /// The app API's settings (CONTRACT.md, "App API"): nil from `init?` when `SIWA_APP_API_LISTEN` is
 /// unset, which means the API is not served.

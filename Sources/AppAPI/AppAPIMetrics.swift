@@ -1,5 +1,5 @@
 import Locking
-import SiwaCore
+import Metrics
 
 /// The app API's series on the worker's `/metrics`. Label values come from closed sets in this
 /// module (endpoint names, the contract's statuses, exchange failure classes), so no request can

@@ -7,8 +7,9 @@ internal import HTTPServer
 import JSON
 package import Logging
 package import Postgres
-package import SiwaCore
 package import AppleJobs
+package import Metrics
+import Settings
 
 /// The app API (CONTRACT.md, "App API"), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
 /// that do not share this database: nonces, sign-in, an account's state, deletion, the change feed.

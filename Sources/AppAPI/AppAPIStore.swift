@@ -1,7 +1,7 @@
 import Foundation
 import JSON
 package import Postgres
-import SiwaCore
+import Metrics
 
 /// The app API's database side: one method per statement, each through the functions of
 /// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is

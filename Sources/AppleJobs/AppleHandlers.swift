@@ -3,7 +3,7 @@ import Foundation
 package import JobQueue
 package import Logging
 package import Postgres
-package import SiwaCore
+package import Metrics
 
 /// The Apple-facing handlers over the worker's pool, with their counters in `metrics` when given.
 package func makeAppleHandlers(

@@ -2,8 +2,8 @@ package import AppleClient
 package import Foundation
 import JobQueue
 import Logging
-import SiwaCore
 package import Postgres
+import Metrics
 
 /// What the Apple handlers share: the database, the Apple client, the token box and the
 /// pause bookkeeping for client IDs Apple refuses.

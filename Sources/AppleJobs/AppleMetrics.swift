@@ -1,4 +1,4 @@
-package import SiwaCore
+package import Metrics
 
 /// Counters for the Apple calls, registered once per process.
 package struct AppleMetrics: Sendable {

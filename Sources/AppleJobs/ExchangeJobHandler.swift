@@ -3,7 +3,8 @@ import Foundation
 package import JobQueue
 package import Logging
 import Postgres
-import SiwaCore
+import SiwaModel
+import Metrics
 
 /// Exchanges the authorization code queued by `siwa.link_account` (or by `siwa.request_deletion`
 /// with a code) at once (codes live five minutes, single use), verifies the returned `id_token`,

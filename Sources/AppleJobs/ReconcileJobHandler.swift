@@ -3,7 +3,8 @@ package import Foundation
 package import JobQueue
 package import Logging
 package import Postgres
-import SiwaCore
+import SiwaModel
+import Metrics
 
 /// Opt-in reconciliation (`SIWA_RECONCILE=daily`): asks Apple whether an active account's refresh
 /// token still works, at most once a day. `invalid_grant` means the user withdrew consent without

@@ -3,7 +3,7 @@ import Foundation
 package import JobQueue
 package import Logging
 import Postgres
-import SiwaCore
+import Metrics
 
 /// Finishes a deletion requested with `siwa.request_deletion`. `siwa.revoke_step` decides each step
 /// under the account's row lock (sql/functions/accounts.sql): wait for an exchange still queued for

@@ -2,7 +2,9 @@ import AppleClient
 import Foundation
 import HTTPServer
 package import Logging
-package import SiwaCore
+package import Metrics
+import Lifecycle
+import Settings
 
 /// The running receiver: Apple's key set, the group-commit store, and the HTTP listener.
 package final class Receiver: Sendable {

@@ -2,8 +2,8 @@ internal import Foundation
 package import JobQueue
 package import Logging
 package import Postgres
-package import SiwaCore
 import Locking
+package import Metrics
 
 /// Delivers account changes to the app's webhook: registers the endpoint (so the database queues a
 /// delivery per change), claims each account's oldest undelivered change, sends it signed, and

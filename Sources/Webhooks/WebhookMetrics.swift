@@ -1,4 +1,4 @@
-internal import SiwaCore
+import Metrics
 
 /// The webhook series on the worker's `/metrics` (deploy/README.md, "What to alert on").
 struct WebhookMetrics: Sendable {

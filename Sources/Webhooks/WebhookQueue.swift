@@ -1,6 +1,6 @@
 package import Foundation
 package import Postgres
-internal import SiwaCore
+import Metrics
 
 /// The SQL side of deliveries (functions in sql/functions/webhooks.sql): register the endpoint,
 /// claim each account's oldest undelivered change, record results fenced by attempt, heartbeat.

@@ -1,5 +1,5 @@
 package import Foundation
-package import SiwaCore
+package import Settings
 
 /// The webhook part of `siwa-worker`'s configuration (CONTRACT.md, "Webhooks to the app"):
 /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`, both or neither.

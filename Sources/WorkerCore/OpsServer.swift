@@ -2,7 +2,8 @@ internal import Dispatch
 internal import HTTPServer
 import Logging
 import Postgres
-import SiwaCore
+import Settings
+import Metrics
 
 /// The worker's ops listener (`SIWA_OPS_LISTEN`): `/healthz` (the process answers), `/readyz` (the
 /// database answers a `SELECT 1`) and `/metrics` (the registry every part of the worker counts in).

@@ -1,8 +1,8 @@
 import JobQueue
 import Postgres
-import SiwaCore
 import Locking
 import Logging
+import Metrics
 
 // The worker's Apple-calling kinds: claims up to SIWA_CONCURRENCY jobs and runs their handlers.
 extension Worker {

@@ -2,7 +2,7 @@ import JobQueue
 import Postgres
 import Locking
 import Logging
-import SiwaCore
+import Metrics
 
 // The worker's maintenance: leases kept alive, expired ones rescued, queue gauges, retention.
 extension Worker {

@@ -1,8 +1,8 @@
 import JobQueue
 import Postgres
-import SiwaCore
 import Locking
 import Logging
+import Metrics
 
 // The worker's notification loops (the hot path): batches of notification jobs, verified and applied.
 extension Worker {

@@ -3,9 +3,10 @@ internal import Foundation
 package import JobQueue
 package import Logging
 internal import Postgres
-package import SiwaCore
 import Locking
 import Webhooks
+package import Metrics
+import Settings
 
 /// The running worker: applies notification effects in batches, runs the Apple-calling jobs through
 /// their handlers, keeps leases alive, rescues expired ones, prunes old rows, and serves /metrics

@@ -1,10 +1,10 @@
 package import Foundation
 package import Logging
 package import Postgres
-package import SiwaCore
 package import AppAPI
 package import Webhooks
 package import AppleJobs
+package import Settings
 
 /// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).

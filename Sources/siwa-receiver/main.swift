@@ -1,7 +1,8 @@
 import Foundation
 import Logging
 import ReceiverCore
-import SiwaCore
+import Settings
+import Lifecycle
 
 if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
     print(

@@ -1,10 +1,12 @@
 import Foundation
 import Logging
 import Postgres
-import SiwaCore
 import WorkerCore
 import AppAPI
 import AppleJobs
+import Settings
+import Metrics
+import Lifecycle
 
 if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
     print(

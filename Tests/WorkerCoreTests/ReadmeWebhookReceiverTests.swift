@@ -1,5 +1,4 @@
 import Foundation
-import SiwaCore
 import Testing
 import Webhooks
 

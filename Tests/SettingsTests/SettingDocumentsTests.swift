@@ -1,6 +1,6 @@
 import Foundation
-import SiwaCore
 import Testing
+import Settings
 
 /// The settings defined in the code (`SettingCatalog`) against what is written down: the
 /// configuration reference's table between its markers (deploy/README.md), `deploy/systemd/siwa.env.example`, and the variables the code reads.

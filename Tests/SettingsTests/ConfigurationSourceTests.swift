@@ -1,6 +1,7 @@
 import Foundation
-import SiwaCore
 import Testing
+import Settings
+import Metrics
 
 @Suite struct ConfigurationSourceTests {
     @Test func flagWinsOverEnvironment() throws {

@@ -1,6 +1,6 @@
 import Foundation
-import SiwaCore
 import Testing
+import SiwaModel
 
 /// Apple's claim sets in every variant seen (Tests/Fixtures/notification-claims.json).
 enum ClaimFixtures {
