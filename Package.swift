@@ -43,7 +43,7 @@ let package = Package(
         // The Prometheus registry: counters, gauges, histograms.
         .target(name: "Metrics", dependencies: ["Locking"], exclude: ["README.md"], swiftSettings: strict),
         // Process lifecycle: SIGTERM/SIGINT and the one `Service` shape both mains run.
-        .target(name: "Lifecycle", dependencies: [], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "Lifecycle", dependencies: ["Logging"], exclude: ["README.md"], swiftSettings: strict),
         // The domain model: Apple's notification, account statuses.
         .target(name: "SiwaModel", dependencies: ["JSON"], exclude: ["README.md"], swiftSettings: strict),
         // sql/ embedded at build time (the EmbedSQL plugin runs embed-sql), and the migrator that
@@ -76,7 +76,7 @@ let package = Package(
                 exclude: ["README.md"], swiftSettings: strict),
         // The worker: its loops, its ops server, and the services it starts.
         .target(name: "WorkerCore",
-                dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel"],
+                dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel", "Lifecycle"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
         .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
@@ -90,7 +90,7 @@ let package = Package(
         // deploy/check/package-deps.sh for the second).
         .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "Logging", "Lifecycle", "Settings"],
                           swiftSettings: strict),
-        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppAPI", "AppleJobs", "Postgres", "Logging", "Lifecycle", "Metrics", "Settings"],
+        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppleJobs", "Logging", "Lifecycle", "Settings"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
                           dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "AppleJobs", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics"],

@@ -7,7 +7,7 @@ import Lifecycle
 import Settings
 
 /// The running receiver: Apple's key set, the group-commit store, and the HTTP listener.
-package final class Receiver: Sendable {
+package final class Receiver: Service {
     package let configuration: ReceiverConfiguration
     package let metrics = MetricsRegistry()
     private let logger: Logger

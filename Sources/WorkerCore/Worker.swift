@@ -96,15 +96,27 @@ package final class Worker: Sendable {
     var stopping: Bool { state.withLock { $0.stopping } }
 
     /// Asks `run()` to stop: no new claims, jobs in flight get `SIWA_SHUTDOWN_GRACE`, then `run()`
-    /// returns. The executable calls it on SIGTERM/SIGINT (signals belong to `main`, not to this
-    /// library); cancelling the task that runs `run()` does the same, without the grace.
+    /// returns. Cancelling the task that runs `run()` does the same (signals belong to `main`).
     package func shutdown() {
         state.withLock { $0.shutdownRequested = true }
         shutdownBell.ringAll()
     }
 
     /// Runs until `shutdown()` or cancellation, then shuts down gracefully and returns.
+    ///
+    /// Cancellation means the graceful stop, as for every `Service`: the loops run in a task of
+    /// their own, which the caller's cancellation does not reach (so jobs in flight keep their Apple
+    /// calls and get the grace), and the cancellation asks them to stop.
     package func run() async throws {
+        let work = Task { try await self.serve() }
+        try await withTaskCancellationHandler {
+            try await work.value
+        } onCancel: {
+            shutdown()
+        }
+    }
+
+    private func serve() async throws {
         try server.start()
         logger.info(
             "siwa-worker started",
@@ -120,11 +132,7 @@ package final class Worker: Sendable {
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
             if let webhooks { group.addTask { await webhooks.run() } }
-            await withTaskCancellationHandler {
-                while !state.withLock({ $0.shutdownRequested }) { await shutdownBell.wait(timeout: .seconds(60)) }
-            } onCancel: {
-                shutdown()
-            }
+            while !state.withLock({ $0.shutdownRequested }) { await shutdownBell.wait(timeout: .seconds(60)) }
             logger.info("siwa-worker stopping")
             state.withLock { $0.stopping = true }
             notificationBell.ringAll()
