@@ -38,41 +38,62 @@ let package = Package(
         .target(name: "JSON", swiftSettings: strict),
         .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], swiftSettings: strict),
         .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
-        .target(name: "SiwaCore", dependencies: ["Locking", "Logging", "JSON"], swiftSettings: strict),
+        // Configuration: flags, environment and `X_FILE` sources, the catalog of every setting, its documents.
+        .target(name: "Settings", dependencies: ["Logging"], exclude: ["README.md"], swiftSettings: strict),
+        // The Prometheus registry: counters, gauges, histograms.
+        .target(name: "Metrics", dependencies: ["Locking"], exclude: ["README.md"], swiftSettings: strict),
+        // Process lifecycle: SIGTERM/SIGINT and the one `Service` shape both mains run.
+        .target(name: "Lifecycle", dependencies: ["Logging"], exclude: ["README.md"], swiftSettings: strict),
+        // The domain model: Apple's notification, account statuses.
+        .target(name: "SiwaModel", dependencies: ["JSON"], exclude: ["README.md"], swiftSettings: strict),
         // sql/ embedded at build time (the EmbedSQL plugin runs embed-sql), and the migrator that
         // applies it.
         .target(name: "Migrations", dependencies: ["Logging", "Postgres"], resources: [.process("SQL")],
                 swiftSettings: strict, plugins: ["EmbedSQLPlugin"]),
         .executableTarget(name: "embed-sql", swiftSettings: strict),
         .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
-        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "SiwaCore", "JSON", "OutboundHTTP"], swiftSettings: strict),
+        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "JSON", "OutboundHTTP", "Metrics", "SiwaModel"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
-                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "JSON"],
+                dependencies: ["Locking", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "JSON", "Lifecycle", "Metrics", "Settings", "SiwaModel"],
                 swiftSettings: strict),
-        .target(name: "WorkerCore",
-                dependencies: ["Locking", "SiwaCore", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "JobQueue",
-                               "Logging", "AppleClient", "JSON", "OutboundHTTP"],
-                exclude: ["AppAPI/README.md"], swiftSettings: strict),
-        // The operator console's pages and actions (`siwa console`, `siwa dev`).
-        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "SiwaCore", "WorkerCore"],
+        // The Apple-calling job handlers (exchange, revoke, reconcile) and their shared context.
+        .target(name: "AppleJobs",
+                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel"],
                 exclude: ["README.md"], swiftSettings: strict),
-        .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "SiwaCore", "AppleClient"],
+        // The app API: its server, routes, answers, sign-in and SQL calls.
+        .target(name: "AppAPI",
+                dependencies: ["AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // Webhooks: the queue, the dispatcher, signatures, the retry rule, the transports.
+        .target(name: "Webhooks",
+                dependencies: ["CryptoCore", "JobQueue", "Locking", "Logging", "OutboundHTTP", "Postgres", "Metrics", "Settings"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // Team transfer (`siwa accounts transfer`): the file, export, import, Apple's migration calls.
+        .target(name: "TeamTransfer", dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // The worker: its loops, its ops server, and the services it starts.
+        .target(name: "WorkerCore",
+                dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel", "Lifecycle"],
+                exclude: ["README.md"], swiftSettings: strict),
+        // The operator console's pages and actions (`siwa console`, `siwa dev`).
+        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
+                exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "Metrics"],
                 exclude: ["README.md"], swiftSettings: strict),
 
         // Executables: load configuration, run.
         // Every dependency list here is exact: each module a target's files import, and no other
         // (`--explicit-target-dependency-import-check error` enforces the first half only; see
         // deploy/check/package-deps.sh for the second).
-        .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "SiwaCore", "Logging"],
+        .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "Logging", "Lifecycle", "Settings"],
                           swiftSettings: strict),
-        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "SiwaCore", "Postgres", "Logging"],
+        .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppleJobs", "Logging", "Lifecycle", "Settings"],
                           swiftSettings: strict),
         .executableTarget(name: "siwa",
-                          dependencies: ["Locking", "SiwaCore", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue",
-                                         "CryptoCore", "Logging", "WorkerCore", "AppleClient", "HTTPServer", "OutboundHTTP", "Console"],
+                          dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "AppleJobs", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics"],
                           swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
@@ -81,7 +102,8 @@ let package = Package(
                           path: "Fuzz/SiwaFuzz", exclude: ["Fixtures"], swiftSettings: strict),
 
         // Unit tests: no network, no database.
-        .testTarget(name: "SiwaCoreTests", dependencies: ["SiwaCore"], swiftSettings: strict),
+        .testTarget(name: "SettingsTests", dependencies: ["Settings", "Metrics"], swiftSettings: strict),
+        .testTarget(name: "SiwaModelTests", dependencies: ["SiwaModel"], swiftSettings: strict),
         .testTarget(name: "MigrationsTests", dependencies: ["Migrations"], swiftSettings: strict),
         .testTarget(name: "CryptoCoreTests", dependencies: ["CryptoCore"], swiftSettings: strict),
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
@@ -90,11 +112,11 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP"], swiftSettings: strict),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "ScriptedHTTPServer"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
-                    dependencies: ["ReceiverCore", "SiwaCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging"],
+                    dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "JobQueue", "SiwaCore", "Postgres", "ScriptedHTTPServer"],
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "JobQueue", "Locking", "Postgres", "ScriptedHTTPServer", "Settings"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).
@@ -103,8 +125,7 @@ let package = Package(
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "SiwaCore", "Migrations", "JOSE", "CryptoCore", "FakeApple",
-                                   "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "OutboundHTTP", "ScriptedHTTPServer"],
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
     ]
 )

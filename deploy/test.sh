@@ -54,6 +54,7 @@ check() {  # check NAME SCRIPT: run it, show its summary line, or everything whe
 if [ $# -eq 0 ]; then
   check "the package's dependency lists" deploy/check/package-deps.sh
   check "which module names which table" deploy/check/ownership-check.sh
+  check "the modules' layers" deploy/check/layers-check.sh
   check "the database roles" deploy/check/roles-check.sh
   check "the deployment files" deploy/check/deploy-check.sh
   check "the app API against its OpenAPI document" deploy/check/app-api-fuzz.sh

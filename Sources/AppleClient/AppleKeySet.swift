@@ -2,8 +2,8 @@ package import CryptoCore
 import Foundation
 package import Logging
 import JOSE
-package import SiwaCore
 import Locking
+package import Metrics
 
 /// Apple's signing keys (`{base}/auth/keys`), cached.
 ///

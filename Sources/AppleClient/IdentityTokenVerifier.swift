@@ -2,7 +2,7 @@ package import Foundation
 import CryptoCore
 import JOSE
 import JSON
-import SiwaCore
+import SiwaModel
 
 /// The claims of a verified `id_token` that we act on.
 package struct AppleIdentity: Sendable, Equatable {

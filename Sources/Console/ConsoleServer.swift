@@ -1,7 +1,7 @@
 import HTTPServer
 package import Logging
 import Postgres
-import SiwaCore
+import Settings
 
 /// `siwa console`'s server: pages over the database, read with the login `DATABASE_URL` names (a
 /// login in `siwa_worker` is enough), and the operator's two actions through `JobAdministration`,

@@ -1,5 +1,5 @@
 package import Logging
-package import SiwaCore
+package import Settings
 
 /// What `siwa console` reads before starting: the database, where to listen, and the login tokens
 /// a non-loopback listener requires.

@@ -1,7 +1,7 @@
 import Foundation
 import JobQueue
 import Postgres
-import WorkerCore
+import Webhooks
 
 /// What the overview page shows, read in one snapshot (a read-only REPEATABLE READ transaction):
 /// the same figures `siwa status` reads, from the same queries where they exist.

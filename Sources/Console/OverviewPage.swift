@@ -1,5 +1,5 @@
 import JobQueue
-import WorkerCore
+import Webhooks
 
 /// `/`: is anything stuck? The queue by kind and state, deletions waiting on Apple, paused client
 /// IDs, the webhook backlog, and the last hour's traffic, with the last 24 hours drawn.

@@ -2,10 +2,10 @@ import AppleClient
 package import CryptoCore
 package import Foundation
 package import HTTPServer
-import SiwaCore
 package import JOSE
 package import Logging
 import Locking
+import Metrics
 
 /// A local stand-in for Apple's Sign in with Apple endpoints, for tests and `siwa dev`. TEST ONLY:
 /// it publishes its private signing key at `GET /fake/signing-key` so `siwa simulate` can sign

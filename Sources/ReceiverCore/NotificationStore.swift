@@ -1,9 +1,10 @@
 import Foundation
 package import Logging
 import Postgres
-package import SiwaCore
 import Synchronization
 import Locking
+package import Metrics
+import SiwaModel
 
 /// Stores verified notifications with group commit: concurrent requests share one INSERT, one
 /// transaction and one WAL flush, and each is answered only after that COMMIT.

@@ -3,7 +3,7 @@ package import CryptoCore
 package import Foundation
 import JOSE
 import JSON
-package import SiwaCore
+package import SiwaModel
 
 /// Why a request is refused: the HTTP status and the stable error code put in the body and in
 /// the `reason` label of the metrics. Never carries token content.

@@ -2,10 +2,12 @@ import AppleClient
 import Foundation
 import HTTPServer
 package import Logging
-package import SiwaCore
+package import Metrics
+import Lifecycle
+import Settings
 
 /// The running receiver: Apple's key set, the group-commit store, and the HTTP listener.
-package final class Receiver: Sendable {
+package final class Receiver: Service {
     package let configuration: ReceiverConfiguration
     package let metrics = MetricsRegistry()
     private let logger: Logger

@@ -1,6 +1,6 @@
 package import Foundation
 package import Logging
-package import SiwaCore
+package import Settings
 
 /// `siwa-receiver`'s settings (CONTRACT.md, Configuration). It holds no Apple secrets.
 package struct ReceiverConfiguration: Sendable {

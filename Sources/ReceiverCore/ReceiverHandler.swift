@@ -2,8 +2,9 @@ package import AppleClient
 import Foundation
 package import HTTPServer
 package import Logging
-package import SiwaCore
 import Synchronization
+package import Metrics
+import SiwaModel
 
 /// Routes the receiver's one listener: the notification POST, `/healthz`, `/readyz`, `/metrics`.
 /// Every answer the contract names is decided here, in one place. Generic over its store, so tests

@@ -4,7 +4,8 @@ import JOSE
 import JobQueue
 import Logging
 import Postgres
-import SiwaCore
+import SiwaModel
+import Metrics
 
 /// Verifies what the receiver's role stored before any of it is applied.
 ///

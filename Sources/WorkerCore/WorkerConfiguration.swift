@@ -1,7 +1,10 @@
 package import Foundation
 package import Logging
 package import Postgres
-package import SiwaCore
+package import AppAPI
+package import Webhooks
+package import AppleJobs
+package import Settings
 
 /// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).
@@ -197,4 +200,17 @@ package struct WorkerConfiguration: Sendable {
     ) throws(ConfigurationError) -> Duration {
         try source.duration(variable, default: fallback, range: range)
     }
+}
+
+/// The Apple settings of a worker configuration, checked; nil when Apple calls are disabled.
+package func appleSettings(_ configuration: WorkerConfiguration) throws(ConfigurationError) -> AppleSettings? {
+    let apple = configuration.apple
+    guard apple.callsEnabled else { return nil }
+    let settings = AppleSettings(
+        teamID: apple.teamID, keyID: apple.keyID, privateKeyPEMPath: apple.privateKeyPath,
+        tokenKeys: apple.tokenKeys.map { "\($0.id):\($0.base64)" }.joined(separator: ","),
+        baseURL: apple.baseURL, reconcileDaily: apple.reconcileDaily, pauseInterval: apple.pauseInterval,
+        caCertificates: apple.caCertificates)
+    try settings.validate()
+    return settings
 }

@@ -1,5 +1,5 @@
 internal import JobQueue
-internal import SiwaCore
+import Metrics
 
 /// The worker's series on `/metrics`.
 struct WorkerMetrics: Sendable {

@@ -1,7 +1,8 @@
 import Foundation
 import Logging
 import ReceiverCore
-import SiwaCore
+import Settings
+import Lifecycle
 
 if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
     print(
@@ -21,20 +22,7 @@ do {
 
 let logger = Logger(label: "siwa-receiver", level: configuration.logLevel)
 do {
-    let receiver = Receiver(configuration: configuration, logger: logger)
-    // main owns the signals: the first SIGTERM/SIGINT cancels the receiver, which drains and
-    // returns; a receiver that fails first ends the wait for a signal.
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { try await receiver.run() }
-        group.addTask {
-            if let signal = await Termination.signal() {
-                logger.info("siwa-receiver signalled", metadata: ["signal": .string(signal)])
-            }
-        }
-        try await group.next()
-        group.cancelAll()
-        try await group.waitForAll()
-    }
+    try await Receiver(configuration: configuration, logger: logger).runUntilSignalled(name: "siwa-receiver", logger: logger)
 } catch {
     logger.critical("siwa-receiver failed", metadata: ["error": "\(error)"])
     exit(1)

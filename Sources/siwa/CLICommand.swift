@@ -1,4 +1,4 @@
-import SiwaCore
+import Settings
 
 /// One `siwa` subcommand. `run` returns the exit status: 0 success, 1 failure, 2 bad usage or
 /// configuration (one stderr line naming the flag or variable, nothing started).

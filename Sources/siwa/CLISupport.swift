@@ -1,7 +1,7 @@
 import Foundation
 import Logging
 import Postgres
-import SiwaCore
+import Settings
 
 /// Helpers the database commands share: one-line errors, settings, connection, formatting.
 enum CLI {

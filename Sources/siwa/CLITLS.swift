@@ -1,5 +1,5 @@
 import HTTPServer
-import SiwaCore
+import Settings
 
 /// `--tls-cert-file CERT.pem --tls-key-file KEY.pem`: the local servers (`fake-apple`,
 /// `webhooks sink`) answer over `https://` when given both.

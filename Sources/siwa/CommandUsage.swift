@@ -1,5 +1,5 @@
 import Foundation
-import SiwaCore
+import Settings
 
 /// What `siwa help COMMAND`, `siwa COMMAND --help` and `-h` print, and what the command accepts:
 /// a flag not listed here (nor a setting it reads) is refused with exit status 2 before it runs.

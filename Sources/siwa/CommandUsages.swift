@@ -1,7 +1,7 @@
 import FakeApple
 import JobQueue
-import SiwaCore
-import WorkerCore
+import TeamTransfer
+import Settings
 
 // Each command's usage: its flags with meaning and default, and the settings it reads. Kept beside
 // one another so the help reads alike everywhere.

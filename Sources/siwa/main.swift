@@ -1,5 +1,5 @@
 import Foundation
-import SiwaCore
+import Settings
 
 /// Every subcommand; each lives in Commands/<Name>Command.swift.
 let commands: [any CLICommand.Type] = [

@@ -1,6 +1,7 @@
-import SiwaCore
 import Testing
 import WorkerCore
+import AppAPI
+import Settings
 
 /// `SIWA_APP_API_LISTEN`, `SIWA_APP_API_TOKENS`, `SIWA_NONCE_TTL` as the worker reads them.
 @Suite struct AppAPIConfigurationTests {

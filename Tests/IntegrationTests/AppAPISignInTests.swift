@@ -5,7 +5,7 @@ import Foundation
 import JOSE
 import Postgres
 import Testing
-import WorkerCore
+import AppAPI
 
 /// `POST /v1/sign-in` against a real PostgreSQL and the fake Apple: every status of the contract,
 /// in the order of its checks.

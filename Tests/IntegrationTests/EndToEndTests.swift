@@ -2,9 +2,9 @@ import AppleClient
 import FakeApple
 import Foundation
 import Postgres
-import SiwaCore
 import Testing
 import WorkerCore
+import Settings
 
 /// The lifecycle through real processes: `siwa fake-apple`, `siwa-receiver`, `siwa-worker` (its real
 /// executor, retry policy and pause bookkeeping), the app-facing SQL, `siwa simulate`, `siwa status`.

@@ -2,7 +2,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
-import WorkerCore
+import AppleJobs
 
 /// A job that fails on the database records which operation and which SQLSTATE, so `siwa jobs
 /// list` tells an operator a lock timeout from a failover or a missing grant.

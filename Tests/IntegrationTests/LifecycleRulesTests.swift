@@ -3,9 +3,10 @@ import FakeApple
 import Foundation
 import JobQueue
 import Postgres
-import SiwaCore
 import Testing
 import WorkerCore
+import AppleJobs
+import SiwaModel
 
 /// One test per rule of CONTRACT.md → "Account lifecycle rules", against the real SQL, the real
 /// handlers and the fake Apple.

@@ -5,7 +5,7 @@ import JobQueue
 import Logging
 import Postgres
 import Testing
-import WorkerCore
+import AppleJobs
 
 @Suite(.serialized) struct LifecycleTokenTests {
     @Test func keyRotationReencryptsEveryRow() async throws {

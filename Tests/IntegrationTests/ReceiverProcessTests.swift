@@ -3,8 +3,8 @@ import Foundation
 import JOSE
 import LocalPostgres
 import Postgres
-import SiwaCore
 import Testing
+import Metrics
 
 /// A real `siwa-receiver` process on 127.0.0.1, a real PostgreSQL, and a local stand-in for
 /// Apple's key endpoint, driven over HTTP.

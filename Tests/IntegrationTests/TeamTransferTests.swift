@@ -6,7 +6,7 @@ import JobQueue
 import Logging
 import Postgres
 import Testing
-import WorkerCore
+import TeamTransfer
 
 /// `siwa accounts transfer export` / `import` against a fake Apple that knows two teams, over real
 /// databases (the sending team's and the recipient's), as the operator would run them.

@@ -2,9 +2,9 @@ import Foundation
 import JobQueue
 import Logging
 import Postgres
-import SiwaCore
 import Testing
-import WorkerCore
+import Webhooks
+import Metrics
 
 /// Webhook deliveries by a real `WebhookDispatcher` against a real PostgreSQL and a local sink that
 /// checks every signature with a verifier of its own.

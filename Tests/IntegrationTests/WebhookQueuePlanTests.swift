@@ -1,7 +1,6 @@
 import Foundation
 import Postgres
 import Testing
-import WorkerCore
 
 /// The claim and the result write cost what their batch costs, not what the backlog holds, even on
 /// a queue analyzed while empty and filled since (autovacuum's next ANALYZE can be a minute away:

@@ -4,8 +4,8 @@ import Foundation
 import JOSE
 import Logging
 import ReceiverCore
-import SiwaCore
 import Testing
+import SiwaModel
 
 /// The decoding path in-process, with a fixed key set (no network, no database): the contract's
 /// answers for each shape, and the seed corpus of the fuzz target (deploy/fuzz/corpus) replayed.

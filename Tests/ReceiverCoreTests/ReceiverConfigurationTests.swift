@@ -1,6 +1,6 @@
 import ReceiverCore
-import SiwaCore
 import Testing
+import Settings
 
 @Suite struct ReceiverConfigurationTests {
     static func configuration(_ extra: [String: String]) throws -> ReceiverConfiguration {

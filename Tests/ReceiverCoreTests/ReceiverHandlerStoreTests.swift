@@ -1,9 +1,10 @@
 import CryptoCore
 import HTTPServer
 import ReceiverCore
-import SiwaCore
 import Synchronization
 import Testing
+import Metrics
+import SiwaModel
 
 /// A store that answers every submit as the test says and records what reached it: the
 /// handler's side of the seam (the real store's commits are tested against PostgreSQL).

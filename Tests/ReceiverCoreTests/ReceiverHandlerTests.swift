@@ -5,8 +5,9 @@ import HTTPServer
 import JOSE
 import Logging
 import ReceiverCore
-import SiwaCore
 import Testing
+import Metrics
+import SiwaModel
 
 /// The verifier and the handler driven in-process: no network (Apple's keys are preloaded and the
 /// key endpoint is a closed port), no database (the store is never started).

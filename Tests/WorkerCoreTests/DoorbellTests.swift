@@ -1,5 +1,5 @@
 import Testing
-import WorkerCore
+import Locking
 
 /// The worker's wake-up signal (NOTIFY → claim, a finished job → claim more, shutdown). Each test
 /// is bounded by its time limit, not by a clock it reads: a lost ring hangs for an hour and fails.

@@ -1,7 +1,6 @@
 import Foundation
-import SiwaCore
 import Testing
-import WorkerCore
+import Webhooks
 
 /// The README's receiver example ("Webhooks to the app", Python) run as written, with python3,
 /// against what the worker signs: it accepts a delivery, and refuses an altered body, another

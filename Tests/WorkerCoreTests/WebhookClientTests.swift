@@ -1,7 +1,7 @@
 import Foundation
 import ScriptedHTTPServer
 import Testing
-@testable import WorkerCore
+import Webhooks
 
 /// The webhook sender against an endpoint that answers byte for byte as each test scripts it, over
 /// `http://` and over real TLS: each answer shape is a delivery, a failed attempt, or (a 2xx head

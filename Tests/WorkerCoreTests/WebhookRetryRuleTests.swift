@@ -1,6 +1,6 @@
 import JobQueue
 import Testing
-import WorkerCore
+import Webhooks
 
 @Suite("Webhook retry rule")
 struct WebhookRetryRuleTests {

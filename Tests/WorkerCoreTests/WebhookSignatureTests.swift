@@ -1,7 +1,7 @@
 import Foundation
-import SiwaCore
 import Testing
-import WorkerCore
+import Webhooks
+import Settings
 
 @Suite("Webhook signatures and settings")
 struct WebhookSignatureTests {

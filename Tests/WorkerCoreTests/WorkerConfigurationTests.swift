@@ -1,7 +1,7 @@
 import Postgres
-import SiwaCore
 import Testing
 import WorkerCore
+import Settings
 
 @Suite struct WorkerConfigurationTests {
     static func configuration(_ extra: [String: String]) throws -> WorkerConfiguration {

@@ -1,6 +1,7 @@
-import SiwaCore
 import Testing
 import WorkerCore
+import TeamTransfer
+import Settings
 
 /// Pure worker logic: the files and settings the worker parses, no database, no network.
 @Suite struct WorkerParsingTests {

@@ -2,8 +2,8 @@ import AppleClient
 import Foundation
 import Logging
 import Postgres
-import SiwaCore
-import WorkerCore
+import AppleJobs
+import Settings
 
 /// `siwa accounts import` (lines `client_id,sub,app_user_id,refresh_token` on stdin) and
 /// `siwa accounts rotate-keys` (re-encrypt tokens not sealed with the first of `SIWA_TOKEN_KEYS`);

@@ -3,8 +3,8 @@ import Foundation
 import JobQueue
 import Logging
 import Postgres
-import SiwaCore
-import WorkerCore
+import TeamTransfer
+import Settings
 
 /// `siwa accounts transfer export --target-team TEAMID [--client-id ID] > file` (sending team) and
 /// `siwa accounts transfer import [--client-id ID] < file` (recipient team): moving the app's users

@@ -1,4 +1,4 @@
-import SiwaCore
+import Settings
 
 /// `siwa config-reference --markdown | --env`: the README's configuration table and
 /// `deploy/systemd/siwa.env.example`, as the settings in the code define them. Not listed by

@@ -1,7 +1,8 @@
 import Console
 import Foundation
 import Logging
-import SiwaCore
+import Settings
+import Lifecycle
 
 /// `siwa console [--listen 127.0.0.1:9400]`: the operator's web page over the database, until
 /// SIGINT or SIGTERM.

@@ -5,8 +5,8 @@ import LocalPostgres
 import Logging
 import Migrations
 import Postgres
-import SiwaCore
 import Locking
+import Settings
 
 /// `siwa dev`: the whole stack on this machine. A throwaway PostgreSQL (unless `DATABASE_URL` is
 /// set), `siwa fake-apple` (unless `--no-fake-apple` or `SIWA_APPLE_BASE_URL`), migrations,

@@ -3,7 +3,8 @@ import FakeApple
 import Foundation
 import HTTPServer
 import Logging
-import SiwaCore
+import Settings
+import Lifecycle
 
 /// `siwa fake-apple [--listen 127.0.0.1:9443] [--verify-key-file KEY.pem|.p8] [--team-id T]
 /// [--recipient-team-id T2 [--recipient-verify-key-file KEY2.p8]] [--signing-key-file rsa.pem]

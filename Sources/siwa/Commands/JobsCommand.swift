@@ -1,7 +1,7 @@
 import Foundation
 import JobQueue
 import Postgres
-import SiwaCore
+import Settings
 
 /// `siwa jobs list|retry|cancel`: look at the queue and act on single jobs or on one user's jobs.
 enum JobsCommand: CLICommand {

@@ -2,7 +2,7 @@ import Foundation
 import Logging
 import Migrations
 import Postgres
-import SiwaCore
+import Settings
 
 /// `siwa migrate`: applies the embedded `sql/NNN_*.sql` files not yet recorded in `siwa.schema_migrations`,
 /// then the `sql/functions/*.sql` files that changed.

@@ -1,7 +1,7 @@
 import CryptoCore
 import FakeApple
 import Foundation
-import SiwaCore
+import Settings
 
 /// `siwa simulate sign-in ...` runs a whole sign-in against the app API (SimulateSignIn.swift).
 ///

@@ -2,7 +2,8 @@ import AppleClient
 import Foundation
 import Locking
 import OutboundHTTP
-import SiwaCore
+import Settings
+import Metrics
 
 /// `siwa simulate sign-in --client-id ID --sub SUB [--api-url URL] [--api-token T]
 /// [--fake-apple-url URL] [--email E] [--no-code]`: a whole Sign in with Apple sign-in against the app

@@ -1,8 +1,8 @@
 import Foundation
 import JobQueue
 import Postgres
-import SiwaCore
-import WorkerCore
+import Webhooks
+import Settings
 
 /// `siwa status [--json]`: the queue, pending deletions, paused client IDs and the last hour's
 /// traffic, readable in five seconds. Exit 0, or 1 with one line when the database is unreachable.

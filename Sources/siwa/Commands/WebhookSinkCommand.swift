@@ -2,8 +2,9 @@ import Foundation
 import HTTPServer
 import Locking
 import Logging
-import SiwaCore
-import WorkerCore
+import Webhooks
+import Settings
+import Lifecycle
 
 /// `siwa webhooks sink [--listen 127.0.0.1:9099] [--quiet] [--tls-cert-file CERT.pem --tls-key-file KEY.pem]`:
 /// a local receiver (over `https://` when given a certificate and key) to try the worker

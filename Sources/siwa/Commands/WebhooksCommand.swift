@@ -1,8 +1,9 @@
 import Foundation
 import JobQueue
 import Postgres
-import SiwaCore
-import WorkerCore
+import Webhooks
+import Settings
+import Metrics
 
 /// `siwa webhooks test|disable`: check an endpoint by hand, or stop queueing deliveries.
 enum WebhooksCommand: CLICommand {

@@ -1,6 +1,6 @@
 import CryptoCore
 import Foundation
-import SiwaCore
+import Settings
 
 /// The throwaway certificate authority of one `siwa dev` run: a CA and a server certificate for
 /// 127.0.0.1 and localhost, so the fake Apple answers over `https://` as Apple does and the

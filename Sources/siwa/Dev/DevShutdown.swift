@@ -1,4 +1,4 @@
-import SiwaCore
+import Lifecycle
 
 #if canImport(Glibc)
     import Glibc

@@ -5,9 +5,10 @@ import Foundation
 import JOSE
 import Logging
 import Postgres
-import SiwaCore
-import WorkerCore
-
+import AppAPI
+import AppleJobs
+import Settings
+import Metrics
 
 /// The app API in process over a `LifecycleHarness` (migrated database, fake Apple checking our
 /// client_secret): served on 127.0.0.1:0 with the handlers' own Apple context, logging at debug

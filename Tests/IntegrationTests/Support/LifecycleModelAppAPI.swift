@@ -1,9 +1,9 @@
 import AppleClient
 import FakeApple
 import Foundation
-import SiwaCore
-import WorkerCore
-
+import AppAPI
+import Settings
+import Metrics
 
 /// The app API of one model sequence, served in process on 127.0.0.1:0 over the world's Apple
 /// context and pool. One per sequence that signs in: the API accepts identity tokens only for the

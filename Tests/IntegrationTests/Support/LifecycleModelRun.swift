@@ -2,7 +2,7 @@ import FakeApple
 import Foundation
 import JobQueue
 import Postgres
-import WorkerCore
+import AppleJobs
 
 /// One generated sequence, driven against the real SQL and handlers for one account of its own
 /// (a fresh client ID and sub), then to quiescence; `LifecycleModelRun+Checks` judges the result.

@@ -4,7 +4,7 @@ import HTTPServer
 import JobQueue
 import Logging
 import Postgres
-import WorkerCore
+import AppleJobs
 
 /// What every sequence of a model run shares: the harness (one database, the fake Apple, the real
 /// Apple handlers), the real queue, a second set of handlers whose Apple calls time out quickly

@@ -4,9 +4,10 @@ import FakeApple
 import Foundation
 import Logging
 import Postgres
-import SiwaCore
-import WorkerCore
-
+import AppAPI
+import AppleJobs
+import Settings
+import Metrics
 
 /// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
 /// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,

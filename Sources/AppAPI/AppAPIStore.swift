@@ -1,0 +1,253 @@
+import Foundation
+import JSON
+package import Postgres
+import Metrics
+
+/// The app API's database side: one method per statement, each through the functions of
+/// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is
+/// bounded: the pool's lease wait, then `timeout` for each statement (cancelled at the server when
+/// it runs out), so no request waits on the database without end.
+package struct AppAPIStore: Sendable {
+    let pool: PostgresPool
+    var timeout: Duration = .seconds(5)
+
+    package init(pool: PostgresPool, timeout: Duration = .seconds(5)) {
+        self.pool = pool
+        self.timeout = timeout
+    }
+
+    /// An account as `siwa.account(...)` shows it: no token, only whether there is one.
+    struct Account: Sendable {
+        var clientID: String
+        var sub: String
+        var appUserID: String?
+        var status: String
+        var email: String?
+        var isPrivateEmail: Bool?
+        var emailForwarding: String?
+        var sessionsRevokedAt: Date?
+        var linkedAt: Date?
+        var updatedAt: Date?
+        var hasRefreshToken: Bool
+        /// The user's name as the client sent it once (`full_name`), member by member.
+        var fullName: [String: String]?
+        /// `unsupported`, `unknown` or `likely_real`.
+        var realUserStatus: String?
+        /// Set by `signIn` only: no row existed before it.
+        var isNew = false
+
+        init(_ row: PostgresRow) throws {
+            clientID = try row.decode(String.self, column: "client_id")
+            sub = try row.decode(String.self, column: "sub")
+            appUserID = try row.decode(String?.self, column: "app_user_id")
+            status = try row.decode(String.self, column: "status")
+            email = try row.decode(String?.self, column: "email")
+            isPrivateEmail = try row.decode(Bool?.self, column: "is_private_email")
+            emailForwarding = try row.decode(String?.self, column: "email_forwarding")
+            sessionsRevokedAt = try row.decode(Date?.self, column: "sessions_revoked_at")
+            linkedAt = try row.decode(Date?.self, column: "linked_at")
+            updatedAt = try row.decode(Date?.self, column: "updated_at")
+            hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
+            fullName = try row.decode(String?.self, column: "full_name").flatMap(Self.stringMembers)
+            realUserStatus = try row.decode(String?.self, column: "real_user_status")
+        }
+
+        /// A jsonb object of strings, as stored by `siwa.sign_in`.
+        static func stringMembers(_ json: String) -> [String: String]? {
+            guard let object = JSONValue.object(Array(json.utf8)) else { return nil }
+            return object.compactMapValues(\.stringValue)
+        }
+    }
+
+    struct Change: Sendable {
+        var id: Int64
+        var clientID: String
+        var sub: String
+        var appUserID: String?
+        var change: String
+        var status: String?
+        var reason: String?
+        var createdAt: Date
+    }
+
+
+    /// `body` on a leased connection, each of its statements bounded by `timeout` (cancelled at
+    /// the server when it runs out, by a timer that fires also while the statement blocks the
+    /// app API's thread; see `PostgresConnection.statementTimeout`).
+    private func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        try await PostgresConnection.$statementTimeout.withValue(timeout) {
+            try await pool.withConnection { try await body($0) }
+        }
+    }
+
+    /// Stores a nonce by its SHA-256; returns when it expires.
+    func issueNonce(hash: [UInt8], lifetime: Duration) async throws -> Date {
+        try await run { connection in
+            try await connection.query(
+                "SELECT siwa.issue_nonce(\(hash), make_interval(secs => \(lifetime.seconds)))"
+            )[0].decode(Date.self, at: 0)
+        }
+    }
+
+    /// Spends the nonce with this hash: true when it existed and had not expired.
+    func consumeNonce(hash: [UInt8]) async throws -> Bool {
+        try await run { connection in
+            try await connection.query("SELECT siwa.consume_nonce(\(hash))")[0].decode(Bool.self, at: 0)
+        }
+    }
+
+    /// Spends the nonce and, in the same statement (one round trip instead of two), reads the
+    /// sign-in state of `(clientID, sub)`. The caller uses that state only once the identity token
+    /// has proven `sub`; reading it before Apple is called is all `siwa.sign_in` asks of it.
+    func consumeNonce(hash: [UInt8], readingStateOf clientID: String, sub: String) async throws -> (
+        spent: Bool, state: SignInState
+    ) {
+        try await run { connection in
+            // The CTE holds a volatile call, so it is evaluated once, whatever the join finds.
+            let row = try await connection.query(
+                """
+                WITH spent AS (SELECT siwa.consume_nonce(\(hash)) AS valid)
+                SELECT spent.valid, \(unsafeSQL: Self.signInStateColumns)
+                  FROM spent LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
+                """)[0]
+            return (try row.decode(Bool.self, column: "valid"), try SignInState(row))
+        }
+    }
+
+    /// Deletes expired nonces (at most `limit`); returns how many.
+    package func pruneNonces(limit: Int = 10_000) async throws -> Int {
+        try await run { connection in
+            // The function takes an integer; a Swift Int binds as bigint, which it does not accept.
+            try await connection.query("SELECT siwa.prune_nonces(\(Int32(clamping: limit)))")[0].decode(Int.self, at: 0)
+        }
+    }
+
+    /// `siwa.account(...)`: the account without its tokens.
+    func account(clientID: String, sub: String) async throws -> Account? {
+        try await run { connection in
+            try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+        }
+    }
+
+    /// What a sign-in needs to know before calling Apple, and how many deletions had been requested
+    /// for the account (`siwa.sign_in` lets any request counted after this read win).
+    struct SignInState: Sendable {
+        var status: String?
+        var hasRefreshToken: Bool
+        var deletionRequests: Int64
+
+        /// From `signInStateColumns` over `siwa.accounts a` (outer-joined: no account, no status).
+        init(_ row: PostgresRow) throws {
+            status = try row.decode(String?.self, column: "status")
+            hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
+            deletionRequests = try row.decode(Int64.self, column: "deletion_requests")
+        }
+    }
+
+    static let signInStateColumns = """
+        a.status, a.refresh_token_enc IS NOT NULL AS has_refresh_token,
+        coalesce(a.deletion_requests, 0) AS deletion_requests
+        """
+
+    func signInState(clientID: String, sub: String) async throws -> SignInState {
+        try await run { connection in
+            try SignInState(
+                try await connection.query(
+                    """
+                    SELECT \(unsafeSQL: Self.signInStateColumns)
+                      FROM (SELECT 1) AS one
+                      LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
+                    """)[0])
+        }
+    }
+
+    /// The sign-in event (`siwa.sign_in`): the account after it; its status is not `active` when a
+    /// deletion was requested after the read that counted `deletionRequestsSeen` (the token is then
+    /// kept for that deletion, or revoked if it finished).
+    func signIn(
+        clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?,
+        deletionRequestsSeen: Int64, fullName: [String: String]?, realUserStatus: String?
+    ) async throws -> Account {
+        let name: String? = fullName.map { members in
+            var text: [UInt8] = []
+            AppAPIJSON.write(members as [String: Any], to: &text)
+            return String(decoding: text, as: UTF8.self)
+        }
+        return try await run { connection in
+            let row = try await connection.query(
+                """
+                SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen),
+                                           \(name)::jsonb, \(realUserStatus))
+                """)[0]
+            var account = try Account(row)
+            account.isNew = try row.decode(Bool.self, column: "is_new")
+            return account
+        }
+    }
+
+    /// Team transfer (`sql/functions/transfer.sql`): a sign-in whose token carries `transfer_sub` of an
+    /// imported line lands on that line's `app_user_id`; nil when no line matches.
+    func claimTransfer(clientID: String, transferSub: String, sub: String, email: String?, isPrivateEmail: Bool?)
+        async throws -> String?
+    {
+        try await run { connection in
+            try await connection.query(
+                "SELECT siwa.claim_transfer(\(clientID), \(transferSub), \(sub), \(email), \(isPrivateEmail))"
+            )[0].decode(String?.self, at: 0)
+        }
+    }
+
+    /// Returns the updated account, or nil when there is none.
+    func setAppUserID(clientID: String, sub: String, appUserID: String?) async throws -> Account? {
+        try await run { connection in
+            try await connection.withTransaction { connection in
+                let found = try await connection.query(
+                    "SELECT siwa.set_app_user_id(\(clientID), \(sub), \(appUserID))")[0].decode(Bool.self, at: 0)
+                guard found else { return nil }
+                return try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+            }
+        }
+    }
+
+    /// `siwa.request_deletion`: its job's id and the account's status after it. Without a code,
+    /// only for an account that exists: nil, and nothing created, for an unknown one.
+    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> (job: Int64, status: String)? {
+        try await run { connection in
+            try await connection.withTransaction { connection in
+                let job: Int64?
+                if let authorizationCode {
+                    job = try await connection.query(
+                        "SELECT siwa.request_deletion(\(clientID), \(sub), \(authorizationCode))")[0].decode(Int64.self, at: 0)
+                } else {
+                    // CASE calls the function only for an account that exists (under its row lock there).
+                    job = try await connection.query(
+                        """
+                        SELECT CASE WHEN EXISTS (SELECT 1 FROM siwa.account(\(clientID), \(sub)))
+                                    THEN siwa.request_deletion(\(clientID), \(sub)) END
+                        """)[0].decode(Int64?.self, at: 0)
+                }
+                guard let job else { return nil }
+                let status = try await connection.query("SELECT status FROM siwa.account(\(clientID), \(sub))")[0]
+                    .decode(String.self, at: 0)
+                return (job, status)
+            }
+        }
+    }
+
+    func changes(after: Int64, limit: Int) async throws -> [Change] {
+        try await run { connection in
+            try await connection.query(
+                """
+                SELECT id, client_id, sub, app_user_id, change, status, reason, created_at
+                  FROM siwa.account_changes_after(\(after), \(Int32(limit)))
+                """
+            ).map { row in
+                Change(
+                    id: try row.decode(Int64.self, column: "id"), clientID: try row.decode(String.self, column: "client_id"),
+                    sub: try row.decode(String.self, column: "sub"), appUserID: try row.decode(String?.self, column: "app_user_id"),
+                    change: try row.decode(String.self, column: "change"), status: try row.decode(String?.self, column: "status"),
+                    reason: try row.decode(String?.self, column: "reason"), createdAt: try row.decode(Date.self, column: "created_at"))
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+package import Foundation
+package import Postgres
+import Metrics
+
+/// The SQL side of deliveries (functions in sql/functions/webhooks.sql): register the endpoint,
+/// claim each account's oldest undelivered change, record results fenced by attempt, heartbeat.
+package struct WebhookQueue: Sendable {
+    /// One claimed delivery.
+    package struct Delivery: Sendable, Equatable {
+        package var jobID: Int64
+        /// The lease's fencing token.
+        package var attempt: Int
+        package var changeID: Int64?
+        /// Failures recorded before this attempt.
+        package var failures: Int
+        package var firstFailedAt: Date?
+        /// The change object; nil when the change row no longer exists.
+        package var body: String?
+        package var changeCreatedAt: Date?
+        /// The database's clock at the claim (retry windows are measured on it, not on ours).
+        package var claimedAt: Date
+    }
+
+    /// What to write for a claimed delivery.
+    package enum Finish: Sendable, Equatable {
+        case completed(outcome: String)
+        case retry(error: String, after: Duration)
+        case discard(error: String)
+    }
+
+    package let pool: PostgresPool
+
+    package init(pool: PostgresPool) {
+        self.pool = pool
+    }
+
+    /// Makes the database queue a delivery for every change from now on (idempotent; also the
+    /// heartbeat `siwa status` shows).
+    package static func registerQuery(endpoint: String) -> PostgresQuery {
+        """
+        INSERT INTO siwa.webhook_endpoint (singleton, endpoint) VALUES (true, \(endpoint))
+        ON CONFLICT (singleton) DO UPDATE SET endpoint = EXCLUDED.endpoint, seen_at = now()
+        """
+    }
+
+    package func register(endpoint: String) async throws {
+        _ = try await pool.withConnection { try await $0.execute(Self.registerQuery(endpoint: endpoint)) }
+    }
+
+    /// The worker's heartbeat on the registration; never re-creates one `siwa webhooks disable` removed
+    /// (a worker re-registers only when it starts).
+    package func touch() async throws {
+        _ = try await pool.withConnection { try await $0.execute("UPDATE siwa.webhook_endpoint SET seen_at = now()") }
+    }
+
+    /// `siwa webhooks disable`: no delivery is queued for new changes any more, and the queued
+    /// (available or discarded) ones are cancelled, kept with outcome `webhooks_disabled`. Returns
+    /// how many were cancelled.
+    package static func disable(on connection: PostgresConnection) async throws -> Int {
+        try await connection.query("SELECT siwa.disable_webhooks()")[0].decode(Int.self, at: 0)
+    }
+
+    /// The registered endpoint for `siwa status`, if any.
+    package struct Registration: Sendable, Equatable {
+        package var endpoint: String
+        package var registeredAt: Date
+        package var seenAt: Date
+    }
+
+    package static func registration(on connection: PostgresConnection) async throws -> Registration? {
+        try await connection.query("SELECT endpoint, registered_at, seen_at FROM siwa.webhook_endpoint").first.map { row in
+            Registration(
+                endpoint: try row.decode(String.self, column: "endpoint"),
+                registeredAt: try row.decode(Date.self, column: "registered_at"),
+                seenAt: try row.decode(Date.self, column: "seen_at"))
+        }
+    }
+
+    /// The claim's commit does not wait for the disk (`synchronous_commit` off for its transaction
+    /// only): lost in a database crash, it just leaves the job available, to be claimed and sent again
+    /// (a crash mid-request, which receivers deduplicate). Results are written synchronously.
+    package func claim(worker: String, limit: Int, lease: Duration) async throws -> [Delivery] {
+        guard limit > 0 else { return [] }
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                """
+                SELECT c.job_id, c.attempt, c.change_id, c.failures, c.first_failed_at, c.body, c.change_created_at,
+                       c.claimed_at
+                  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,
+                       siwa.claim_webhook_deliveries(\(worker)::text, \(limit)::integer, \(lease.seconds)) AS c
+                """)
+        }
+        return try rows.map { row in
+            Delivery(
+                jobID: try row.decode(Int64.self, column: "job_id"), attempt: try row.decode(Int.self, column: "attempt"),
+                changeID: try row.decode(Int64?.self, column: "change_id"),
+                failures: try row.decode(Int.self, column: "failures"),
+                firstFailedAt: try row.decode(Date?.self, column: "first_failed_at"),
+                body: try row.decode(String?.self, column: "body"),
+                changeCreatedAt: try row.decode(Date?.self, column: "change_created_at"),
+                claimedAt: try row.decode(Date.self, column: "claimed_at"))
+        }
+    }
+
+    /// Writes the results in one statement. Returns each written job's new state by id
+    /// (`completed`, `available`, `discarded`); a job missing from it had lost its lease.
+    package func finish(_ results: [(delivery: Delivery, finish: Finish)]) async throws -> [Int64: String] {
+        guard !results.isEmpty else { return [:] }
+        var actions: [String] = []
+        var texts: [String] = []
+        var retryMilliseconds: [Int64] = []
+        for (_, finish) in results {
+            switch finish {
+            case .completed(let outcome):
+                actions.append("completed"); texts.append(outcome); retryMilliseconds.append(0)
+            case .retry(let error, let delay):
+                actions.append("retry"); texts.append(error)
+                retryMilliseconds.append(Int64((delay.seconds * 1000).rounded(.up)))
+            case .discard(let error):
+                actions.append("discard"); texts.append(error); retryMilliseconds.append(0)
+            }
+        }
+        let ids = results.map(\.delivery.jobID)
+        let attempts = results.map { Int64($0.delivery.attempt) }
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                """
+                SELECT job_id, state FROM siwa.finish_webhook_deliveries(
+                    \(ids)::bigint[], \(attempts)::bigint[], \(actions)::text[], \(texts)::text[], \(retryMilliseconds)::bigint[])
+                """)
+        }
+        var states: [Int64: String] = [:]
+        for row in rows { states[try row.decode(Int64.self, column: "job_id")] = try row.decode(String.self, column: "state") }
+        return states
+    }
+
+    package func extendLeases(_ held: [Delivery], lease: Duration) async throws {
+        guard !held.isEmpty else { return }
+        let ids = held.map(\.jobID)
+        let attempts = held.map { Int64($0.attempt) }
+        _ = try await pool.withConnection { connection in
+            try await connection.query(
+                "SELECT siwa.extend_webhook_leases(\(ids)::bigint[], \(attempts)::bigint[], \(lease.seconds))")
+        }
+    }
+
+    /// Shutdown: hands unfinished deliveries back, due now, no failure counted.
+    package func release(_ held: [Delivery]) async throws -> Int {
+        guard !held.isEmpty else { return 0 }
+        let ids = held.map(\.jobID)
+        let attempts = held.map { Int64($0.attempt) }
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(
+                "SELECT siwa.release_webhook_deliveries(\(ids)::bigint[], \(attempts)::bigint[]) AS released")
+        }
+        return try rows.first?.decode(Int.self, column: "released") ?? 0
+    }
+
+    /// `siwa status` and the worker's gauges.
+    package struct Backlog: Sendable, Equatable {
+        package var undelivered: Int
+        package var oldestSeconds: Double?
+        package var failing: Int
+        package var discarded: Int
+        package var blockedByDiscarded: Int
+    }
+
+    package static let backlogQuery: PostgresQuery =
+        "SELECT undelivered, oldest_seconds, failing, discarded, blocked_by_discarded FROM siwa.webhook_backlog()"
+
+    package static func backlog(on connection: PostgresConnection) async throws -> Backlog {
+        let row = try await connection.query(backlogQuery)[0]
+        return Backlog(
+            undelivered: try row.decode(Int.self, column: "undelivered"),
+            oldestSeconds: try row.decode(Double?.self, column: "oldest_seconds"),
+            failing: try row.decode(Int.self, column: "failing"), discarded: try row.decode(Int.self, column: "discarded"),
+            blockedByDiscarded: try row.decode(Int.self, column: "blocked_by_discarded"))
+    }
+}
