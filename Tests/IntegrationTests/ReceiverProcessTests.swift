@@ -301,7 +301,8 @@ import Metrics
         ]
         for (environment, variable) in cases {
             let process = try ServiceProcess("siwa-receiver", environment: environment)
-            #expect(await process.waitForExit() == 2)
+            let status = await process.waitForExit()
+            #expect(status == 2, "\(variable): exit \(status.map(String.init) ?? "none") \(process.terminationReason)\n\(process.log)")
             let lines = process.log.split(separator: "\n")
             #expect(lines.count == 1 && lines[0].contains(variable), "\(process.log)")
         }

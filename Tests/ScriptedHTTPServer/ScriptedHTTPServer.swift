@@ -37,6 +37,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         var gateOpen = false
         var held = 0
         var mostHeld = 0
+        var stopped = false
     }
 
     package let port: Int
@@ -70,6 +71,13 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         Thread.detachNewThread { [self] in
             while true {
                 let connection = accept(listening, nil, nil)
+                // A signal, a client gone before its turn, a full descriptor table: try again. Only
+                // stop()'s shutdown ends the loop (closing the listener on a passing error freed its
+                // port for another test's server, whose answer, or silence, a client then got).
+                if connection < 0, !state.withLock({ $0.stopped }), [EINTR, ECONNABORTED, EMFILE, ENFILE, ENOBUFS, ENOMEM, EPROTO].contains(errno) {
+                    if errno != EINTR && errno != ECONNABORTED { usleep(10_000) }
+                    continue
+                }
                 guard connection >= 0 else {
                     // stop() shut it down; closed here, so no other test's socket can reuse the
                     // number while this thread still uses it.
@@ -94,6 +102,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
     /// Shuts the sockets down; each is closed by the thread using it (a number closed here could
     /// be reused by a parallel test's socket while that thread still reads from it).
     package func stop() {
+        state.withLock { $0.stopped = true }
         shutdown(listener, Int32(SHUT_RDWR))
         state.withLock { state in
             for descriptor in state.descriptors { shutdown(descriptor, Int32(SHUT_RDWR)) }

@@ -53,6 +53,8 @@ final class ServiceProcess: @unchecked Sendable {
     }
 
     var isRunning: Bool { process.isRunning }
+    /// "exit" or "signal" once it has ended (a status read as a signal's number otherwise).
+    var terminationReason: String { process.isRunning ? "running" : process.terminationReason == .exit ? "exit" : "signal" }
     var processIdentifier: Int32 { process.processIdentifier }
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
