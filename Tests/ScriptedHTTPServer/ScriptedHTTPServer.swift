@@ -51,7 +51,9 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         self.script = script
         self.greeting = greeting
         tls = try fixture.map(TLSServerContext.init)
-        let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        // Close-on-exec, as every socket here: a process another test starts meanwhile must not hold
+        // a connection open after this server closed (or reset) it.
+        let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -71,6 +73,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         Thread.detachNewThread { [self] in
             while true {
                 let connection = accept(listening, nil, nil)
+                if connection >= 0 { _ = fcntl(connection, F_SETFD, FD_CLOEXEC) }
                 // A signal, a client gone before its turn, a full descriptor table: try again. Only
                 // stop()'s shutdown ends the loop (closing the listener on a passing error freed its
                 // port for another test's server, whose answer, or silence, a client then got).
