@@ -9,7 +9,8 @@ import Darwin
 ///
 /// `@unchecked Sendable`: each test uses its client from one task at a time.
 final class RawHTTPClient: @unchecked Sendable {
-    let fd: Int32
+    /// -1 once closed: a second close(2) could close another test's socket that got the number.
+    private(set) var fd: Int32
 
     init(port: Int, receiveTimeout: Double = 5) throws {
         #if canImport(Glibc)
@@ -31,11 +32,12 @@ final class RawHTTPClient: @unchecked Sendable {
         }
         guard result == 0 else {
             close(fd)
+            fd = -1
             throw RawError(message: "connect errno \(errno)")
         }
     }
 
-    deinit { close(fd) }
+    deinit { if fd >= 0 { close(fd) } }
 
     func send(_ text: String) { send(Array(text.utf8)) }
 

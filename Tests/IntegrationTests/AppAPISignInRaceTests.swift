@@ -126,11 +126,4 @@ import Testing
         #expect(api.fake.refreshTokens(clientID: Self.clientID, sub: sub).allSatisfy { api.fake.isRevoked(refreshToken: $0) == true })
     }
 
-    private func waitUntil(_ what: String, _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw HarnessError(message: "timed out waiting until \(what)") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-    }
 }

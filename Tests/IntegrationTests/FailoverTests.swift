@@ -95,13 +95,6 @@ struct FailoverTests {
                     group.addTask { await Self.requestDeletions(subs, url: url, count: deletionsRequested) }
                 }
             }
-            func waitUntil(_ what: String, timeout: Duration = .seconds(30), _ done: () -> Bool) async throws {
-                let deadline = clock.now + TestTimeScale.scaled(timeout)
-                while !done() {
-                    guard clock.now < deadline else { throw ServiceProcessError(message: "timed out waiting for \(what)") }
-                    try await Task.sleep(for: .milliseconds(20))
-                }
-            }
 
             try await waitUntil("traffic before the failover") { accepted.value.count >= 60 && deletionsRequested.value >= 8 }
             let stopping = clock.now

@@ -30,7 +30,7 @@ struct ProcessDiedTests {
                     _ = try await connection.query("SELECT siwa.request_deletion(\(FakeAppleForWorkers.clientID), 'doomed')")
                     let revoke = try await connection.int("SELECT id::int FROM siwa.jobs WHERE kind = 'revoke'")
                     try await Self.killMidCall(first, database: database, environment: apple.environment, times: 3) { kills in
-                        try await Self.waitUntil("revoke call \(kills + 1) parked") { apple.fake.parkedCalls(endpoint: "revoke") > kills }
+                        try await waitUntil("revoke call \(kills + 1) parked", timeout: .seconds(60)) { apple.fake.parkedCalls(endpoint: "revoke") > kills }
                     }
                     let survivor = try database.startWorker(apple.environment)
                     teardown.add { await survivor.stop() }
@@ -97,7 +97,7 @@ struct ProcessDiedTests {
                 let job = try await connection.int(
                     "SELECT id::int FROM siwa.jobs WHERE kind = 'webhook' AND args ->> 'change_id' = \(String(poison))")
                 try await Self.killMidCall(first, database: database, environment: environment, times: 3) { kills in
-                    try await Self.waitUntil("delivery \(kills + 1) arrived") {
+                    try await waitUntil("delivery \(kills + 1) arrived", timeout: .seconds(60)) {
                         sink.arrived.filter { $0.changeID == poison }.count > kills
                     }
                 }
@@ -174,7 +174,7 @@ struct ProcessDiedTests {
                 teardown.add { await worker.stop() }
                 try await connection.waitFor("SELECT count(*) FROM siwa.webhook_endpoint", timeout: .seconds(30)) { $0 == 1 }
                 try await WebhookDeliveryTests().recordChanges(["leased"], count: 1, tag: "l", on: connection)
-                try await Self.waitUntil("delivery arrived") { !sink.arrived.isEmpty }
+                try await waitUntil("delivery arrived", timeout: .seconds(60)) { !sink.arrived.isEmpty }
                 // Leased past the default 60 s and no further than 900 s from now (heartbeats renew it).
                 #expect(try await connection.int(
                     """
@@ -214,11 +214,4 @@ struct ProcessDiedTests {
         #expect(try row.decode(Int.self, column: "attempt") == 3)
     }
 
-    static func waitUntil(_ what: String, timeout: Duration = .seconds(120), _ condition: () -> Bool) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while !condition() {
-            guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "timed out: \(what)") }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-    }
 }

@@ -398,14 +398,11 @@ private func count(_ connection: PostgresConnection, _ sql: String) async throws
     try await connection.query(PostgresQuery(unsafeSQL: sql))[0].decode(Int.self, at: 0)
 }
 
-/// Polls `condition` until it holds (bounded); fails early when the command exits first.
+/// `waitUntil`, failing early when the command exits first (its stderr says why).
 private func waitUntil(_ run: CommandRun, _ what: String, _ condition: () async throws -> Bool) async throws {
-    let limit = TestTimeScale.scaled(.seconds(60))
-    let deadline = ContinuousClock.now + limit
-    while ContinuousClock.now < deadline {
-        if try await condition() { return }
+    try await waitUntil(what, timeout: .seconds(60), every: .milliseconds(10), detail: run.stderr) {
+        if try await condition() { return true }
         guard run.isRunning else { throw ServiceProcessError(message: "exited (\(run.status)) before \(what):\n\(run.stderr)") }
-        try await Task.sleep(for: .milliseconds(10))
+        return false
     }
-    throw ServiceProcessError(message: "no \(what) within \(limit):\n\(run.stderr)")
 }

@@ -118,13 +118,9 @@ final class WebhookSink: Sendable {
     func waitUntil(
         timeout: Duration = .seconds(60), _ what: String = #function, _ condition: ([Received]) -> Bool
     ) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while !condition(received) {
-            guard ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "\(what): timed out; received \(received.map { "\($0.changeID ?? -1)/\($0.status)" })")
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await IntegrationTests.waitUntil(
+            what, timeout: timeout, detail: "received \(received.map { "\($0.changeID ?? -1)/\($0.status)" })"
+        ) { condition(received) }
     }
 }
 
