@@ -46,7 +46,7 @@ struct ChildProcess {
         // Nothing else of ours goes along: pg_ctl starts the server, which would hold every
         // descriptor open without close-on-exec (a test's or dev's sockets, whose close then never
         // reaches the other end) for the cluster's whole life.
-        for descriptor in Self.openDescriptors() where descriptor > 2 {
+        for descriptor in InheritedDescriptors.aboveStandardError() {
             posix_spawn_file_actions_addclose(&actions, descriptor)
         }
 
@@ -88,20 +88,6 @@ struct ChildProcess {
         Self.terminate(pid)
         let output = Self.outcome(-1, outputPath).output
         throw LocalPostgresError("\(displayName) did not finish within \(timeout)", output: output)
-    }
-
-    /// This process's open descriptors (`/proc/self/fd`). One opened by another thread after this
-    /// look is inherited still; one closed since is skipped by the child (glibc ignores EBADF there).
-    private static func openDescriptors() -> [Int32] {
-        guard let directory = opendir("/proc/self/fd") else { return [] }
-        defer { closedir(directory) }
-        let own = dirfd(directory)
-        var descriptors: [Int32] = []
-        while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if let descriptor = Int32(name), descriptor != own { descriptors.append(descriptor) }
-        }
-        return descriptors
     }
 
     /// The exit code once the child has ended (128+signal if killed), nil while it runs.

@@ -36,6 +36,10 @@ package final class OrphanReaper: Sendable {
         posix_spawn_file_actions_adddup2(&actions, readEnd, 0)
         posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        // The watchdog lives as long as this process: it must not hold any of our sockets open.
+        for descriptor in InheritedDescriptors.aboveStandardError() where descriptor != readEnd {
+            posix_spawn_file_actions_addclose(&actions, descriptor)
+        }
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }

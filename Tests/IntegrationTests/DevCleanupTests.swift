@@ -53,6 +53,30 @@ import Testing
         #expect(!dev.isRunning)
     }
 
+    /// None of dev's descriptors is held by a service it started: a socket dev closed but a child
+    /// still held would never reach its peer as closed (as pg_ctl's server once did with the
+    /// tests' sockets). A child's stdin/out/err are its own pipe from dev, not counted.
+    @Test func itsServicesHoldNoneOfItsDescriptors() async throws {
+        let temporary = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-dev-fds-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: temporary, withIntermediateDirectories: true)
+        chmod(temporary.path, 0o755)
+        defer { try? FileManager.default.removeItem(at: temporary) }
+        let dev = try DevUnderTest(temporary: temporary.path)
+        defer { dev.forceStop() }
+        try await dev.waitForBanner()
+
+        let devHolds = ProcessTree.descriptorTargets(of: dev.pid)
+        #expect(!devHolds.isEmpty, "dev's descriptors could not be read")
+        let children = ProcessTree.children(of: dev.pid)
+        #expect(children.count >= 4, "\(children.map(ProcessTree.commandLine))")
+        for child in children {
+            let shared = ProcessTree.descriptorTargets(of: child).intersection(devHolds)
+            #expect(shared.isEmpty, "\(ProcessTree.commandLine(child)) holds dev's \(shared.sorted())")
+        }
+        kill(dev.pid, SIGTERM)
+        try await waitUntil("siwa dev has stopped") { !dev.isRunning }
+    }
+
     static func postmasterPID(in temporary: String) -> Int32? {
         let folders = (try? FileManager.default.contentsOfDirectory(atPath: temporary)) ?? []
         for folder in folders where folder.hasPrefix("siwa-pg-") {
@@ -122,6 +146,17 @@ enum ProcessTree {
     static func children(of parent: Int32) -> [Int32] {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         return entries.compactMap(Int32.init).filter { parentPID(of: $0) == parent }
+    }
+
+    /// What `pid`'s descriptors above stderr point at (`socket:[inode]`, `pipe:[inode]`, a path),
+    /// without the kinds two processes name alike without sharing anything (`/dev/null`,
+    /// `anon_inode:`: each epoll or eventfd is its own).
+    static func descriptorTargets(of pid: Int32) -> Set<String> {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+        return Set(
+            entries.filter { (Int32($0) ?? 0) > 2 }
+                .compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)") }
+                .filter { $0 != "/dev/null" && !$0.hasPrefix("anon_inode:") })
     }
 
     /// The 4th field of /proc/PID/stat (after the command name in parentheses).
