@@ -118,70 +118,40 @@ package struct TokenKeyRotation {
     package func run(progress: (Summary) -> Void = { _ in }) async throws -> Summary {
         let current = Array(tokenBox.currentKeyID.utf8)
         var summary = Summary()
-        var after = ("", "")
-        while true {
-            let box = tokenBox
-            let cursor = after
-            let batchSize = batchSize
-            let (count, done, failed, last) = try await connection.withTransaction { connection in
-                let rows = try await connection.query(
-                    "SELECT * FROM siwa.current_tokens_to_reseal(\(current), \(cursor.0), \(cursor.1), \(batchSize)::integer)")
-                var done = 0
-                var failed = 0
-                var last = cursor
-                for row in rows {
-                    let clientID = try row.decode(String.self, column: "client_id")
-                    let sub = try row.decode(String.self, column: "sub")
-                    let stored = try row.decode([UInt8].self, column: "refresh_token_enc")
-                    last = (clientID, sub)
-                    guard let token = try? box.open(stored, clientID: clientID, sub: sub),
-                        let sealed = try? box.seal(token, clientID: clientID, sub: sub)
-                    else {
-                        failed += 1
-                        continue
-                    }
-                    done += try await Self.reseal(stored, as: sealed, clientID: clientID, sub: sub, on: connection)
-                }
-                return (rows.count, done, failed, last)
-            }
-            summary.reencrypted += done
-            summary.failed += failed
-            after = last
-            progress(summary)
-            if count < batchSize { break }
+        try await resealPages(into: &summary, progress: progress, tokenColumn: "refresh_token_enc") { after, limit in
+            "SELECT * FROM siwa.current_tokens_to_reseal(\(current), \(after.clientID), \(after.sub), \(limit)::integer)"
         }
-        try await rotateRetired(into: &summary, progress: progress)
+        // The tokens kept for a later deletion (`retired_tokens_enc`): a page is `limit` accounts,
+        // each with its tokens, one row a token.
+        try await resealPages(into: &summary, progress: progress, tokenColumn: "token") { after, limit in
+            "SELECT * FROM siwa.retired_tokens_to_reseal(\(after.clientID), \(after.sub), \(limit)::integer)"
+        }
         return summary
     }
 
-    /// Replaces a stored token (current or retired) with the same token sealed with the current key
-    /// (sql/functions/token_keys.sql). Returns 1, or 0 when it is no longer stored.
-    private static func reseal(
-        _ stored: [UInt8], as sealed: [UInt8], clientID: String, sub: String, on connection: PostgresConnection
-    ) async throws -> Int {
-        try await connection.query("SELECT siwa.reseal_token(\(clientID), \(sub), \(stored), \(sealed))")[0]
-            .decode(Int.self, at: 0)
-    }
+    private typealias AccountKey = (clientID: String, sub: String)
 
-    /// The tokens kept for a later deletion (`retired_tokens_enc`), re-sealed the same way.
-    private func rotateRetired(into summary: inout Summary, progress: (Summary) -> Void) async throws {
+    /// Walks the pages `page` gives (ordered by account, after a cursor, `batchSize` accounts at
+    /// most), one transaction each: every token not sealed with the current key is opened, sealed
+    /// with it and swapped in (`siwa.reseal_token`, sql/functions/token_keys.sql); one that opens
+    /// with no key is counted as failed and left. `progress` after each page that did something.
+    private func resealPages(
+        into summary: inout Summary, progress: (Summary) -> Void, tokenColumn: String,
+        page: @escaping @Sendable (_ after: AccountKey, _ limit: Int) -> PostgresQuery
+    ) async throws {
         let current = Array(tokenBox.currentKeyID.utf8)
-        var after = ("", "")
+        let box = tokenBox
+        let batchSize = batchSize
+        var after: AccountKey = ("", "")
         while true {
-            let box = tokenBox
             let cursor = after
-            let batchSize = batchSize
-            let (count, done, failed, last) = try await connection.withTransaction { connection in
-                let rows = try await connection.query(
-                    "SELECT * FROM siwa.retired_tokens_to_reseal(\(cursor.0), \(cursor.1), \(batchSize)::integer)")
-                var done = 0
-                var failed = 0
-                var last = cursor
-                var accounts = 0
+            let (accounts, done, failed, last) = try await connection.withTransaction { connection in
+                let rows = try await connection.query(page(cursor, batchSize))
+                var (accounts, done, failed, last) = (0, 0, 0, cursor)
                 for row in rows {
                     let clientID = try row.decode(String.self, column: "client_id")
                     let sub = try row.decode(String.self, column: "sub")
-                    let stored = try row.decode([UInt8].self, column: "token")
+                    let stored = try row.decode([UInt8].self, column: tokenColumn)
                     if last != (clientID, sub) { accounts += 1 }
                     last = (clientID, sub)
                     guard TokenBox.keyID(of: stored).map({ Array($0.utf8) }) != current else { continue }
@@ -191,7 +161,8 @@ package struct TokenKeyRotation {
                         failed += 1
                         continue
                     }
-                    done += try await Self.reseal(stored, as: sealed, clientID: clientID, sub: sub, on: connection)
+                    done += try await connection.query("SELECT siwa.reseal_token(\(clientID), \(sub), \(stored), \(sealed))")[0]
+                        .decode(Int.self, at: 0)
                 }
                 return (accounts, done, failed, last)
             }
@@ -199,7 +170,7 @@ package struct TokenKeyRotation {
             summary.failed += failed
             after = last
             if done + failed > 0 { progress(summary) }
-            if count < batchSize { break }
+            if accounts < batchSize { break }
         }
     }
 }
