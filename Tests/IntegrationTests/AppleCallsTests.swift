@@ -41,8 +41,7 @@ struct AppleCallsTests {
     @Test func keyFileReadableByOthersIsWarnedAboutAtStart() async throws {
         try await withMigratedDatabase { database in
             try await withTeardown { teardown in
-                let apple = try FakeAppleForWorkers()
-                teardown.add { await apple.shutDown() }
+                let apple = try FakeAppleForWorkers(stoppedBy: teardown)
                 let keyPath = try #require(apple.environment["SIWA_PRIVATE_KEY_FILE"])
                 var environment = apple.environment.merging([
                     "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": FakeAppleForWorkers.clientID,

@@ -27,8 +27,7 @@ struct FailoverTests {
             let statusBefore = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": url])
             #expect(try Self.replication(statusBefore)["synchronous_standby"] as? Bool == true, "\(statusBefore.stdout)")
 
-            let apple = try FakeAppleForWorkers()
-            teardown.add { await apple.shutDown() }
+            let apple = try FakeAppleForWorkers(stoppedBy: teardown)
             let keys = try TestAppleKeys()
             defer { keys.stop() }
 
@@ -50,7 +49,7 @@ struct FailoverTests {
             #expect(try await HTTP.request("GET", standbyBase + "/readyz").status == 503)
             await onStandby.stop()
 
-            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+            let (receiver, base) = try await ReceiverUnderTest.start(
                 databaseURL: url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
             teardown.add { await receiver.stop() }
             let worker = try ServiceProcess(
@@ -176,8 +175,7 @@ struct FailoverTests {
             let setup = try await PostgresConnection.connect(to: cluster.url, logger: TestDatabase.logger)
             try await SiwaMigrations.apply(setup)
             setup.close()
-            let apple = try FakeAppleForWorkers(hang: .seconds(2))
-            teardown.add { await apple.shutDown() }
+            let apple = try FakeAppleForWorkers(hang: .seconds(2), stoppedBy: teardown)
             let worker = try ServiceProcess(
                 "siwa-worker",
                 environment: [

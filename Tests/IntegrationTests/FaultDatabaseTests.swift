@@ -17,7 +17,7 @@ struct FaultDatabaseTests {
 
             let keys = try TestAppleKeys()
             defer { keys.stop() }
-            let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+            let (receiver, base) = try await ReceiverUnderTest.start(
                 databaseURL: cluster.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
             teardown.add { await receiver.stop() }
             let worker = try ServiceProcess(

@@ -16,7 +16,7 @@ struct FaultReceiverTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys,
                     extra: ["SIWA_RECEIVER_CONNECTION_TIMEOUT": "2", "SIWA_LOG_LEVEL": "info"])
                 teardown.add { await receiver.stop() }
@@ -65,7 +65,7 @@ struct FaultReceiverTests {
                 defer { keys.stop() }
                 // The idle timeout (30 s) never fires for a client sending a byte every 200 ms; the
                 // whole-request deadline (1 s) does.
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys,
                     extra: ["SIWA_RECEIVER_REQUEST_TIMEOUT": "1s", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
                 teardown.add { await receiver.stop() }
@@ -90,7 +90,7 @@ struct FaultReceiverTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys,
                     extra: ["SIWA_RECEIVER_PER_ADDRESS_LIMIT": "4", "SIWA_RECEIVER_CONNECTION_TIMEOUT": "30"])
                 teardown.add { await receiver.stop() }
@@ -124,7 +124,7 @@ struct FaultReceiverTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys,
                     extra: ["SIWA_RECEIVER_MAX_PENDING": "32", "SIWA_RECEIVER_DB_CONNECTIONS": "1", "SIWA_LOG_LEVEL": "info"])
                 teardown.add { await receiver.stop() }
@@ -166,14 +166,22 @@ struct FaultReceiverTests {
                 for answer in answers { byStatus[answer.status, default: 0] += 1 }
                 #expect(Set(byStatus.keys).isSubset(of: [200, 503]), "\(byStatus)")
                 let refused = answers.filter { $0.status == 503 }
-                #expect(Set(refused.map(\.body)).isSubset(of: [#"{"error":"overloaded"}"#]), "\(Set(refused.map(\.body)))")
-                #expect(!refused.isEmpty, "a burst of 3000 at 400 at once over max pending 32 sheds some: \(byStatus)")
+                // Shed at the door (`overloaded`), or queued and not committed within the bound
+                // (`database_timeout`: on a slow machine the lock's release can come after it; such a
+                // row may still land, and Apple's retry of it is deduplicated by jti).
+                let overloaded = #"{"error":"overloaded"}"#, timedOut = #"{"error":"database_timeout"}"#
+                #expect(Set(refused.map(\.body)).isSubset(of: [overloaded, timedOut]), "\(Set(refused.map(\.body)))")
+                #expect(refused.contains { $0.body == overloaded }, "a burst of 3000 at 400 at once over max pending 32 sheds some: \(byStatus)")
                 let connection = try await database.connect()
                 defer { connection.close() }
                 let stored = Set(try await connection.query("SELECT jti FROM siwa.notifications").map { try $0.decode(String.self, column: "jti") })
                 let answered200 = Set(answers.filter { $0.status == 200 }.map(\.jti))
                 #expect(answered200.subtracting(stored).isEmpty, "\(answered200.subtracting(stored).count) answered 200 but not stored")
-                #expect(stored.count == answered200.count, "stored \(stored.count), answered 200: \(answered200.count)")
+                let shed = Set(refused.filter { $0.body == overloaded }.map(\.jti))
+                #expect(shed.intersection(stored).isEmpty, "\(shed.intersection(stored).count) shed as overloaded but stored")
+                let mayHaveLanded = Set(refused.filter { $0.body == timedOut }.map(\.jti))
+                #expect(stored.subtracting(answered200).isSubset(of: mayHaveLanded),
+                    "stored \(stored.count), answered 200: \(answered200.count), timed out: \(mayHaveLanded.count)")
                 // 200 MB; not under AddressSanitizer (deploy/sanitize.sh), whose shadow memory and
                 // quarantine alone exceed it.
                 let rssBound = ProcessInfo.processInfo.environment["ASAN_OPTIONS"] == nil ? 200 * 1024 : Int.max

@@ -9,30 +9,6 @@ import Testing
 /// 200 again once the fault is gone (CONTRACT.md, "Receiver failures").
 @Suite("Faults: database refuses to store")
 struct FaultStorageTests {
-    /// Starts a receiver without waiting for /readyz (it may rightly never be ready).
-    static func startReceiver(
-        databaseURL: String, keys: TestAppleKeys, extra: [String: String] = [:]
-    ) async throws -> (ServiceProcess, String) {
-        var environment = [
-            "DATABASE_URL": databaseURL, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_LISTEN": "127.0.0.1:0",
-            "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "info",
-        ]
-        environment.merge(extra) { _, new in new }
-        let receiver = try ServiceProcess("siwa-receiver", environment: environment)
-        return (receiver, "http://127.0.0.1:\(try await receiver.boundHTTPPort())")
-    }
-
-    /// Polls `/readyz` until it answers `status` (bounded).
-    static func waitForReadiness(_ base: String, _ status: Int, receiver: ServiceProcess) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while ContinuousClock.now < deadline {
-            if let (got, _) = try? await HTTP.request("GET", base + "/readyz"), got == status { return }
-            guard receiver.isRunning else { break }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-        throw ServiceProcessError(message: "/readyz never answered \(status):\n\(receiver.log)")
-    }
-
     static func post(_ keys: TestAppleKeys, _ base: String) async throws -> (status: Int, body: String) {
         try await HTTP.request(
             "POST", base + "/apple/notifications", body: TestAppleKeys.body(try keys.sign(TestAppleKeys.claims())))
@@ -51,9 +27,9 @@ struct FaultStorageTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                let (receiver, base) = try await ReceiverUnderTest.listening(databaseURL: database.url, keys: keys)
                 teardown.add { await receiver.stop() }
-                try await Self.waitForReadiness(base, 503, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
                 let (status, body) = try await Self.post(keys, base)
                 #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
                 #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42P01"), "\(receiver.log)")
@@ -62,7 +38,7 @@ struct FaultStorageTests {
                 let connection = try await database.connect()
                 defer { connection.close() }
                 try await Migrator(logger: TestDatabase.logger).migrate(connection)
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(try await Self.post(keys, base).status == 200)
             }
         }
@@ -73,9 +49,9 @@ struct FaultStorageTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                let (receiver, base) = try await ReceiverUnderTest.listening(databaseURL: database.url, keys: keys)
                 teardown.add { await receiver.stop() }
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(try await Self.post(keys, base).status == 200)
 
                 // What a primary demoted to a standby looks like to a session: every write refused (25006).
@@ -93,12 +69,12 @@ struct FaultStorageTests {
                 }
                 #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), "\(receiver.log)")
                 #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 503 }, "\(statuses)")
-                try await Self.waitForReadiness(base, 503, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
 
                 try await admin.simpleQuery("ALTER DATABASE \(database.name) RESET default_transaction_read_only")
                 _ = try await admin.query(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'siwa-receiver' AND datname = \(database.name)")
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(try await Self.post(keys, base).status == 200)
             }
         }
@@ -111,21 +87,21 @@ struct FaultStorageTests {
                 defer { admin.close() }
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(databaseURL: receiverURL, keys: keys)
+                let (receiver, base) = try await ReceiverUnderTest.listening(databaseURL: receiverURL, keys: keys)
                 teardown.add { await receiver.stop() }
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(try await Self.post(keys, base).status == 200)
 
                 try await admin.simpleQuery("REVOKE INSERT ON siwa.notifications FROM siwa_receiver")
                 let (status, body) = try await Self.post(keys, base)
                 #expect(status == 503 && body == #"{"error":"database_unavailable"}"#, "\(status) \(body)")
                 #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "42501"), "\(receiver.log)")
-                try await Self.waitForReadiness(base, 503, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
 
                 // Back to what sql/006_hardening.sql grants.
                 try await admin.simpleQuery(
                     "GRANT INSERT (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws) ON siwa.notifications TO siwa_receiver")
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(try await Self.post(keys, base).status == 200)
             }
         } }
@@ -136,10 +112,10 @@ struct FaultStorageTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.listening(
                     databaseURL: database.url, keys: keys, extra: ["SIWA_RECEIVER_COMMIT_TIMEOUT": "1s"])
                 teardown.add { await receiver.stop() }
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
 
                 // Another session holds the table: without a bound every POST hangs until the client
                 // gives up (the test's HTTP client waits 15 s, far past the 1 s commit timeout).
@@ -151,14 +127,14 @@ struct FaultStorageTests {
                 #expect(
                     answers.allSatisfy { [#"{"error":"database_timeout"}"#, #"{"error":"database_unavailable"}"#].contains($0.body) },
                     "\(answers)")
-                try await Self.waitForReadiness(base, 503, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
 
                 try await blocker.simpleQuery("ROLLBACK")
                 let deadline = ContinuousClock.now + .seconds(30)
                 var status = 0
                 while status != 200, ContinuousClock.now < deadline { status = try await Self.post(keys, base).status }
                 #expect(status == 200)
-                try await Self.waitForReadiness(base, 200, receiver: receiver)
+                try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(receiver.isRunning)
             }
         }

@@ -36,6 +36,12 @@ final class FakeAppleForWorkers: Sendable {
         ]
     }
 
+    /// A fake stopped by `teardown` when the test ends.
+    convenience init(hang: Duration = .seconds(12), stoppedBy teardown: Teardown) throws {
+        try self.init(hang: hang)
+        teardown.add { await self.shutDown() }
+    }
+
     /// Stops the fake off the cooperative pool (stop blocks for its grace period).
     func shutDown() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
@@ -102,5 +108,24 @@ func concurrentMap<T: Sendable, R: Sendable>(
             add()
         }
         return results.map { $0! }
+    }
+}
+
+/// The scaffold of a test that runs real workers against a fake Apple: the fake, a migrated
+/// database and a connection to it. What `body` adds to `teardown` (its workers) stops first, then
+/// the database goes, then the fake.
+func withWorkersAgainstFakeApple<T>(
+    hang: Duration = .seconds(12),
+    _ body: (FakeAppleForWorkers, MigratedDatabase, PostgresConnection, Teardown) async throws -> T
+) async throws -> T {
+    try await withTeardown { outer in
+        let apple = try FakeAppleForWorkers(hang: hang, stoppedBy: outer)
+        return try await withMigratedDatabase { database in
+            try await withTeardown { teardown in
+                let connection = try await database.connect()
+                defer { connection.close() }
+                return try await body(apple, database, connection, teardown)
+            }
+        }
     }
 }

@@ -16,10 +16,10 @@ struct ForgedNotificationTests {
 
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: receiverURL, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
                 teardown.add { await receiver.stop() }
-                let worker = try Self.startWorker(database, keys: keys, ["SIWA_POLL_INTERVAL": "200ms"])
+                let worker = try database.startWorker(["SIWA_APPLE_BASE_URL": keys.baseURL])
                 teardown.add { await worker.stop() }
                 let opsPort = try await worker.boundHTTPPort()
 
@@ -92,7 +92,7 @@ struct ForgedNotificationTests {
                     VALUES ('forged-1', 'com.example.app', 'victim', 'account-deleted', now(), '{}', \(forged))
                     """)
                 // One loop, started after both are queued: they are in its first batch.
-                let worker = try Self.startWorker(database, keys: keys, ["SIWA_NOTIFICATION_CONNECTIONS": "1"])
+                let worker = try database.startWorker(["SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_NOTIFICATION_CONNECTIONS": "1"])
                 teardown.add { await worker.stop() }
                 let opsPort = try await worker.boundHTTPPort()
                 try await admin.waitFor(
@@ -107,16 +107,6 @@ struct ForgedNotificationTests {
                 #expect(errors.count == 1, "\(worker.log)")
             }
         } }
-    }
-
-    /// A worker that verifies held notifications with `keys` (Apple's calls otherwise disabled).
-    static func startWorker(_ database: MigratedDatabase, keys: TestAppleKeys, _ extra: [String: String]) throws -> ServiceProcess {
-        try ServiceProcess(
-            "siwa-worker",
-            environment: [
-                "DATABASE_URL": database.url, "SIWA_CLIENT_IDS": "com.example.app", "SIWA_APPLE_CALLS": "disabled",
-                "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_LOG_LEVEL": "info",
-            ].merging(extra) { _, new in new })
     }
 
     /// The worker's /metrics once it shows `line`, or as it is after a bounded wait: forged

@@ -11,7 +11,7 @@ struct HostileInputTests {
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await ReceiverProcessTests.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys, extra: ["SIWA_LOG_LEVEL": "info"])
                 teardown.add { await receiver.stop() }
                 let path = base + "/apple/notifications"

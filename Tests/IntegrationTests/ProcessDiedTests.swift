@@ -15,65 +15,57 @@ import Testing
 @Suite("Jobs whose process died", .serialized)
 struct ProcessDiedTests {
     @Test func aRevokeWhoseWorkerDiesThreeTimesIsDiscardedAndRetried() async throws {
-        try await withTeardown { teardown in
-            let apple = try FakeAppleForWorkers()
-            teardown.add { await apple.shutDown() }
-            try await withMigratedDatabase { database in
-                try await withTeardown { teardown in
-                    let connection = try await database.connect()
-                    defer { connection.close() }
-                    let first = try database.startWorker(apple.environment)
-                    try await apple.link(["doomed", "bystander"], prefix: "", on: connection)
+        try await withWorkersAgainstFakeApple { apple, database, connection, teardown in
+            let first = try database.startWorker(apple.environment)
+            try await apple.link(["doomed", "bystander"], prefix: "", on: connection)
 
-                    // Apple's revoke endpoint never answers: each worker blocks in the call until killed.
-                    apple.fake.closeGate(endpoint: "revoke", after: 0)
-                    _ = try await connection.query("SELECT siwa.request_deletion(\(FakeAppleForWorkers.clientID), 'doomed')")
-                    let revoke = try await connection.int("SELECT id::int FROM siwa.jobs WHERE kind = 'revoke'")
-                    try await Self.killMidCall(first, database: database, environment: apple.environment, times: 3) { kills in
-                        try await waitUntil("revoke call \(kills + 1) parked", timeout: .seconds(60)) { apple.fake.parkedCalls(endpoint: "revoke") > kills }
-                    }
-                    let survivor = try database.startWorker(apple.environment)
-                    teardown.add { await survivor.stop() }
-                    try await Self.expectDiscardedAsProcessDied(revoke, on: connection)
-                    #expect(try await connection.int("SELECT count(*) FROM siwa.accounts WHERE sub = 'doomed' AND status = 'pending_deletion'") == 1)
-
-                    // Shown to the operator: the deletion still waits, on a revoke discarded as process_died.
-                    let status = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
-                    let object = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
-                    let jobs = try #require(object["jobs"] as? [String: Any])
-                    let deletions = try #require(object["pending_deletions"] as? [String: Any])
-                    #expect(jobs["process_died"] as? Int == 1, "\(status.stdout)")
-                    #expect(deletions["count"] as? Int == 1 && deletions["revokes_process_died"] as? Int == 1, "\(status.stdout)")
-                    let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
-                    #expect(text.stdout.contains("process_died"), "\(text.stdout)")
-                    let listed = try await Siwa.run(
-                        ["jobs", "list", "--state", "discarded"], environment: ["DATABASE_URL": database.url])
-                    #expect(listed.status == 0 && listed.stdout.contains("process_died") && listed.stdout.contains("revoke"), "\(listed.stdout)")
-
-                    // The other jobs run: an exchange and notifications after the discard.
-                    let code = apple.fake.registerCode(
-                        clientID: FakeAppleForWorkers.clientID, sub: "latecomer", email: nil, isPrivateEmail: nil)
-                    _ = try await connection.query(
-                        "SELECT siwa.link_account(\(FakeAppleForWorkers.clientID), 'latecomer', 'user-latecomer', \(code))")
-                    try await database.queueNotifications(20, on: connection)
-                    try await connection.waitFor(
-                        "SELECT count(*) FROM siwa.accounts WHERE sub = 'latecomer' AND status = 'active'", timeout: .seconds(30)
-                    ) { $0 == 1 }
-                    try await connection.waitFor(processedCount, timeout: .seconds(30)) { $0 == 20 }
-
-                    // Retried by the operator once Apple answers again: the deletion completes.
-                    apple.fake.openGate(endpoint: "revoke")
-                    let retried = try await Siwa.run(["jobs", "retry", String(revoke)], environment: ["DATABASE_URL": database.url])
-                    #expect(retried.status == 0, "\(retried.stderr)")
-                    try await connection.waitFor(
-                        "SELECT count(*) FROM siwa.accounts WHERE sub = 'doomed' AND status = 'deleted'", timeout: .seconds(30)
-                    ) { $0 == 1 }
-                    #expect(try await connection.int(
-                        "SELECT count(*) FROM siwa.jobs WHERE id = \(revoke) AND state = 'completed' AND expired_leases = 0") == 1)
-                    #expect(apple.everyTokenRevoked("doomed"))
-                    #expect(!survivor.log.contains("\"level\":\"critical\""))
-                }
+            // Apple's revoke endpoint never answers: each worker blocks in the call until killed.
+            apple.fake.closeGate(endpoint: "revoke", after: 0)
+            _ = try await connection.query("SELECT siwa.request_deletion(\(FakeAppleForWorkers.clientID), 'doomed')")
+            let revoke = try await connection.int("SELECT id::int FROM siwa.jobs WHERE kind = 'revoke'")
+            try await Self.killMidCall(first, database: database, environment: apple.environment, times: 3) { kills in
+                try await waitUntil("revoke call \(kills + 1) parked", timeout: .seconds(60)) { apple.fake.parkedCalls(endpoint: "revoke") > kills }
             }
+            let survivor = try database.startWorker(apple.environment)
+            teardown.add { await survivor.stop() }
+            try await Self.expectDiscardedAsProcessDied(revoke, on: connection)
+            #expect(try await connection.int("SELECT count(*) FROM siwa.accounts WHERE sub = 'doomed' AND status = 'pending_deletion'") == 1)
+
+            // Shown to the operator: the deletion still waits, on a revoke discarded as process_died.
+            let status = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+            let jobs = try #require(object["jobs"] as? [String: Any])
+            let deletions = try #require(object["pending_deletions"] as? [String: Any])
+            #expect(jobs["process_died"] as? Int == 1, "\(status.stdout)")
+            #expect(deletions["count"] as? Int == 1 && deletions["revokes_process_died"] as? Int == 1, "\(status.stdout)")
+            let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
+            #expect(text.stdout.contains("process_died"), "\(text.stdout)")
+            let listed = try await Siwa.run(
+                ["jobs", "list", "--state", "discarded"], environment: ["DATABASE_URL": database.url])
+            #expect(listed.status == 0 && listed.stdout.contains("process_died") && listed.stdout.contains("revoke"), "\(listed.stdout)")
+
+            // The other jobs run: an exchange and notifications after the discard.
+            let code = apple.fake.registerCode(
+                clientID: FakeAppleForWorkers.clientID, sub: "latecomer", email: nil, isPrivateEmail: nil)
+            _ = try await connection.query(
+                "SELECT siwa.link_account(\(FakeAppleForWorkers.clientID), 'latecomer', 'user-latecomer', \(code))")
+            try await database.queueNotifications(20, on: connection)
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.accounts WHERE sub = 'latecomer' AND status = 'active'", timeout: .seconds(30)
+            ) { $0 == 1 }
+            try await connection.waitFor(processedCount, timeout: .seconds(30)) { $0 == 20 }
+
+            // Retried by the operator once Apple answers again: the deletion completes.
+            apple.fake.openGate(endpoint: "revoke")
+            let retried = try await Siwa.run(["jobs", "retry", String(revoke)], environment: ["DATABASE_URL": database.url])
+            #expect(retried.status == 0, "\(retried.stderr)")
+            try await connection.waitFor(
+                "SELECT count(*) FROM siwa.accounts WHERE sub = 'doomed' AND status = 'deleted'", timeout: .seconds(30)
+            ) { $0 == 1 }
+            #expect(try await connection.int(
+                "SELECT count(*) FROM siwa.jobs WHERE id = \(revoke) AND state = 'completed' AND expired_leases = 0") == 1)
+            #expect(apple.everyTokenRevoked("doomed"))
+            #expect(!survivor.log.contains("\"level\":\"critical\""))
         }
     }
 

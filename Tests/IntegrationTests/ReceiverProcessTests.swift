@@ -9,31 +9,11 @@ import Metrics
 /// A real `siwa-receiver` process on 127.0.0.1, a real PostgreSQL, and a local stand-in for
 /// Apple's key endpoint, driven over HTTP.
 @Suite("siwa-receiver process") struct ReceiverProcessTests {
-    /// Starts a receiver against `database` and waits until it is ready.
-    static func startReceiver(
-        databaseURL: String, keys: TestAppleKeys, extra: [String: String] = [:]
-    ) async throws -> (ServiceProcess, String) {
-        var environment = [
-            "DATABASE_URL": databaseURL, "SIWA_CLIENT_IDS": "com.example.app,com.example.app.web",
-            "SIWA_LISTEN": "127.0.0.1:0", "SIWA_APPLE_BASE_URL": keys.baseURL, "SIWA_LOG_LEVEL": "debug",
-        ]
-        environment.merge(extra) { _, new in new }
-        let receiver = try ServiceProcess("siwa-receiver", environment: environment)
-        let base = "http://127.0.0.1:\(try await receiver.boundHTTPPort())"
-        let deadline = ContinuousClock.now + .seconds(20)
-        while ContinuousClock.now < deadline {
-            if let (status, _) = try? await HTTP.request("GET", base + "/readyz"), status == 200 { return (receiver, base) }
-            guard receiver.isRunning else { break }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-        throw ServiceProcessError(message: "receiver never became ready:\n\(receiver.log)")
-    }
-
     @Test func validNotificationIsStoredWithItsJob() async throws {
         try await withMigratedDatabase { database in
             let keys = try TestAppleKeys()
             defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+            let (receiver, base) = try await ReceiverUnderTest.start(databaseURL: database.url, keys: keys)
             let jti = "jti-\(UUID().uuidString)"
             let jws = try keys.sign(TestAppleKeys.claims(type: "email-disabled", sub: "s1", jti: jti, email: "a@privaterelay.appleid.com"))
             let (status, body) = try await HTTP.request("POST", base + "/apple/notifications", body: TestAppleKeys.body(jws))
@@ -61,7 +41,7 @@ import Metrics
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                let (receiver, base) = try await ReceiverUnderTest.start(databaseURL: database.url, keys: keys)
                 teardown.add { await receiver.stop() }
                 let jti = "dup-\(UUID().uuidString)"
                 let body = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(jti: jti)))
@@ -85,7 +65,7 @@ import Metrics
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(databaseURL: database.url, keys: keys)
+                let (receiver, base) = try await ReceiverUnderTest.start(databaseURL: database.url, keys: keys)
                 teardown.add { await receiver.stop() }
                 let path = base + "/apple/notifications"
                 let otherKey = try RSA.PrivateKey.generate()
@@ -157,7 +137,7 @@ import Metrics
             try await withTeardown { teardown in
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
-                let (receiver, base) = try await Self.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys, extra: ["SIWA_JWKS_REFETCH_INTERVAL": "1"])
                 teardown.add { await receiver.stop() }
                 let path = base + "/apple/notifications"
@@ -223,7 +203,7 @@ import Metrics
                 let keys = try TestAppleKeys()
                 defer { keys.stop() }
                 // The fetch at start-up is the last one for an hour.
-                let (receiver, base) = try await Self.startReceiver(
+                let (receiver, base) = try await ReceiverUnderTest.start(
                     databaseURL: database.url, keys: keys, extra: ["SIWA_JWKS_REFETCH_INTERVAL": "3600"])
                 teardown.add { await receiver.stop() }
                 let rotated = try RSA.PrivateKey.generate()
@@ -249,7 +229,7 @@ import Metrics
 
             let keys = try TestAppleKeys()
             defer { keys.stop() }
-            let (receiver, base) = try await Self.startReceiver(databaseURL: cluster.url, keys: keys)
+            let (receiver, base) = try await ReceiverUnderTest.start(databaseURL: cluster.url, keys: keys)
             teardown.add { await receiver.stop() }
             let path = base + "/apple/notifications"
 

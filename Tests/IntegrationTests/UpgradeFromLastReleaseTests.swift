@@ -35,8 +35,7 @@ import Testing
 
     @Test(arguments: releases) func workQueuedByARecentReleaseFinishesAfterTheUpgrade(_ release: Release) async throws {
         try await withTeardown { teardown in
-            let apple = try FakeAppleForWorkers()
-            teardown.add { await apple.shutDown() }
+            let apple = try FakeAppleForWorkers(stoppedBy: teardown)
             try await withMigratedDatabase(migrated: false) { database in
                 let connection = try await database.connect()
                 defer { connection.close() }

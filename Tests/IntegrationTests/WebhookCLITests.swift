@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import ScriptedHTTPServer
 import Testing
 
 /// `siwa webhooks test|disable`, `siwa status` and `siwa jobs` on deliveries, and the worker's

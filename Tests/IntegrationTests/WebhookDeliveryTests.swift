@@ -2,6 +2,7 @@ import Foundation
 import JobQueue
 import Logging
 import Postgres
+import ScriptedHTTPServer
 import Testing
 import Webhooks
 import Metrics

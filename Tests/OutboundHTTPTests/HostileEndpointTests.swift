@@ -202,8 +202,8 @@ import Testing
         let server = try server(.http) { _ in .silent }
         defer { server.stop() }
         #expect(failureOf(await get(server, .http, timeout: .milliseconds(300)))?.kind == .timeout)
-        let refusing = RefusingPort()
-        defer { refusing.close() }
+        let refusing = try RefusingPort()
+        defer { refusing.release() }
         do {
             _ = try await client.send(HTTPRequest(method: "GET", url: "http://127.0.0.1:\(refusing.port)/", timeout: .seconds(5)))
             Issue.record("a refused port answered")

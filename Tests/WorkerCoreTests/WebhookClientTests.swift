@@ -157,8 +157,8 @@ import Webhooks
     }
 
     @Test func aRefusedConnectionIsAConnectionFailure() async throws {
-        let refusing = RefusingPort()
-        defer { refusing.close() }
+        let refusing = try RefusingPort()
+        defer { refusing.release() }
         let url = try #require(URL(string: "http://127.0.0.1:\(refusing.port)/x"))
         let result = await WebhookClient(url: url, timeout: .seconds(10)).send(body: [], headers: [])
         guard case .connectionFailed = result else {
