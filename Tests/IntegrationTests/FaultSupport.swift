@@ -20,19 +20,16 @@ final class FakeAppleForWorkers: Sendable {
 
     /// `hang`: how long an injected `timeout` holds the request (past the worker's 10 s Apple timeout).
     init(hang: Duration = .seconds(12)) throws {
-        let p8 = try P256.Signing.PrivateKey.generate()
-        keyDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-fault-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: keyDirectory, withIntermediateDirectories: true)
-        let keyPath = keyDirectory.appendingPathComponent("AuthKey_TESTKEY.p8").path
-        try p8.pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
+        let p8 = try TestSecrets.SigningKey()
+        keyDirectory = p8.directory
         fake = try FakeApple(
-            configuration: .init(verifyKey: p8.publicKey, teamID: Self.teamID, hangDuration: hang),
+            configuration: .init(verifyKey: p8.privateKey.publicKey, teamID: Self.teamID, hangDuration: hang),
             logger: Logger(label: "fake-apple", level: .warning))
         try fake.start()
         environment = [
             "SIWA_APPLE_CALLS": "enabled", "SIWA_APPLE_BASE_URL": fake.baseURL.absoluteString,
-            "SIWA_TEAM_ID": Self.teamID, "SIWA_KEY_ID": "TESTKEY", "SIWA_PRIVATE_KEY_FILE": keyPath,
-            "SIWA_TOKEN_KEYS": "k1:\(Data(SecureRandom.bytes(count: 32)).base64EncodedString())",
+            "SIWA_TEAM_ID": Self.teamID, "SIWA_KEY_ID": "TESTKEY", "SIWA_PRIVATE_KEY_FILE": p8.path,
+            "SIWA_TOKEN_KEYS": TestSecrets.tokenKeys(),
         ]
     }
 

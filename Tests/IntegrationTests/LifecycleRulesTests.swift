@@ -486,7 +486,7 @@ extension LifecycleRulesTests {
         try await withLifecycle { h in
             try await h.linkAccount(sub: "001.rot")
             try await h.linkAccount(sub: "001.rot")  // the first token is retired, still valid at Apple
-            let newKey = LifecycleHarness.makeTokenKeys(["k2"])
+            let newKey = TestSecrets.tokenKeys(["k2"])
             let rotated = try TokenBox(configuration: newKey + "," + h.tokenKeys)
             let rotation = TokenKeyRotation(connection: h.connection, tokenBox: rotated)
             #expect(try await rotation.remaining() == 2)

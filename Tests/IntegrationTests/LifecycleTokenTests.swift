@@ -12,7 +12,7 @@ import AppleJobs
         try await withLifecycle { h in
             for index in 0..<7 { try await h.linkAccount(sub: "001.u\(index)") }
             let old = h.tokenKeys
-            let rotated = try TokenBox(configuration: LifecycleHarness.makeTokenKeys(["k2"]) + "," + old)
+            let rotated = try TokenBox(configuration: TestSecrets.tokenKeys(["k2"]) + "," + old)
             let rotation = TokenKeyRotation(connection: h.connection, tokenBox: rotated, batchSize: 3)
             #expect(try await rotation.remaining() == 7)
             var progressCalls = 0

@@ -40,9 +40,8 @@ final class EndToEndStack: @unchecked Sendable {
         self.database = database
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-e2e-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let keyPath = directory.appendingPathComponent("AuthKey_\(Self.keyID).p8").path
-        try P256.Signing.PrivateKey.generate().pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
-        tokenKeys = "e2e1:" + Data(SecureRandom.bytes(count: 32)).base64EncodedString()
+        let keyPath = try TestSecrets.SigningKey(fileName: "AuthKey_\(Self.keyID).p8", in: directory).path
+        tokenKeys = TestSecrets.tokenKeys(["e2e1"])
         let tls = appleOverTLS ? try TestCertificates(in: directory) : nil
         caFile = tls?.caFile
         let trust = tls.map { ["SIWA_CA_FILE": $0.caFile] } ?? [:]

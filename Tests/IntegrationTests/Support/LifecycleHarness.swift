@@ -38,17 +38,14 @@ final class LifecycleHarness: Sendable {
         let logger = logger ?? Logger(label: "lifecycle-test", level: .warning)
         self.logger = logger
         database = try await Self.makeDatabase()
-        let p8 = try P256.Signing.PrivateKey.generate()
-        keyDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: keyDirectory, withIntermediateDirectories: true)
-        let keyPath = keyDirectory.appendingPathComponent("AuthKey_TESTKEY.p8").path
-        try p8.pemRepresentation.write(toFile: keyPath, atomically: true, encoding: .utf8)
+        let p8 = try TestSecrets.SigningKey()
+        keyDirectory = p8.directory
         fake = try FakeApple(
-            configuration: .init(verifyKey: p8.publicKey, teamID: Self.teamID, hangDuration: hang), logger: logger)
+            configuration: .init(verifyKey: p8.privateKey.publicKey, teamID: Self.teamID, hangDuration: hang), logger: logger)
         try fake.start()
-        self.tokenKeys = tokenKeys ?? Self.makeTokenKeys(["k1"])
+        self.tokenKeys = tokenKeys ?? TestSecrets.tokenKeys(["k1"])
         let settings = AppleSettings(
-            teamID: Self.teamID, keyID: "TESTKEY", privateKeyPEMPath: keyPath, tokenKeys: self.tokenKeys,
+            teamID: Self.teamID, keyID: "TESTKEY", privateKeyPEMPath: p8.path, tokenKeys: self.tokenKeys,
             baseURL: fake.baseURL, timeout: TestTimeScale.scaled(timeout))
         try settings.validate()
         self.settings = settings
@@ -87,9 +84,6 @@ final class LifecycleHarness: Sendable {
         await database.drop()
     }
 
-    static func makeTokenKeys(_ ids: [String]) -> String {
-        ids.map { "\($0):\(Data(SecureRandom.bytes(count: 32)).base64EncodedString())" }.joined(separator: ",")
-    }
 
     var tokenBox: TokenBox { context.tokenBox }
 

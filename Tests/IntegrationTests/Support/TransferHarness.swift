@@ -24,10 +24,8 @@ final class TransferHarness: Sendable {
     init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-transfer-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let keyA = try P256.Signing.PrivateKey.generate()
-        let keyB = try P256.Signing.PrivateKey.generate()
-        try keyA.pemRepresentation.write(to: directory.appendingPathComponent("\(Self.teamA).p8"), atomically: true, encoding: .utf8)
-        try keyB.pemRepresentation.write(to: directory.appendingPathComponent("\(Self.teamB).p8"), atomically: true, encoding: .utf8)
+        let keyA = try TestSecrets.SigningKey(fileName: "\(Self.teamA).p8", in: directory).privateKey
+        let keyB = try TestSecrets.SigningKey(fileName: "\(Self.teamB).p8", in: directory).privateKey
         fake = try FakeApple(
             configuration: .init(
                 verifyKey: keyA.publicKey, teamID: Self.teamA, hangDuration: .milliseconds(200),
@@ -161,7 +159,7 @@ final class TransferSignIn: Sendable {
             pool: pool,
             client: AppleAuthClient(
                 http: apple, signer: ClientSecretSigner(teamID: TransferHarness.teamB, keyID: TransferHarness.keyID, privateKey: key)),
-            tokenBox: try TokenBox(configuration: "t1:" + Data(SecureRandom.bytes(count: 32)).base64EncodedString()),
+            tokenBox: try TokenBox(configuration: TestSecrets.tokenKeys(["t1"])),
             identityVerifier: IdentityTokenVerifier(keys: AppleKeySet(http: apple, logger: logger)))
         server = AppAPIServer(
             configuration: AppAPIConfiguration(listen: ListenAddress(host: "127.0.0.1", port: 0), tokens: [Self.token]),
