@@ -125,10 +125,8 @@ import Testing
             let pid = try #require(try await reader.query("SELECT pg_backend_pid()").first?.decode(Int32.self, at: 0))
             let page = Task { try await reader.query("SELECT sub FROM siwa.account_changes_after(\(start), 10, '60 s')").map { try $0.decode(String.self, at: 0) } }
             // Commit only once the reader is waiting, so the page can only be right by waiting.
-            let deadline = ContinuousClock.now + .seconds(60)
-            while try await api.lifecycle.scalar(String.self, "SELECT wait_event FROM pg_stat_activity WHERE pid = \(pid)") != "PgSleep" {
-                guard ContinuousClock.now < deadline else { throw HarnessError(message: "the feed never waited") }
-                try await Task.sleep(for: .milliseconds(5))
+            try await waitUntil("the feed waits", timeout: .seconds(60), every: .milliseconds(5)) {
+                try await api.lifecycle.scalar(String.self, "SELECT wait_event FROM pg_stat_activity WHERE pid = \(pid)") == "PgSleep"
             }
             _ = try await app.execute("COMMIT")
             #expect(try await page.value == ["001.w1", "001.w2"])

@@ -116,17 +116,8 @@ import Testing
     private func runPrintedLine(_ dev: ServiceProcess, containing marker: String, timeout: Duration) async throws -> (
         [String], String
     ) {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        var line: String?
-        while line == nil {
-            line = dev.log.split(separator: "\n").first { $0.contains(marker) }.map(String.init)
-            if line != nil { break }
-            guard dev.isRunning, ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "siwa dev printed no line with \(marker):\n\(dev.log)")
-            }
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        var words = line!.split(separator: " ").map(String.init)
+        let line = try await dev.firstLogLine("a line with \(marker)", timeout: timeout) { $0.contains(marker) ? String($0) : nil }
+        var words = line.split(separator: " ").map(String.init)
         // Leading NAME=value words are the environment the line sets (how secrets stay off the
         // command line, where every local user could read them).
         var assignments: [String: String] = [:]
@@ -136,7 +127,7 @@ import Testing
         }
         // The first word runs as printed: `siwa` only when that is on PATH, else the binary's full path.
         let executable = words[0] == "siwa" ? try Siwa.binary().path : words[0]
-        #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line!)")
+        #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line)")
         // Output to a file and a polled, bounded wait: a blocking read here would hold one of the
         // test process's few cooperative threads for the whole run and stall other suites.
         let outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-printed-\(UUID().uuidString)").path

@@ -193,16 +193,13 @@ struct FailoverTests {
 
             // The revoke has reached Apple (which holds its answer for two seconds); the database goes away
             // and stays away until the worker has the answer and has failed to record it.
-            let deadline = ContinuousClock.now + .seconds(20)
-            while !apple.fake.calls.contains(where: { $0.endpoint == "revoke" }) {
-                guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "no revoke reached Apple") }
-                try await Task.sleep(for: .milliseconds(10))
+            try await waitUntil("a revoke reached Apple", timeout: .seconds(20), every: .milliseconds(10)) {
+                apple.fake.calls.contains { $0.endpoint == "revoke" }
             }
             try await cluster.stop(mode: .immediate)
             let failedToRecord = [#""db.operation":"record revoke""#, "revoked at Apple but not recorded"]
-            while !failedToRecord.contains(where: worker.log.contains) {
-                guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "worker never got the answer:\n\(worker.log)") }
-                try await Task.sleep(for: .milliseconds(20))
+            try await waitUntil("the worker got Apple's answer and failed to record it", timeout: .seconds(20), detail: worker.log) {
+                failedToRecord.contains(where: worker.log.contains)
             }
             try await cluster.startAgain()
 

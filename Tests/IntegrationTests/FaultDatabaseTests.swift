@@ -70,12 +70,8 @@ struct FaultDatabaseTests {
             // The outage lasts until every stream has been refused at least once more (not a fixed
             // time: under load a fixed sleep may end before anyone has noticed).
             let refusedBefore = statuses.value[503, default: 0]
-            let outageDeadline = ContinuousClock.now + .seconds(30)
-            while statuses.value[503, default: 0] < refusedBefore + 4 {
-                guard ContinuousClock.now < outageDeadline else {
-                    throw ServiceProcessError(message: "no 503 during the outage: \(statuses.value)")
-                }
-                try await Task.sleep(for: .milliseconds(20))
+            try await waitUntil("every stream was refused during the outage", detail: "\(statuses.value)") {
+                statuses.value[503, default: 0] >= refusedBefore + 4
             }
             let duringOutage = accepted.value.count
             try await cluster.startAgain()

@@ -45,13 +45,11 @@ struct FaultReceiverTests {
                 let openWhileTrickling = slow.filter { !$0.isClosedByPeer() }.count
 
                 // They go quiet: the idle timeout (2 s) closes every one.
-                let deadline = ContinuousClock.now + .seconds(15)
-                var open = slow.filter { !$0.isClosedByPeer() }
-                while !open.isEmpty, ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(200))
+                var open = slow
+                try await waitUntil("every idle slow connection is closed", timeout: .seconds(15), every: .milliseconds(200), detail: "\(open.count) still open") {
                     open = open.filter { !$0.isClosedByPeer() }
+                    return open.isEmpty
                 }
-                #expect(open.isEmpty, "\(open.count) idle slow connections still open")
                 #expect(try await HTTP.request("GET", base + "/healthz").status == 200)
                 print("fault.slow_clients: 200 slow (\(openWhileTrickling) open after trickling), 50 normal answered \(Set(statuses)), closed when idle \(slow.count - open.count)")
             }
@@ -103,18 +101,12 @@ struct FaultReceiverTests {
                 // A fifth is accepted by the kernel and closed by the server at once.
                 let fifth = try RawConnection(port: port)
                 defer { fifth.close() }
-                let deadline = ContinuousClock.now + .seconds(10)
-                while !fifth.isClosedByPeer(), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-                #expect(fifth.isClosedByPeer(), "a fifth connection from one address stayed open")
+                try await waitUntil("a fifth connection from one address is closed", timeout: .seconds(10)) { fifth.isClosedByPeer() }
                 held.forEach { $0.close() }  // (the deferred close then does nothing)
                 // Freed: the address may connect again.
-                let again = ContinuousClock.now + .seconds(10)
-                var status = 0
-                while status != 200, ContinuousClock.now < again {
-                    status = (try? await HTTP.request("GET", base + "/healthz").status) ?? 0
-                    if status != 200 { try await Task.sleep(for: .milliseconds(50)) }
+                try await waitUntil("the address may connect again", timeout: .seconds(10), every: .milliseconds(50)) {
+                    (try? await HTTP.request("GET", base + "/healthz").status) == 200
                 }
-                #expect(status == 200)
             }
         }
     }
@@ -149,8 +141,8 @@ struct FaultReceiverTests {
                 try await blocker.simpleQuery("BEGIN; LOCK TABLE siwa.notifications IN SHARE MODE")
                 let firstRefusal = LockedBox(false)
                 let release = Task {
-                    let deadline = ContinuousClock.now + .seconds(30)
-                    while !firstRefusal.value, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+                    // Released after 30 s even if nothing was refused (the test then says so).
+                    try? await waitUntil("the first 503") { firstRefusal.value }
                     try await blocker.simpleQuery("COMMIT")
                 }
                 let answers = try await concurrentMap(Array(zip(jtis, bodies)), width: 400) { pair in

@@ -63,11 +63,10 @@ struct FaultStorageTests {
                 // The first answers may come from the broken session (503 too); post until the
                 // reconnected, read-only one has refused a commit.
                 var statuses: [Int] = []
-                let deadline = ContinuousClock.now + .seconds(30)
-                while !Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), ContinuousClock.now < deadline {
+                try await waitUntil("the receiver logged 25006 at warn or above", detail: receiver.log) {
                     statuses.append(try await Self.post(keys, base).status)
+                    return Self.loggedAtWarnOrAbove(receiver, sqlState: "25006")
                 }
-                #expect(Self.loggedAtWarnOrAbove(receiver, sqlState: "25006"), "\(receiver.log)")
                 #expect(!statuses.isEmpty && statuses.allSatisfy { $0 == 503 }, "\(statuses)")
                 try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
 
@@ -130,10 +129,7 @@ struct FaultStorageTests {
                 try await ReceiverUnderTest.waitForReadiness(base, 503, receiver: receiver)
 
                 try await blocker.simpleQuery("ROLLBACK")
-                let deadline = ContinuousClock.now + .seconds(30)
-                var status = 0
-                while status != 200, ContinuousClock.now < deadline { status = try await Self.post(keys, base).status }
-                #expect(status == 200)
+                try await waitUntil("a notification is stored again") { try await Self.post(keys, base).status == 200 }
                 try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
                 #expect(receiver.isRunning)
             }
@@ -155,11 +151,7 @@ struct FaultStorageTests {
                     ])
                 teardown.add { await worker.stop() }
                 // Without a bound the claim waits for the lock as long as it is held, and says nothing.
-                let deadline = ContinuousClock.now + .seconds(30)
-                while !worker.log.contains("sqlState: 55P03"), worker.isRunning, ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(50))
-                }
-                #expect(worker.log.contains("sqlState: 55P03"), "\(worker.log)")
+                _ = try await worker.firstLogLine("sqlState 55P03", timeout: .seconds(30)) { $0.contains("sqlState: 55P03") ? true : nil }
                 try await blocker.simpleQuery("ROLLBACK")
                 #expect(worker.isRunning)
             }

@@ -192,11 +192,7 @@ struct HotAccountBatchTests {
             let worker = try database.startWorker(["SIWA_NOTIFICATION_CONNECTIONS": "1", "SIWA_POLL_INTERVAL": "1h"])
             let port = try await worker.boundHTTPPort()
             // Deferred at least once (the account is held), then the holder ends without a NOTIFY.
-            let deadline = ContinuousClock.now + .seconds(30)
-            while !(try await Self.deferredAtLeastOnce(port: port)), ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(20))
-            }
-            #expect(try await Self.deferredAtLeastOnce(port: port))
+            try await waitUntil("the worker deferred the held account at least once") { try await Self.deferredAtLeastOnce(port: port) }
             try await blocker.simpleQuery("ROLLBACK")
             try await connection.waitFor(
                 "SELECT count(*) FROM siwa.notifications WHERE processed_at IS NOT NULL", timeout: .seconds(30)) { $0 == 1 }

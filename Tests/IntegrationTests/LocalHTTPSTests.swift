@@ -124,15 +124,9 @@ struct LocalHTTPSTests {
     }
 
     static func listeningURL(_ process: ServiceProcess, prefix: String) async throws -> String {
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline {
-            if let line = process.log.split(separator: "\n").first(where: { $0.hasPrefix(prefix) }) {
-                return String(line.dropFirst(prefix.count))
-            }
-            guard process.isRunning else { throw ServiceProcessError(message: "exited:\n\(process.log)") }
-            try await Task.sleep(for: .milliseconds(25))
+        try await process.firstLogLine("a line starting \(prefix)") { line in
+            line.hasPrefix(prefix) ? String(line.dropFirst(prefix.count)) : nil
         }
-        throw ServiceProcessError(message: "no \(prefix) line:\n\(process.log)")
     }
 
     private func withCertificates(_ body: (TestCertificates, Teardown) async throws -> Void) async throws {

@@ -180,13 +180,9 @@ struct PostgresConnectionTests {
 
             // The limits survive a reset (a new backend session).
             _ = try await plain.query("SELECT pg_terminate_backend(\(limited.backendPID))")
-            let deadline = ContinuousClock.now + .seconds(10)
-            var reset = false
-            while !reset, ContinuousClock.now < deadline {
-                reset = (try? await limited.resetIfBroken()) ?? false
-                if !reset { try await Task.sleep(for: .milliseconds(20)) }
+            try await waitUntil("the terminated session is reset", timeout: .seconds(10)) {
+                (try? await limited.resetIfBroken()) ?? false
             }
-            #expect(reset)
             #expect(try await limited.query("SHOW statement_timeout")[0].decode(String.self, at: 0) == "300ms")
         }
     }

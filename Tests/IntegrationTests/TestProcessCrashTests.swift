@@ -35,9 +35,8 @@ import Testing
         try child.run()
         defer { if child.isRunning { kill(child.processIdentifier, SIGKILL) } }
 
-        let deadline = ContinuousClock.now + .seconds(120)
-        while !FileManager.default.fileExists(atPath: folder + "/ready"), child.isRunning, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(100))
+        try await waitUntil("the helper wrote its ready file, or ended", timeout: .seconds(120), every: .milliseconds(100)) {
+            FileManager.default.fileExists(atPath: folder + "/ready") || !child.isRunning
         }
         let ready = try #require(try? String(contentsOfFile: folder + "/ready", encoding: .utf8), "the helper never got ready")
         let service = try #require(Int32(ready.trimmingCharacters(in: .whitespacesAndNewlines)))
@@ -49,25 +48,19 @@ import Testing
             ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.hasPrefix("siwa-pg-") }
         }
         // A bound for a watchdog that never acts, not a speed requirement (pg_ctl stop under load).
-        let cleanupDeadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < cleanupDeadline, ProcessTree.isAlive(service) || ProcessTree.isAlive(server) || !clusterFolders().isEmpty {
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        #expect(!ProcessTree.isAlive(service), "the service outlived the killed test process")
-        #expect(!ProcessTree.isAlive(server), "PostgreSQL outlived the killed test process")
-        #expect(clusterFolders().isEmpty, "the cluster's folder is still there")
+        try await waitUntil(
+            "the watchdog stopped the service and PostgreSQL and deleted the cluster's folder", timeout: .seconds(60),
+            every: .milliseconds(100),
+            detail: "service alive: \(ProcessTree.isAlive(service)), PostgreSQL alive: \(ProcessTree.isAlive(server)), folders: \(clusterFolders())"
+        ) { !ProcessTree.isAlive(service) && !ProcessTree.isAlive(server) && clusterFolders().isEmpty }
     }
 }
 
 /// Waits for a service's `listening on http://...` line.
 enum ServiceProcessPort {
     static func wait(_ service: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if let url = DevFlowTests.capture(#"listening on (http://[0-9.:]+)"#, in: service.log) { return url }
-            guard service.isRunning else { break }
-            try await Task.sleep(for: .milliseconds(50))
+        try await service.firstLogLine("a listening line", timeout: timeout) {
+            DevFlowTests.capture(#"listening on (http://[0-9.:]+)"#, in: String($0))
         }
-        throw ServiceProcessError(message: "\(service.name) printed no listening line:\n\(service.log)")
     }
 }

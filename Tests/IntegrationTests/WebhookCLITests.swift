@@ -40,13 +40,9 @@ struct WebhookCLITests {
         let sink = try ServiceProcess(
             "siwa", arguments: ["webhooks", "sink", "--listen", "127.0.0.1:0"],
             environment: ["SIWA_WEBHOOK_SECRET": WebhookDeliveryTests.secret])
-        let deadline = ContinuousClock.now + .seconds(30)
-        var url: String?
-        while url == nil, sink.isRunning, ContinuousClock.now < deadline {
-            url = DevFlowTests.capture(#"listening on (http://127\.0\.0\.1:[0-9]+/)"#, in: sink.log)
-            if url == nil { try await Task.sleep(for: .milliseconds(50)) }
+        let endpoint = try await sink.firstLogLine("its listening line", timeout: .seconds(30)) {
+            DevFlowTests.capture(#"listening on (http://127\.0\.0\.1:[0-9]+/)"#, in: String($0))
         }
-        let endpoint = try #require(url, "\(sink.log)")
         let otherSecret = "whsec_" + Data((0..<32).map { UInt8($0 * 11 % 256) }).base64EncodedString()
         let wrong = try await Siwa.run(
             ["webhooks", "test"], environment: ["SIWA_WEBHOOK_URL": endpoint, "SIWA_WEBHOOK_SECRET": otherSecret])

@@ -407,15 +407,11 @@ final class RunningDispatcher: Sendable {
     /// Waits (bounded) until the gauge `name` on this dispatcher's metrics satisfies `condition`
     /// (the gauges are refreshed by the maintenance pass, every lease / 3).
     func waitForGauge(_ name: String, timeout: Duration = .seconds(30), _ condition: (Double) -> Bool) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while true {
+        var value: Double?
+        try await waitUntil("gauge \(name) reaches its condition", timeout: timeout, every: .milliseconds(50), detail: "last \(value.map { "\($0)" } ?? "absent")") {
             let line = registry.render().split(separator: "\n").first { $0.hasPrefix(name + " ") }
-            let value: Double? = line.flatMap { $0.split(separator: " ").last }.flatMap { Double(String($0)) }
-            if let value, condition(value) { return }
-            guard ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "gauge \(name) did not reach its condition; last \(value.map { "\($0)" } ?? "absent")")
-            }
-            try await Task.sleep(for: .milliseconds(50))
+            value = line.flatMap { $0.split(separator: " ").last }.flatMap { Double(String($0)) }
+            return value.map(condition) ?? false
         }
     }
 }

@@ -68,14 +68,10 @@ extension PostgresConnection {
         _ query: PostgresQuery, timeout: Duration = .seconds(15), sourceLocation: String = #function,
         until done: (Int) -> Bool
     ) async throws -> Int {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        var value = try await int(query)
-        while !done(value) {
-            guard ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "\(sourceLocation): timed out waiting; last value \(value) for \(query.sql)")
-            }
-            try await Task.sleep(for: .milliseconds(25))
+        var value = 0
+        try await waitUntil("\(sourceLocation): \(query.sql) gives the value awaited", timeout: timeout, every: .milliseconds(25), detail: "last \(value)") {
             value = try await int(query)
+            return done(value)
         }
         return value
     }

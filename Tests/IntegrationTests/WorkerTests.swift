@@ -164,10 +164,7 @@ struct WorkerTests {
             defer { connection.close() }
             let worker = try database.startWorker(["SIWA_LISTEN_NOTIFY": "false", "SIWA_POLL_INTERVAL": "100ms"])
             // Started and past its first look at the queue; then jobs arrive with no NOTIFY heard.
-            let deadline = ContinuousClock.now + .seconds(20)
-            while !worker.log.contains("siwa-worker started"), ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(20))
-            }
+            _ = try await worker.firstLogLine("siwa-worker started", timeout: .seconds(20)) { $0.contains("siwa-worker started") ? true : nil }
             try await Task.sleep(for: .milliseconds(300))
             try await database.queueNotifications(700, on: connection)
             try await connection.waitFor(processedCount) { $0 == 700 }

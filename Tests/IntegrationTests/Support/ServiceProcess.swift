@@ -66,20 +66,35 @@ final class ServiceProcess: @unchecked Sendable {
     /// cores a start took over 20 s. The log is read once more after the deadline, so a line that
     /// arrived while this task was not scheduled still counts.
     func boundHTTPPort(timeout: Duration = .seconds(60)) async throws -> Int {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while true {
-            for line in log.split(separator: "\n") where line.contains(#""msg":"http.server.started""#) {
-                if let range = line.range(of: #""http.port":[0-9]+"#, options: .regularExpression),
-                   let port = Int(line[range].dropFirst(#""http.port":"#.count))
-                {
-                    return port
+        try await firstLogLine("an http.server.started line", timeout: timeout) { line in
+            guard line.contains(#""msg":"http.server.started""#),
+                let range = line.range(of: #""http.port":[0-9]+"#, options: .regularExpression)
+            else { return nil }
+            return Int(line[range].dropFirst(#""http.port":"#.count))
+        }
+    }
+
+    /// What `match` finds in the first log line it finds something in, once the process has
+    /// written it: bounded by `timeout` (scaled), and failing at once, with the log, if the process
+    /// exits without it.
+    func firstLogLine<T>(
+        _ what: @autoclosure () -> String, timeout: Duration = .seconds(60), _ match: (Substring) -> T?
+    ) async throws -> T {
+        var found: T?
+        try await waitUntil("\(name) logged \(what())", timeout: timeout, detail: log) {
+            let text = log
+            for line in text.split(separator: "\n") {
+                if let value = match(line) {
+                    found = value
+                    break
                 }
             }
-            guard isRunning else { throw ServiceProcessError(message: "\(name) exited before listening:\n\(log)") }
-            guard ContinuousClock.now < deadline else { break }
-            try await Task.sleep(for: .milliseconds(20))
+            if found == nil, !isRunning {
+                throw ServiceProcessError(message: "\(name) exited before it logged \(what()):\n\(text)")
+            }
+            return found != nil
         }
-        throw ServiceProcessError(message: "\(name) logged no http.server.started line:\n\(log)")
+        return found!
     }
 
     /// Waits for exit (bounded); returns the status, or nil if it is still running at the deadline.
