@@ -141,17 +141,21 @@ extension FakeApple {
 
     // MARK: Admin endpoints (fake only)
 
+    /// A JSON boolean, or the string "true" / anything else (as Apple writes `is_private_email`).
+    static func flag(_ value: Any?) -> Bool? {
+        switch value {
+        case let flag as Bool: flag
+        case let text as String: text == "true"
+        default: nil
+        }
+    }
+
     func adminRegisterCode(_ request: HTTPRequest) -> HTTPResponse {
         guard let object = try? JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any],
             let clientID = object["client_id"] as? String, !clientID.isEmpty,
             let sub = object["sub"] as? String, !sub.isEmpty
         else { return Self.oauthError("invalid_request") }
-        let isPrivate: Bool? =
-            switch object["is_private_email"] {
-            case let flag as Bool: flag
-            case let text as String: text == "true"
-            default: nil
-            }
+        let isPrivate = Self.flag(object["is_private_email"])
         let code = registerCode(
             clientID: clientID, sub: sub, email: object["email"] as? String, isPrivateEmail: isPrivate,
             redirectURI: object["redirect_uri"] as? String)
@@ -168,12 +172,7 @@ extension FakeApple {
             let sub = object["sub"] as? String, !sub.isEmpty,
             let nonce = object["nonce"] as? String, !nonce.isEmpty
         else { return Self.oauthError("invalid_request") }
-        let isPrivate: Bool? =
-            switch object["is_private_email"] {
-            case let flag as Bool: flag
-            case let text as String: text == "true"
-            default: nil
-            }
+        let isPrivate = Self.flag(object["is_private_email"])
         let issued = issueIdentityToken(
             clientID: clientID, sub: sub, nonce: nonce, email: object["email"] as? String, isPrivateEmail: isPrivate,
             redirectURI: object["redirect_uri"] as? String, realUserStatus: (object["real_user_status"] as? NSNumber)?.intValue)
