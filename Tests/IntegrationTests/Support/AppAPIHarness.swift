@@ -46,12 +46,7 @@ final class AppAPIHarness: Sendable {
             pool: apiPool, registry: MetricsRegistry(), logger: logger, appleTimeout: appleTimeout,
             databaseTimeout: .seconds(60))
         self.server = server
-        serving = Task { try await server.run() }
-        let deadline = ContinuousClock.now + .seconds(20)
-        while server.port == 0 {
-            guard ContinuousClock.now < deadline else { throw HarnessError(message: "the app API did not start") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        serving = try await server.runInBackground()
         baseURL = "http://127.0.0.1:\(server.port)"
     }
 
@@ -152,5 +147,20 @@ func withAppAPI<T>(appleTimeout: Duration = TestTimeScale.scaled(.seconds(20)), 
     } catch {
         await harness.shutDown()
         throw error
+    }
+}
+
+extension AppAPIServer {
+    /// Runs the server in a task of its own, returned once the server listens (bounded; the task is
+    /// cancelled if it never does).
+    func runInBackground() async throws -> Task<Void, any Error> {
+        let serving = Task { try await run() }
+        do {
+            try await waitUntil("the app API listens", timeout: .seconds(20), every: .milliseconds(5)) { port != 0 }
+        } catch {
+            serving.cancel()
+            throw error
+        }
+        return serving
     }
 }

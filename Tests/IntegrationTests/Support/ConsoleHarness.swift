@@ -14,18 +14,12 @@ final class ConsoleProcess: @unchecked Sendable {
         process = try ServiceProcess(
             "siwa", arguments: ["console", "--listen", listen],
             environment: ["DATABASE_URL": databaseURL, "SIWA_LOG_LEVEL": "debug"].merging(environment) { $1 })
-        let deadline = ContinuousClock.now + .seconds(60)
-        while true {
-            if let range = process.log.range(of: #"console on http://[0-9.]+:[0-9]+/"#, options: .regularExpression) {
-                let printed = String(process.log[range].dropFirst("console on ".count).dropLast())
-                // A wildcard listener is dialled on loopback.
-                base = printed.replacingOccurrences(of: "//0.0.0.0:", with: "//127.0.0.1:")
-                return
-            }
-            guard process.isRunning else { throw ServiceProcessError(message: "siwa console exited:\n\(process.log)") }
-            guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "no console line:\n\(process.log)") }
-            try await Task.sleep(for: .milliseconds(25))
+        let printed = try await process.firstLogLine("its console line") { line in
+            line.range(of: #"console on http://[0-9.]+:[0-9]+/"#, options: .regularExpression)
+                .map { String(line[$0].dropFirst("console on ".count).dropLast()) }
         }
+        // A wildcard listener is dialled on loopback.
+        base = printed.replacingOccurrences(of: "//0.0.0.0:", with: "//127.0.0.1:")
     }
 
     func stop() async { await process.stop() }

@@ -76,28 +76,20 @@ final class EndToEndStack: @unchecked Sendable {
     /// The base URL from the `fake-apple listening on http(s)://...` line.
     /// Bounded like `ServiceProcess.boundHTTPPort`: a last look after the deadline, 60 s.
     static func waitForListening(_ process: ServiceProcess, timeout: Duration = .seconds(60)) async throws -> String {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while true {
-            if let range = process.log.range(of: #"listening on https?://[0-9.]+:[0-9]+"#, options: .regularExpression) {
-                return String(process.log[range].dropFirst("listening on ".count))
-            }
-            guard process.isRunning else { throw ServiceProcessError(message: "fake-apple exited:\n\(process.log)") }
-            guard ContinuousClock.now < deadline else { break }
-            try await Task.sleep(for: .milliseconds(25))
+        try await process.firstLogLine("a listening line", timeout: timeout) { line in
+            line.range(of: #"listening on https?://[0-9.]+:[0-9]+"#, options: .regularExpression)
+                .map { String(line[$0].dropFirst("listening on ".count)) }
         }
-        throw ServiceProcessError(message: "fake-apple printed no listening line:\n\(process.log)")
     }
 
     private func waitForReceiver() async throws {
-        let deadline = ContinuousClock.now + .seconds(20)
-        while ContinuousClock.now < deadline {
-            if let (status, _) = try? await HTTP.request("GET", receiverURL + "/readyz"), status == 200 { return }
+        try await waitUntil("the receiver is ready", every: .milliseconds(50), detail: receiver.log) {
+            if let (status, _) = try? await HTTP.request("GET", receiverURL + "/readyz"), status == 200 { return true }
             for process in [receiver, worker] where !process.isRunning {
                 throw ServiceProcessError(message: "\(process.name) exited during start-up:\n\(process.log)")
             }
-            try await Task.sleep(for: .milliseconds(50))
+            return false
         }
-        throw ServiceProcessError(message: "the receiver was not ready:\n\(receiver.log)")
     }
 
     /// SIGTERM to each (worker first), then the key folder goes.

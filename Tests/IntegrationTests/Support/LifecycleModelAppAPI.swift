@@ -29,15 +29,7 @@ final class ModelAppAPI: Sendable {
         self.clientID = clientID
         self.sub = sub
         fake = world.fake
-        serving = Task { try await server.run() }
-        let deadline = ContinuousClock.now + .seconds(20)
-        while server.port == 0 {
-            guard ContinuousClock.now < deadline else {
-                serving.cancel()
-                throw HarnessError(message: "the model's app API did not start")
-            }
-            try await Task.sleep(for: .milliseconds(5))
-        }
+        serving = try await server.runInBackground()
         baseURL = "http://127.0.0.1:\(server.port)"
     }
 

@@ -166,12 +166,7 @@ final class TransferSignIn: Sendable {
             clientIDs: [TransferHarness.clientID], apple: context, pool: pool, registry: MetricsRegistry(), logger: logger,
             appleTimeout: .seconds(20), databaseTimeout: .seconds(60))
         let server = server
-        serving = Task { try await server.run() }
-        let deadline = ContinuousClock.now + .seconds(20)
-        while server.port == 0 {
-            guard ContinuousClock.now < deadline else { throw ServiceProcessError(message: "the app API did not start") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        serving = try await server.runInBackground()
     }
 
     func stop() async {
