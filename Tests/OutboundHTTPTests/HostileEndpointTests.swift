@@ -183,6 +183,35 @@ import Testing
         #expect(server.heads.count == 5)
     }
 
+    /// A burst of calls, then calls one at a time, then another burst: the second burst finds the
+    /// first's connections still open. curl's default cache kept 4 × the calls in flight, so each
+    /// call of the quiet spell closed an idle connection and the next burst opened them again (over
+    /// TLS a full handshake each: the webhook bench's https:// deliveries cost twice the CPU).
+    @Test(arguments: Scheme.allCases) func aBurstsConnectionsOutlastAQuietSpell(_ scheme: Scheme) async throws {
+        let burst = 8
+        let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        // Requests 0..<8 and 16..<24 wait for the gate, so each burst holds 8 connections at once.
+        let server = try server(scheme) { index in index / burst == 1 ? .answer(ok) : .heldUntilGateOpens(ok) }
+        defer { server.stop() }
+        // A pool of its own: other tests' calls in flight would change what curl's default keeps.
+        let client = HTTPClient.withOwnPool(extraCertificatesPEM: TLSFixture.caPEM)
+        func callAtOnce(heldUntil requests: Int) async throws {
+            try await withThrowingTaskGroup { group in
+                for _ in 0..<burst { group.addTask { try await get(server, scheme, client: client).get() } }
+                try await server.waitForRequests(requests)
+                server.openGate()
+                for try await response in group { #expect(response.status == 200) }
+            }
+            server.closeGate()
+        }
+        try await callAtOnce(heldUntil: burst)
+        for _ in 0..<burst { #expect(try await get(server, scheme, client: client).get().status == 200) }
+        try await callAtOnce(heldUntil: 3 * burst)
+        #expect(server.mostHeldAtOnce == burst)
+        #expect(server.heads.count == 3 * burst)
+        #expect(server.accepted == burst, "connections opened for \(3 * burst) calls, at most \(burst) at once")
+    }
+
     @Test func http2IsOfferedOverTLS() async throws {
         let server = try server(.https) { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") }
         defer { server.stop() }

@@ -17,7 +17,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         case silent
         /// Closes the connection without a byte of answer.
         case closeWithoutAnswer
-        /// Answers once `openGate()` was called (at most 60 s later).
+        /// Answers once the gate is open (`openGate()`; at most 60 s later).
         case heldUntilGateOpens(String)
         /// The head, then `bodyBytes` bytes of body ("x"), stopping early when the client goes.
         case endless(head: String, bodyBytes: Int)
@@ -113,6 +113,9 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
     }
 
     package func openGate() { state.withLock { $0.gateOpen = true } }
+
+    /// Holds the next `.heldUntilGateOpens` answers again, until the next `openGate()`.
+    package func closeGate() { state.withLock { $0.gateOpen = false } }
 
     /// The most requests held unanswered at the same time.
     package var mostHeldAtOnce: Int { state.withLock { $0.mostHeld } }
