@@ -206,6 +206,11 @@ struct HTTPServerTests {
                 #expect(text.hasSuffix("answer /\(index)"))
                 #expect(!text.lowercased().contains("connection: close"))
             }
+            #expect(server.connectionsAccepted == 1)
+            let another = try RawHTTPClient(port: server.port, receiveTimeout: 30)
+            another.send("GET /3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            #expect(await another.read().text.hasSuffix("answer /3"))
+            #expect(server.connectionsAccepted == 2)
         }
     }
 
