@@ -122,10 +122,12 @@ let package = Package(
         // Over TLS too, with libssl (which no product links).
         .target(name: "ScriptedHTTPServer", dependencies: ["CLibssl"], path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
         .systemLibrary(name: "CLibssl", path: "Tests/CLibssl", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
+        // SIWA_TEST_TIME_SCALE: the tests' bounds on a wait, scaled for the sanitizers' slowdown.
+        .target(name: "TestTiming", path: "Tests/TestTiming", swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "Metrics", "Settings", "SiwaModel"],
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
     ]
 )

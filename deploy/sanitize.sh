@@ -9,7 +9,7 @@ export PATH="$PATH:/opt/swift/usr/bin"
 deploy/scripts/install-deps.sh >/dev/null
 
 # The sanitizers run everything several times slower: the tests' fixed bounds on a client's wait
-# scale by SIWA_TEST_TIME_SCALE (Tests/IntegrationTests/Support/TestTimeScale.swift), and the
+# scale by SIWA_TEST_TIME_SCALE (Tests/TestTiming/TestTimeScale.swift), and the
 # model-based tests try fewer random cases (their fixed regression cases and, for each case, every
 # order they enumerate still run). Each may be set by the caller.
 export SIWA_TEST_TIME_SCALE="${SIWA_TEST_TIME_SCALE:-4}"

@@ -6,6 +6,7 @@ import JobQueue
 import Logging
 import Postgres
 import AppleJobs
+import TestTiming
 
 /// A migrated database, a fake Apple on 127.0.0.1:0 checking our client_secret against a fresh
 /// `.p8`, and the Apple handlers wired to both. Jobs are claimed with a plain UPDATE, as the
