@@ -16,4 +16,6 @@ package enum TestTimeScale {
 
     package static func scaled(_ duration: Duration) -> Duration { duration * factor }
     package static func scaled(seconds: TimeInterval) -> TimeInterval { seconds * factor }
+    /// For a `.timeLimit(.minutes(_:))` trait: whole minutes, rounded up.
+    package static func scaled(minutes: Int) -> Int { Int((Double(minutes) * factor).rounded(.up)) }
 }
