@@ -109,8 +109,8 @@ let package = Package(
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP"], swiftSettings: strict),
-        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "ScriptedHTTPServer"], swiftSettings: strict),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP", "TestTiming"], swiftSettings: strict),
+        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
                     dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
@@ -120,12 +120,14 @@ let package = Package(
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).
-        .target(name: "ScriptedHTTPServer", dependencies: ["CLibssl"], path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
+        .target(name: "ScriptedHTTPServer", dependencies: ["CLibssl", "TestTiming"], path: "Tests/ScriptedHTTPServer", swiftSettings: strict),
         .systemLibrary(name: "CLibssl", path: "Tests/CLibssl", pkgConfig: "libssl", providers: [.apt(["libssl-dev"])]),
+        // SIWA_TEST_TIME_SCALE: the tests' bounds on a wait, scaled for the sanitizers' slowdown.
+        .target(name: "TestTiming", path: "Tests/TestTiming", swiftSettings: strict),
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "Metrics", "Settings", "SiwaModel"],
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
     ]
 )

@@ -16,6 +16,8 @@ final class DaemonContext: Sendable {
     let maxBodyBytes: Int
     /// Requests with a context alive (from the first byte of headers to completion).
     let activeRequests = Atomic<Int>(0)
+    /// Connections accepted since the start.
+    let connectionsAccepted = Atomic<Int>(0)
     /// Set during shutdown: every response asks the client to close its connection.
     let closingConnections = Atomic<Bool>(false)
     /// Set once the grace period is over: requests get 503 without reaching the handler.
@@ -202,6 +204,7 @@ final class DaemonContext: Sendable {
         let daemon = Unmanaged<DaemonContext>.fromOpaque(cls).takeUnretainedValue()
         let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))
         if notification == .CONNECTION_NOTIFY_STARTED {
+            daemon.connectionsAccepted.add(1, ordering: .relaxed)
             let socket = CMicroHTTPD_connection_fd(connection)
             guard socket >= 0 else { return }
             daemon.connections.withLock { $0[key] = (socket, ContinuousClock.now) }

@@ -106,6 +106,11 @@ package final class HTTPServer: Sendable {
     /// The bound port (the real one when configured with 0); 0 when not running.
     package var port: Int { state.withLock { $0?.port ?? 0 } }
 
+    /// Connections accepted since `start()` (TLS handshakes, over HTTPS); 0 when not running.
+    package var connectionsAccepted: Int {
+        state.withLock { $0?.context.takeUnretainedValue().connectionsAccepted.load(ordering: .relaxed) ?? 0 }
+    }
+
     /// Binds, starts the thread pool, and returns once connections are accepted.
     package func start() throws {
         try state.withLock { running throws(HTTPServerError) in

@@ -23,6 +23,13 @@ final class CurlPool: @unchecked Sendable {
     private let queue = Locked(Queue())
     private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
     private static let spareLimit = 64
+    /// The connections the cache keeps, idle or not. curl's default is 4 × the transfers in the
+    /// multi when a connection comes back: after a burst of calls, every call made while few are
+    /// in flight closed an idle connection, and the next burst opened them again (over TLS a full
+    /// handshake each, CPU at both ends). A connection is opened only when none to that host is
+    /// idle, so the cache holds no more than the busiest moment needed; an idle one still goes
+    /// after curl's CURLOPT_MAXAGE_CONN (118 s without use), or when the other end closes it.
+    static let keptConnections = 1024
 
     init(trust: CurlTrust) {
         _ = Self.globalInit
@@ -30,6 +37,7 @@ final class CurlPool: @unchecked Sendable {
         guard let multi = curl_multi_init() else { fatalError("curl_multi_init failed (out of memory)") }
         self.multi = multi
         _ = CCurl_multi_setopt_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
+        _ = CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, Self.keptConnections)
         let thread = Thread { [self] in run() }
         thread.name = "siwa-http"
         thread.start()

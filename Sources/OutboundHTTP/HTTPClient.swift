@@ -27,13 +27,23 @@ package final class HTTPClient: Sendable {
         self.init(trust: CurlTrust(extraCertificatesPEM: extraCertificatesPEM, systemDirectory: systemDirectory))
     }
 
-    private init(trust: CurlTrust) {
-        pool = Self.pools.withLock { pools in
+    private convenience init(trust: CurlTrust) {
+        self.init(pool: Self.pools.withLock { pools in
             if let pool = pools[trust] { return pool }
             let pool = CurlPool(trust: trust)
             pools[trust] = pool
             return pool
-        }
+        })
+    }
+
+    private init(pool: CurlPool) {
+        self.pool = pool
+    }
+
+    /// For tests: a client whose pool (thread and connection cache) no other client shares, so
+    /// what its connections do follows from its own calls alone. The pool lives as long as the process.
+    package static func withOwnPool(extraCertificatesPEM: String?) -> HTTPClient {
+        HTTPClient(pool: CurlPool(trust: CurlTrust(extraCertificatesPEM: extraCertificatesPEM, systemDirectory: nil)))
     }
 
     /// One pool per trust, for the life of the process (a process has one or two).

@@ -4,6 +4,7 @@ import HTTPServer
 import OutboundHTTP
 import Synchronization
 import Testing
+import TestTiming
 
 @Suite("HTTPServer over libmicrohttpd")
 struct HTTPServerTests {
@@ -36,13 +37,14 @@ struct HTTPServerTests {
 
     static let client = HTTPClient()
 
-    /// `headers` of the answer by lowercased name. The timeout bounds a stuck server; no speed test.
+    /// `headers` of the answer by lowercased name. The timeout bounds a stuck server (times
+    /// `TestTimeScale`: 30 s ran out under ThreadSanitizer); no speed test.
     func send(_ method: String, _ path: String, port: Int, headers: [String: String] = [:], body: Data? = nil)
         async throws -> (status: Int, headers: [String: String], body: Data)
     {
         let response = try await Self.client.send(
             HTTPRequest(method: method, url: "http://127.0.0.1:\(port)\(path)", headers: headers.map { ($0.key, $0.value) },
-                        body: Array(body ?? Data()), timeout: .seconds(30)))
+                        body: Array(body ?? Data()), timeout: TestTimeScale.scaled(.seconds(30))))
         return (response.status, response.headers, Data(response.body))
     }
 
@@ -132,7 +134,7 @@ struct HTTPServerTests {
                 // thread, the fast one could not be served and this would time out.
                 Thread.detachNewThread {
                     usleep(50_000)
-                    let deadline = ContinuousClock.now + .seconds(2)
+                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(2))
                     while fastServed.value == 0, ContinuousClock.now < deadline { usleep(1000) }
                     respond(.text("slow"))
                 }
@@ -186,7 +188,7 @@ struct HTTPServerTests {
             server.stop()
             stopped.increment()
         }
-        let deadline = ContinuousClock.now + .seconds(60)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
         while stopped.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
         #expect(stopped.value == 1, "stop() still waits for the reaper's sleep")
     }
@@ -206,6 +208,11 @@ struct HTTPServerTests {
                 #expect(text.hasSuffix("answer /\(index)"))
                 #expect(!text.lowercased().contains("connection: close"))
             }
+            #expect(server.connectionsAccepted == 1)
+            let another = try RawHTTPClient(port: server.port, receiveTimeout: 30)
+            another.send("GET /3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            #expect(await another.read().text.hasSuffix("answer /3"))
+            #expect(server.connectionsAccepted == 2)
         }
     }
 
@@ -312,7 +319,7 @@ struct HTTPServerTests {
         let client = try RawHTTPClient(port: server.port)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         // Stop only once the handler holds the request: one the server never parsed gets no answer.
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
         while arrived.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
         #expect(arrived.value == 1)
         await Self.stop(server)

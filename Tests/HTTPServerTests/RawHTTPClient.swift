@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import TestTiming
 
 /// A blocking TCP client for what an HTTP client will not do: half requests, lying Content-Length,
 /// hand-written chunked bodies.
@@ -12,7 +13,9 @@ final class RawHTTPClient: @unchecked Sendable {
     /// -1 once closed: a second close(2) could close another test's socket that got the number.
     private(set) var fd: Int32
 
-    init(port: Int, receiveTimeout: Double = 5) throws {
+    /// `receiveTimeout` (seconds, times `TestTimeScale`) bounds each read: a server that never answers.
+    init(port: Int, receiveTimeout unscaled: Double = 5) throws {
+        let receiveTimeout = TestTimeScale.scaled(seconds: unscaled)
         #if canImport(Glibc)
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         #else

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import Logging
 import Postgres
+import TestTiming
 import Testing
 
 /// What the worker's calls to Apple will not do: follow a redirect with a secret in the body, or

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import Postgres
+import TestTiming
 import Testing
 
 /// The built `siwa` binary, run as an operator would, against real migrated databases.

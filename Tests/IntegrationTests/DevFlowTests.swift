@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Synchronization
+import TestTiming
 import Testing
 
 /// The README's promise: a new user runs `siwa dev`, pastes the printed `siwa simulate ...` line, and

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Migrations
 import Testing
+import TestTiming
 
 /// A real `siwa-receiver` against a real PostgreSQL that cannot store: not migrated, read-only,
 /// the grant revoked, the table locked. Each is the database's fault, never the notification's:

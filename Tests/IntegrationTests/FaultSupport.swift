@@ -3,6 +3,7 @@ import FakeApple
 import Foundation
 import Logging
 import Postgres
+import TestTiming
 
 #if canImport(Glibc)
     import Glibc

@@ -4,6 +4,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
+import TestTiming
 
 @Suite(.serialized) struct LifecycleDeletionTests {
     @Test func deletionHappyPath() async throws {
@@ -94,7 +95,7 @@ import Testing
     }
 
     @Test func hangingAppleTimesOutWithinTheBound() async throws {
-        try await withLifecycle { h in  // Apple calls bounded at 5 s; the injected hang lasts 30 s
+        try await withLifecycle { h in  // Apple calls bounded at 5 s; the injected hang lasts 30 s (both times TestTimeScale)
             try await h.linkAccount(sub: "001.eve")
             let jobID = try await h.requestDeletion(sub: "001.eve")
             h.fake.injectFailures(endpoint: "revoke", responses: [.timeout])
@@ -103,7 +104,8 @@ import Testing
             let result = try await h.run(jobID)
             let elapsed = clock.now - start
             #expect(result == .failed(error: "timeout"))
-            #expect(elapsed < .seconds(15))  // the 5 s bound plus the job's own queries; unbounded is 30 s
+            // The 5 s bound plus the job's own queries; unbounded is 30 s (all times TestTimeScale).
+            #expect(elapsed < TestTimeScale.scaled(.seconds(15)))
             #expect(try await h.status("001.eve") == "pending_deletion")
         }
     }

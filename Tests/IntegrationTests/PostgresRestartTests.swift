@@ -2,6 +2,7 @@ import Foundation
 import LocalPostgres
 import Logging
 import Postgres
+import TestTiming
 import Testing
 
 /// Restarts its own cluster (never the shared one other tests use).

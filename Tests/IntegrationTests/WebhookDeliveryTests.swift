@@ -6,6 +6,7 @@ import ScriptedHTTPServer
 import Testing
 import Webhooks
 import Metrics
+import TestTiming
 
 /// Webhook deliveries by a real `WebhookDispatcher` against a real PostgreSQL and a local sink that
 /// checks every signature with a verifier of its own.

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Postgres
+import TestTiming
 
 /// Helpers for the worker tests: queue notifications the way the receiver stores them, run real
 /// `siwa-worker` processes, and poll the database (never sleep-and-hope).

@@ -2,12 +2,14 @@ import Foundation
 import OutboundHTTP
 import ScriptedHTTPServer
 import Testing
+import TestTiming
 
 /// The client against an endpoint that answers byte for byte as each test scripts it, over plain
 /// HTTP and over real TLS (the test CA trusted as `SIWA_CA_FILE` would be): every shape an answer
 /// may take is an answer or one `HTTPFailure`, never a crash, and no call holds more than 1 MiB.
 /// No test asserts how long anything took; the suite's limit only turns a hang into a failure.
-@Suite(.timeLimit(.minutes(2))) struct HostileEndpointTests {
+/// Bounds on a wait scale by `TestTimeScale` (the sanitizers' slowdown).
+@Suite(.timeLimit(.minutes(TestTimeScale.scaled(minutes: 2)))) struct HostileEndpointTests {
     enum Scheme: String, CaseIterable, Sendable { case http, https }
 
     let client = HTTPClient(extraCertificatesPEM: TLSFixture.caPEM)
@@ -17,7 +19,7 @@ import Testing
     }
 
     func get(_ server: ScriptedHTTPServer, _ scheme: Scheme, host: String = "127.0.0.1", path: String = "/x",
-             timeout: Duration = .seconds(20), limit: HTTPBodyLimit = .whole(), client: HTTPClient? = nil)
+             timeout: Duration = TestTimeScale.scaled(.seconds(20)), limit: HTTPBodyLimit = .whole(), client: HTTPClient? = nil)
         async -> Result<HTTPResponse, HTTPFailure>
     {
         let request = HTTPRequest(method: "GET", url: "\(scheme.rawValue)://\(host):\(server.port)\(path)", timeout: timeout, bodyLimit: limit)
@@ -83,17 +85,20 @@ import Testing
     }
 
     @Test(arguments: Scheme.allCases) func trickledBytesEndAtTheTimeout(_ scheme: Scheme) async throws {
+        let trickled = Int(400 * TestTimeScale.factor)  // 16 s of body at normal speed
         let server = try server(scheme) { index in
             index == 0
                 ? .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", interval: .milliseconds(400))
-                : .trickle(String(repeating: "z", count: 400), interval: .milliseconds(40), afterHead: "HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
+                : .trickle(String(repeating: "z", count: trickled), interval: .milliseconds(40),
+                           afterHead: "HTTP/1.1 200 OK\r\nContent-Length: \(trickled)\r\n\r\n")
         }
         defer { server.stop() }
         let inHead = try #require(failureOf(await get(server, scheme, timeout: .seconds(1))))
         #expect(inHead.kind == .timeout)
         #expect(inHead.status == nil)
-        // Long enough for a handshake on a loaded machine, far shorter than the 16 s of trickle.
-        let inBody = try #require(failureOf(await get(server, scheme, timeout: .seconds(8))))
+        // Long enough for a handshake on a loaded machine, far shorter than the 16 s of trickle
+        // (both times `TestTimeScale`: under ThreadSanitizer 8 s did not see the head).
+        let inBody = try #require(failureOf(await get(server, scheme, timeout: TestTimeScale.scaled(.seconds(8)))))
         #expect(inBody.kind == .timeout)
         #expect(inBody.status == 200)
     }
@@ -181,6 +186,35 @@ import Testing
         for _ in 0..<5 { #expect(try await get(server, scheme).get().status == 200) }
         #expect(server.accepted == 1)
         #expect(server.heads.count == 5)
+    }
+
+    /// A burst of calls, then calls one at a time, then another burst: the second burst finds the
+    /// first's connections still open. curl's default cache kept 4 × the calls in flight, so each
+    /// call of the quiet spell closed an idle connection and the next burst opened them again (over
+    /// TLS a full handshake each: the webhook bench's https:// deliveries cost twice the CPU).
+    @Test(arguments: Scheme.allCases) func aBurstsConnectionsOutlastAQuietSpell(_ scheme: Scheme) async throws {
+        let burst = 8
+        let ok = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        // Requests 0..<8 and 16..<24 wait for the gate, so each burst holds 8 connections at once.
+        let server = try server(scheme) { index in index / burst == 1 ? .answer(ok) : .heldUntilGateOpens(ok) }
+        defer { server.stop() }
+        // A pool of its own: other tests' calls in flight would change what curl's default keeps.
+        let client = HTTPClient.withOwnPool(extraCertificatesPEM: TLSFixture.caPEM)
+        func callAtOnce(heldUntil requests: Int) async throws {
+            try await withThrowingTaskGroup { group in
+                for _ in 0..<burst { group.addTask { try await get(server, scheme, client: client).get() } }
+                try await server.waitForRequests(requests)
+                server.openGate()
+                for try await response in group { #expect(response.status == 200) }
+            }
+            server.closeGate()
+        }
+        try await callAtOnce(heldUntil: burst)
+        for _ in 0..<burst { #expect(try await get(server, scheme, client: client).get().status == 200) }
+        try await callAtOnce(heldUntil: 3 * burst)
+        #expect(server.mostHeldAtOnce == burst)
+        #expect(server.heads.count == 3 * burst)
+        #expect(server.accepted == burst, "connections opened for \(3 * burst) calls, at most \(burst) at once")
     }
 
     @Test func http2IsOfferedOverTLS() async throws {

@@ -4,6 +4,7 @@
     import Darwin
 #endif
 import Foundation
+import TestTiming
 
 /// A TCP server on 127.0.0.1 that reads each request (head and Content-Length body) and writes
 /// the bytes `script` gives for it (numbered across connections), then closes if told to. Over TLS
@@ -17,7 +18,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
         case silent
         /// Closes the connection without a byte of answer.
         case closeWithoutAnswer
-        /// Answers once `openGate()` was called (at most 60 s later).
+        /// Answers once the gate is open (`openGate()`; at most 60 s later, times `TestTimeScale`).
         case heldUntilGateOpens(String)
         /// The head, then `bodyBytes` bytes of body ("x"), stopping early when the client goes.
         case endless(head: String, bodyBytes: Int)
@@ -114,21 +115,24 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
 
     package func openGate() { state.withLock { $0.gateOpen = true } }
 
+    /// Holds the next `.heldUntilGateOpens` answers again, until the next `openGate()`.
+    package func closeGate() { state.withLock { $0.gateOpen = false } }
+
     /// The most requests held unanswered at the same time.
     package var mostHeldAtOnce: Int { state.withLock { $0.mostHeld } }
 
-    /// Waits (bounded) until `count` requests were read.
+    /// Waits (30 s at most, times `TestTimeScale`) until `count` requests were read.
     package func waitForRequests(_ count: Int) async throws {
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
         while state.withLock({ $0.heads.count }) < count {
             guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
             try await Task.sleep(for: .milliseconds(10))
         }
     }
 
-    /// Waits (bounded) until `count` connections were closed by the server.
+    /// Waits (10 s at most, times `TestTimeScale`) until `count` connections were closed by the server.
     package func waitForClosed(_ count: Int) async throws {
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
         while state.withLock({ $0.closed }) < count {
             guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
             try await Task.sleep(for: .milliseconds(10))
@@ -204,7 +208,7 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
                     state.held += 1
                     state.mostHeld = max(state.mostHeld, state.held)
                 }
-                let deadline = Date().addingTimeInterval(60)
+                let deadline = Date().addingTimeInterval(TestTimeScale.scaled(seconds: 60))
                 while !state.withLock({ $0.gateOpen }), Date() < deadline { usleep(5_000) }
                 state.withLock { $0.held -= 1 }
                 _ = write(Array(text.utf8))

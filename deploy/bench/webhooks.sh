@@ -144,7 +144,7 @@ db_counts() {
         coalesce((SELECT calls FROM pg_stat_user_functions WHERE funcname = 'finish_webhook_deliveries'), 0)" | tr '|' ' '
 }
 
-burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy_% commits wal_flushes claims writes" (per delivery)
+burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy_% commits wal_flushes claims writes connections" (per delivery; connections: the sink accepted in all)
     reset; queue "$changes"
     local c0; read -r -a c0 <<<"$(db_counts)"
     local pg0 sink0 t0; pg0=$(pg_cpu_s); sink0=$(cpu_s "$sink_pid"); read -r -a t0 <<<"$(ticks)"
@@ -161,11 +161,12 @@ burn_down() {  # burn_down WORKERS -> "deliveries/s worker_us sink_us pg_us busy
     done
     stop_workers
     check_books "$changes"
+    local connections; connections=$(field "$(stats)" connections)
     sleep 0.5  # the workers' backends report their counts as they exit
     local c1; read -r -a c1 <<<"$(db_counts)"
     python3 -c "n = $changes; print(round(n / ($ended - $began)), round($worker_cpu * 1e6 / n), round(($sink1 - $sink0) * 1e6 / n),
         round(($pg1 - $pg0) * 1e6 / n), round(100 * (${t1[0]} - ${t0[0]}) / max(${t1[1]} - ${t0[1]}, 1)),
-        *(f'{(b - a) / n:.3f}' for a, b in zip([$(IFS=,; echo "${c0[*]}")], [$(IFS=,; echo "${c1[*]}")])))"
+        *(f'{(b - a) / n:.3f}' for a, b in zip([$(IFS=,; echo "${c0[*]}")], [$(IFS=,; echo "${c1[*]}")])), $connections)"
 }
 
 raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
@@ -234,7 +235,7 @@ SQL
     check_books "$total"
     split_delay >"$PG_DIR/split.txt"
     local s; s=$(stats)
-    echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total"
+    echo "$(field "$s" "round(delay_ms['p50'], 2)") $(field "$s" "round(delay_ms['p99'], 2)") $total $(field "$s" connections)"
 }
 
 echo "bench: $changes changes over $accounts accounts each burn-down run; load at start:$(uptime | sed 's/.*load average://')"
@@ -242,6 +243,7 @@ echo "bench: deliveries go through the libcurl client (Sources/OutboundHTTP), ke
 cpu_line() {
     echo "CPU per delivery: worker(s) $2 us, sink $3 us, PostgreSQL $4 us; machine busy $5%"
     echo "      per delivery: $6 commits, $7 WAL flushes, $8 claims, $9 result writes (a claim carries $(python3 -c "print(round(1 / max($8, 1e-9), 1))") on average)"
+    echo "      connections the sink accepted: ${10} (TLS handshakes over https; 3 are the bench's own stats calls)"
 }
 raw1=$(raw 1);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 1 connection:  $raw1 deliveries/s"
 raw2=$(raw 2);       echo "  peer: claim + finish SQL only (pgbench, no HTTP), 2 connections: $raw2 deliveries/s"
@@ -253,8 +255,8 @@ for scheme in $schemes; do
     read -r -a one <<<"$(burn_down 1)"; echo "  [$scheme] burn-down, 1 worker process:   ${one[0]} deliveries/s; $(cpu_line "${one[@]}")"
     read -r -a two <<<"$(burn_down 2)"; echo "  [$scheme] burn-down, 2 worker processes: ${two[0]} deliveries/s; $(cpu_line "${two[@]}")"
     one=("${one[@]:0:5}"); two=("${two[@]:0:5}")
-    read -r p50 p99 count < <(delay)
-    echo "  [$scheme] delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms"
+    read -r p50 p99 count connections < <(delay)
+    echo "  [$scheme] delay at $rate changes/s for ${rate_seconds}s ($count changes, 1 worker): p50 $p50 ms, p99 $p99 ms; the sink accepted $connections connections"
     echo "    split at the change's commit: $(cat "$PG_DIR/split.txt")"
     summaries+=("$scheme|${one[*]}|${two[*]}|$p50|$p99")
 done

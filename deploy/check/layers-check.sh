@@ -19,7 +19,7 @@ import json, os, re, sys
 LAYERS = [
     ("C wrapper", "CLibpq COpenSSL CMicroHTTPD CCurl CLibssl"),
     ("building block", "Logging Locking Postgres CryptoCore HTTPServer OutboundHTTP JSON JOSE LocalPostgres"
-                       " Metrics Settings Lifecycle ScriptedHTTPServer"),
+                       " Metrics Settings Lifecycle ScriptedHTTPServer TestTiming"),
     ("domain", "SiwaModel AppleClient JobQueue Migrations"),
     ("application", "AppleJobs AppAPI Webhooks TeamTransfer ReceiverCore WorkerCore Console FakeApple"),
     ("executable", "siwa-receiver siwa-worker siwa SiwaFuzz embed-sql"),

@@ -10,7 +10,8 @@ import Lifecycle
 /// a local receiver (over `https://` when given a certificate and key) to try the worker
 /// against (and the benchmark's sink). Checks every signature with SIWA_WEBHOOK_SECRET, answers
 /// 204 at once (401 to a bad signature), prints a line per delivery (unless `--quiet`), and serves `GET /stats`: counts,
-/// bad signatures, repeats, per-account order breaks, and commit-to-delivery delay percentiles
+/// bad signatures, repeats, per-account order breaks, connections accepted (so TLS handshakes, over
+/// `https://`; the stats calls' own included), and commit-to-delivery delay percentiles
 /// (`POST /stats/reset` starts over; `GET /stats/deliveries` lists `change id,received at` in Unix
 /// seconds, for a benchmark to split each delay at the change's commit; `GET /stats/wait?verified=N&seconds=S` answers the stats once
 /// N deliveries were verified, or after S seconds: a benchmark waits without polling, so its
@@ -69,6 +70,7 @@ enum WebhookSinkCommand {
         }
         let scheme = tls == nil ? "http" : "https"
         FileHandle.standardOutput.write(Data("webhook sink listening on \(scheme)://\(listen.host):\(server.port)/\n".utf8))
+        books.countConnections { server.connectionsAccepted }
         _ = await Termination.wait()
         server.stop()
         FileHandle.standardOutput.write(Data((books.statsJSON() + "\n").utf8))
@@ -79,6 +81,8 @@ enum WebhookSinkCommand {
 /// What the sink saw. Delays are kept (up to a million) for percentiles.
 final class SinkBooks: Sendable {
     private struct State {
+        /// Connections the server had accepted at the last reset (`connections` counts from there).
+        var connectionsAtReset = 0
         var received = 0
         var verified = 0
         var badSignature = 0
@@ -95,10 +99,19 @@ final class SinkBooks: Sendable {
     }
 
     private let state = Locked(State())
+    /// The server's count of accepted connections, once it runs.
+    private let acceptedConnections = Locked<(@Sendable () -> Int)?>(nil)
+
+    func countConnections(_ accepted: @escaping @Sendable () -> Int) {
+        acceptedConnections.withLock { $0 = accepted }
+    }
+
+    private var connectionsAccepted: Int { acceptedConnections.withLock { $0 }?() ?? 0 }
 
     func reset() {
+        let accepted = connectionsAccepted
         let waiting = state.withLock { state in
-            defer { state = State() }
+            defer { state = State(connectionsAtReset: accepted) }
             return state.waiters
         }
         for waiter in waiting { waiter.answer(statsJSON()) }
@@ -175,6 +188,7 @@ final class SinkBooks: Sendable {
     }
 
     func statsJSON() -> String {
+        let accepted = connectionsAccepted
         let snapshot = state.withLock { $0 }
         let sorted = snapshot.delays.sorted()
         func percentile(_ p: Double) -> Double {
@@ -185,6 +199,7 @@ final class SinkBooks: Sendable {
         return """
             {"received":\(snapshot.received),"verified":\(snapshot.verified),"bad_signature":\(snapshot.badSignature),\
             "repeats":\(snapshot.repeats),"out_of_order":\(snapshot.outOfOrder),"span_seconds":\(span),\
+            "connections":\(accepted - snapshot.connectionsAtReset),\
             "delay_ms":{"count":\(sorted.count),"p50":\(percentile(0.5)),"p99":\(percentile(0.99)),"max":\(percentile(1))}}
             """
     }

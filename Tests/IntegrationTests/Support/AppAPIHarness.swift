@@ -9,6 +9,7 @@ import AppAPI
 import AppleJobs
 import Settings
 import Metrics
+import TestTiming
 
 /// The app API in process over a `LifecycleHarness` (migrated database, fake Apple checking our
 /// client_secret): served on 127.0.0.1:0 with the handlers' own Apple context, logging at debug

@@ -1,5 +1,6 @@
 import Foundation
 import OutboundHTTP
+import TestTiming
 import Testing
 
 /// `siwa console` as a real process, and the HTTP a browser would speak to it: cookies and

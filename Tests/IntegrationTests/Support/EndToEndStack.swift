@@ -2,6 +2,7 @@ import CryptoCore
 import FakeApple
 import Foundation
 import Postgres
+import TestTiming
 
 
 /// The whole stack as real processes: `siwa fake-apple` (checking client_secret signatures against a

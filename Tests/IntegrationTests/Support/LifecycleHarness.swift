@@ -6,6 +6,7 @@ import JobQueue
 import Logging
 import Postgres
 import AppleJobs
+import TestTiming
 
 /// A migrated database, a fake Apple on 127.0.0.1:0 checking our client_secret against a fresh
 /// `.p8`, and the Apple handlers wired to both. Jobs are claimed with a plain UPDATE, as the
@@ -29,10 +30,10 @@ final class LifecycleHarness: Sendable {
     let settings: AppleSettings
 
     /// `timeout` bounds each Apple call (times `TestTimeScale`); `hang` is how long an injected
-    /// `.timeout` holds its answer, far longer than `timeout` (30 s against 5 s, or 20 s at the
-    /// sanitizers' ×4), so only a working client-side bound can end the call in time.
+    /// `.timeout` holds its answer, far longer than `timeout` (30 s against 5 s, both times
+    /// `TestTimeScale` by default), so only a working client-side bound can end the call in time.
     init(
-        timeout: Duration = .seconds(5), hang: Duration = .seconds(30), tokenKeys: String? = nil,
+        timeout: Duration = .seconds(5), hang: Duration = TestTimeScale.scaled(.seconds(30)), tokenKeys: String? = nil,
         logger: Logger? = nil, poolSize: Int = 2
     ) async throws {
         let logger = logger ?? Logger(label: "lifecycle-test", level: .warning)

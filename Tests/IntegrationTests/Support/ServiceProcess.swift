@@ -1,5 +1,6 @@
 import Foundation
 import LocalPostgres
+import TestTiming
 
 /// One of our executables (`siwa-receiver`, `siwa-worker`, `siwa`) run as a real child process,
 /// with its stderr (JSON log lines) captured to a file the test can read.

@@ -3,6 +3,7 @@ import Foundation
 import HTTPServer
 import JOSE
 import OutboundHTTP
+import TestTiming
 
 /// Stands in for Apple's key endpoint (`/auth/keys`) and signs notifications the way Apple does.
 /// Its key set can be changed mid-test (rotation) and the endpoint taken down (outage).

@@ -1,22 +1,5 @@
 import Foundation
-
-/// How much slower than usual this run may be: `SIWA_TEST_TIME_SCALE` (a number ≥ 1, default 1).
-/// `deploy/sanitize.sh` sets it, since ThreadSanitizer runs the tests, the in-process fake Apple and
-/// the child processes several times slower. A fixed bound on a client's wait (an HTTP timeout,
-/// the Apple calls' timeout) is written for normal speed and scaled by this, so a sanitizer run does
-/// not fail on time alone and a normal run keeps its bounds tight. Durations a test asserts on are
-/// not scaled: only bounds that exist so nothing waits forever.
-enum TestTimeScale {
-    static let factor: Double = {
-        guard let text = ProcessInfo.processInfo.environment["SIWA_TEST_TIME_SCALE"], let value = Double(text),
-            value >= 1
-        else { return 1 }
-        return value
-    }()
-
-    static func scaled(_ duration: Duration) -> Duration { duration * factor }
-    static func scaled(seconds: TimeInterval) -> TimeInterval { seconds * factor }
-}
+import TestTiming
 
 /// Polls `condition` every `interval` until it holds: the tests' one bounded wait. `timeout` is a
 /// bound for a hang (scaled by `TestTimeScale`), never a speed requirement; the condition gets one
