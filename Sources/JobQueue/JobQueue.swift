@@ -213,16 +213,24 @@ package struct JobQueue: Sendable {
         try await pool.withConnection { try await Self.complete(job, outcome: outcome, on: $0) }
     }
 
-    /// Records the error; back to `available` after `retryIn`, or `discarded` when `discard`.
-    package func fail(_ job: Job, error: String, retryIn: Duration, discard: Bool) async throws -> Bool {
+    /// Records the error (`siwa.fail_jobs`, sql/functions/queue.sql: the one way a job fails), and
+    /// `siwa.job_retry` decides what follows: back to `available` after the backoff of `policy`
+    /// (`retryAfter` a floor), or `discarded` once the job's failures reach its max_attempts or at once
+    /// when `discard`. Returns what it wrote; nil when the lease was lost.
+    package func fail(
+        _ job: Job, error: String, retryAfter: Duration?, discard: Bool, policy: RetryPolicy
+    ) async throws -> JobWritten? {
         try await pool.withConnection { connection in
-            // `siwa.fail_jobs` (sql/functions/queue.sql): the one way a job fails.
-            try await connection.query(
+            let rows = try await connection.query(
                 """
-                SELECT count(*)::int FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
-                                                         ARRAY[\(error)]::text[], ARRAY[\(retryIn.seconds)]::float8[],
-                                                         ARRAY[\(discard)]::boolean[])
-                """)[0].decode(Int.self, at: 0) == 1
+                SELECT state, retry_in
+                  FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
+                                      ARRAY[\(error)]::text[], ARRAY[\(retryAfter?.seconds)]::float8[],
+                                      ARRAY[\(discard)]::boolean[], \(policy.base.seconds), \(policy.cap.seconds))
+                """)
+            guard let row = rows.first else { return nil }
+            guard try row.decode(String.self, column: "state") == "available" else { return .discarded }
+            return .retried(after: .milliseconds(Int64(try row.decode(Double.self, column: "retry_in") * 1000)))
         }
     }
 
@@ -238,14 +246,16 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// Writes what `JobLifecycle.decide` chose. Returns false when the lease was lost.
-    package func apply(_ action: JobAction, to job: Job) async throws -> Bool {
+    /// Writes what `JobLifecycle.decide` chose, a failure's backoff drawn from `policy`. Returns what
+    /// the job became; nil when the lease was lost.
+    package func apply(_ action: JobAction, to job: Job, policy: RetryPolicy) async throws -> JobWritten? {
         switch action {
-        case .nothing: true
-        case .complete(let outcome): try await complete(job, outcome: outcome)
-        case .retry(let error, let delay): try await fail(job, error: error, retryIn: delay, discard: false)
-        case .discard(let error): try await fail(job, error: error, retryIn: .zero, discard: true)
-        case .snooze(_, let duration): try await snooze(job, for: duration)
+        case .nothing: .completed
+        case .complete(let outcome): try await complete(job, outcome: outcome) ? .completed : nil
+        case .fail(let error, let retryAfter):
+            try await fail(job, error: error, retryAfter: retryAfter, discard: false, policy: policy)
+        case .discard(let error): try await fail(job, error: error, retryAfter: nil, discard: true, policy: policy)
+        case .snooze(_, let duration): try await snooze(job, for: duration) ? .snoozed : nil
         }
     }
 

@@ -445,7 +445,7 @@ extension LifecycleRulesTests {
             let queue = JobQueue(pool: h.pool)
             let first = try await h.link(sub: "001.disc", code: "c0de-1")
             let job = try await h.claim(first)
-            #expect(try await queue.fail(job, error: "database_error", retryIn: .zero, discard: true))
+            #expect(try await queue.fail(job, error: "database_error", retryAfter: nil, discard: true, policy: RetryPolicy()) == .discarded)
             #expect(try await h.jobRow(first).state == "discarded")
             #expect(try await !h.jobRow(first).args.contains("code"))
 
