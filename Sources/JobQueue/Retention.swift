@@ -1,7 +1,11 @@
 package import Postgres
 
 /// How long each kind of row is kept, and the one pass that deletes what outlived its purpose. The
-/// worker runs `run(on:)` every few minutes; an advisory lock lets one worker at a time do it.
+/// worker runs `run(on:)` every few minutes; an advisory lock lets one worker at a time do it. Each
+/// kind of row is pruned by its owner: the queue's own finished jobs by `JobQueue`, the rest by
+/// SQL functions called by name (`siwa.prune_notifications`, `siwa.scrub_discarded_notifications`,
+/// `siwa.prune_rejections` in sql/functions/notifications.sql, `siwa.prune_account_changes` in
+/// accounts.sql).
 package struct Retention: Sendable {
     /// Completed and cancelled jobs (`SIWA_COMPLETED_JOB_RETENTION`).
     package var completedJobs: Duration
@@ -12,6 +16,8 @@ package struct Retention: Sendable {
     package static let rejections: Duration = .seconds(2 * 86_400)
     /// The advisory lock key of the pass (any value no other lock of ours uses).
     package static let lockKey: Int64 = 0x5_1_1A_0002
+    /// At most this many rows of each kind a pass.
+    package static let batch = 10_000
 
     package init(completedJobs: Duration, days: Int) {
         self.completedJobs = completedJobs
@@ -31,7 +37,7 @@ package struct Retention: Sendable {
         }
     }
 
-    /// One pass in one transaction (at most 10,000 rows of each kind); nil when another worker's
+    /// One pass in one transaction (at most `batch` rows of each kind); nil when another worker's
     /// pass holds the lock.
     package func run(on pool: PostgresPool) async throws -> Removed? {
         let age: Duration = .seconds(Int64(days) * 86_400)
@@ -39,78 +45,36 @@ package struct Retention: Sendable {
             try await connection.withTransaction { connection -> Removed? in
                 let lock = try await connection.query("SELECT pg_try_advisory_xact_lock(\(Self.lockKey)) AS locked")
                 guard try lock.first?.decode(Bool.self, column: "locked") == true else { return nil }
+                func count(_ query: PostgresQuery) async throws -> Int { try await connection.query(query)[0].decode(Int.self, at: 0) }
                 return Removed(
-                    jobs: try await connection.execute(Self.pruneCompletedQuery(olderThan: completedJobs)),
-                    notifications: try await connection.execute(Self.pruneNotificationsQuery(olderThan: age)),
-                    rejections: try await connection.execute(Self.pruneRejectionsQuery(olderThan: Self.rejections)),
-                    accountChanges: try await connection.execute(Self.pruneAccountChangesQuery(olderThan: age)),
-                    discardedNotificationsScrubbed: try await connection.execute(
-                        Self.scrubDiscardedNotificationsQuery(olderThan: age)))
+                    jobs: try await connection.execute(JobQueue.pruneCompletedQuery(olderThan: completedJobs, batch: Self.batch)),
+                    notifications: try await count(Self.pruneNotificationsQuery(olderThan: age)),
+                    rejections: try await count(Self.pruneRejectionsQuery(olderThan: Self.rejections)),
+                    accountChanges: try await count(Self.pruneAccountChangesQuery(olderThan: age)),
+                    discardedNotificationsScrubbed: try await count(Self.scrubDiscardedNotificationsQuery(olderThan: age)))
             }
         }
     }
 
-    /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows.
-    package static func pruneCompletedQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        DELETE FROM siwa.jobs WHERE id IN (
-            SELECT id FROM siwa.jobs
-             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
-               AND state IN ('completed', 'cancelled')
-             LIMIT \(batch))
-        """
+    /// Notifications processed before now - `age`, with their completed or cancelled jobs
+    /// (`siwa.prune_notifications`). Returns one row: how many.
+    package static func pruneNotificationsQuery(olderThan age: Duration, batch: Int = batch) -> PostgresQuery {
+        "SELECT siwa.prune_notifications(\(age.seconds), \(batch)::integer)"
     }
 
-    /// Deletes notifications processed before now - `age` (at most `batch`), with their completed or
-    /// cancelled jobs, in one statement. Discarded jobs are kept (an operator may still retry them;
-    /// the effect then reports `missing`).
-    package static func pruneNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        WITH victims AS (
-            SELECT jti FROM siwa.notifications
-             WHERE processed_at < now() - make_interval(secs => \(age.seconds))
-             LIMIT \(batch)
-        ), jobs AS (
-            DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
-               AND state IN ('completed', 'cancelled')
-        )
-        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims)
-        """
+    /// Change rows older than `age` whose webhook delivery is not owed (`siwa.prune_account_changes`).
+    package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = batch) -> PostgresQuery {
+        "SELECT siwa.prune_account_changes(\(age.seconds), \(batch)::integer)"
     }
 
-    /// Change rows older than `age` (the app reads them as they come; `SIWA_RETENTION_DAYS`),
-    /// except those whose webhook delivery is still owed (queued, in flight, or discarded and
-    /// waiting for `siwa jobs retry`): pruning them would turn the delivery into a lost change.
-    package static func pruneAccountChangesQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        DELETE FROM siwa.account_changes WHERE id IN (
-            SELECT c.id FROM siwa.account_changes c
-             WHERE c.created_at < now() - make_interval(secs => \(age.seconds))
-               AND NOT EXISTS (
-                   SELECT 1 FROM siwa.jobs j
-                    WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
-                      AND j.client_id = c.client_id AND j.sub = c.sub
-                      AND (j.args->>'change_id')::bigint = c.id)
-             LIMIT \(batch))
-        """
+    /// The personal data of notifications whose job was discarded before now - `age`
+    /// (`siwa.scrub_discarded_notifications`).
+    package static func scrubDiscardedNotificationsQuery(olderThan age: Duration, batch: Int = batch) -> PostgresQuery {
+        "SELECT siwa.scrub_discarded_notifications(\(age.seconds), \(batch)::integer)"
     }
 
-    /// Notifications whose job was discarded more than `age` ago stay (an operator may still retry
-    /// them) without their personal data: email, the signed token, the events claim.
-    package static func scrubDiscardedNotificationsQuery(olderThan age: Duration, batch: Int = 10_000) -> PostgresQuery {
-        """
-        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
-          FROM (SELECT j.notification_jti FROM siwa.jobs j
-                 WHERE j.finalized_at < now() - make_interval(secs => \(age.seconds))
-                   AND j.state = 'discarded' AND j.kind = 'notification'
-                 LIMIT \(batch)) d
-         WHERE n.jti = d.notification_jti
-           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
-        """
-    }
-
-    /// Per-minute rejection counters older than `age`.
+    /// Per-minute rejection counters older than `age` (`siwa.prune_rejections`).
     package static func pruneRejectionsQuery(olderThan age: Duration) -> PostgresQuery {
-        "DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => \(age.seconds))"
+        "SELECT siwa.prune_rejections(\(age.seconds))"
     }
 }

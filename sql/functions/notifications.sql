@@ -357,7 +357,55 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
        AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
 $$;
 
--- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).
+-- Retention (the worker's pass, SIWA_RETENTION_DAYS), at most p_batch rows a call, each returning
+-- how many rows it changed.
+-- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs, in
+-- one statement. Discarded jobs are kept (an operator may still retry them; the effect then
+-- reports `missing`).
+CREATE OR REPLACE FUNCTION siwa.prune_notifications(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH victims AS (
+        SELECT jti FROM siwa.notifications
+         WHERE processed_at < now() - make_interval(secs => p_age_seconds)
+         LIMIT p_batch
+    ), jobs AS (
+        DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
+           AND state IN ('completed', 'cancelled')
+    ), pruned AS (
+        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims) RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
+-- Notifications whose job was discarded more than p_age_seconds ago stay (an operator may still
+-- retry them) without their personal data: email, the signed token, the events claim.
+CREATE OR REPLACE FUNCTION siwa.scrub_discarded_notifications(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH scrubbed AS (
+        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
+          FROM (SELECT j.notification_jti FROM siwa.jobs j
+                 WHERE j.finalized_at < now() - make_interval(secs => p_age_seconds)
+                   AND j.state = 'discarded' AND j.kind = 'notification'
+                 LIMIT p_batch) d
+         WHERE n.jti = d.notification_jti
+           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM scrubbed
+$$;
+
+-- The receiver's per-minute rejection counters older than p_age_seconds (`siwa status` shows the last hour).
+CREATE OR REPLACE FUNCTION siwa.prune_rejections(p_age_seconds double precision) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => p_age_seconds) RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
+-- Privileges: the worker applies effects and prunes; nobody else (see queue.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -365,7 +413,9 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             siwa.notification_outcome(siwa.account_effect, text, timestamptz, timestamptz, timestamptz, text),
             siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
-            siwa.erase_personal_data(text, text)
+            siwa.erase_personal_data(text, text),
+            siwa.prune_notifications(double precision, integer),
+            siwa.scrub_discarded_notifications(double precision, integer), siwa.prune_rejections(double precision)
            TO siwa_worker;
     END IF;
 END
