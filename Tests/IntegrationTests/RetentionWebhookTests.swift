@@ -2,6 +2,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
+import WorkerCore
 
 /// Retention and webhooks interleaved: a change whose delivery is still owed outlives
 /// `SIWA_RETENTION_DAYS`, or its webhook would find nothing to send.

@@ -1,3 +1,5 @@
+internal import JobQueue
+internal import Metrics
 package import Postgres
 
 /// How long each kind of row is kept, and the one pass that deletes what outlived its purpose. The
