@@ -357,6 +357,34 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
        AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
 $$;
 
+-- The receiver's one write: a batch of verified notifications in one statement (its group commit:
+-- concurrent requests share it), one array per column, bound as text: p_email '' is none,
+-- p_is_private_email 't', 'f' or '' (none), p_event_ms milliseconds since the epoch. A jti stored
+-- already is left as it was (Apple redelivers). The statement trigger queues their jobs in the same
+-- statement (siwa.queue_notification_jobs: held for a siwa_receiver login). Runs as the caller
+-- (no SECURITY DEFINER): the receiver's role keeps exactly its column privileges
+-- (006_hardening.sql) and gains only EXECUTE on this function. plpgsql, so the INSERT is planned
+-- once a session. Returns the jti of each row stored: `SELECT FROM siwa.store_notifications(...)`
+-- reports their count as the statement's row count, without sending them.
+CREATE OR REPLACE FUNCTION siwa.store_notifications(
+    p_jti text[], p_client_id text[], p_sub text[], p_event_type text[], p_event_ms bigint[],
+    p_email text[], p_is_private_email text[], p_claims text[], p_jws text[]
+) RETURNS TABLE (jti text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    INSERT INTO siwa.notifications AS n
+        (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+    SELECT t.jti, t.client_id, t.sub, t.event_type, to_timestamp(t.event_ms::float8 / 1000), nullif(t.email, ''),
+           nullif(t.private, '')::boolean, t.claims::jsonb, t.jws
+      FROM unnest(p_jti, p_client_id, p_sub, p_event_type, p_event_ms, p_email, p_is_private_email, p_claims, p_jws)
+        AS t(jti, client_id, sub, event_type, event_ms, email, private, claims, jws)
+    ON CONFLICT (jti) DO NOTHING
+    RETURNING n.jti;
+END
+$$;
+
 -- Retention (the worker's pass, SIWA_RETENTION_DAYS), at most p_batch rows a call, each returning
 -- how many rows it changed.
 -- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs, in
@@ -405,7 +433,7 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pruned
 $$;
 
--- Privileges: the worker applies effects and prunes; nobody else (see queue.sql on PUBLIC).
+-- Privileges: the worker applies effects and prunes; the receiver stores (see queue.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -417,6 +445,18 @@ BEGIN
             siwa.prune_notifications(double precision, integer),
             siwa.scrub_discarded_notifications(double precision, integer), siwa.prune_rejections(double precision)
            TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_receiver') THEN
+        GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
+                                                           text[], text[])
+           TO siwa_receiver;
+        -- and to the worker, which may write notifications anyway: 003's grant of every function
+        -- to it, re-run by a DBA, then changes nothing.
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+            GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
+                                                               text[], text[])
+               TO siwa_worker;
+        END IF;
     END IF;
 END
 $$;
