@@ -111,7 +111,10 @@ package struct ReconcileScheduler: Sendable {
 
     /// Queues at most `batchSize` jobs; returns how many.
     package func queueBatch() async throws -> Int {
-        try await JobQueue(pool: pool).queueReconciles(limit: batchSize)
+        // `siwa.queue_reconciles` (sql/functions/accounts.sql): which accounts are due is the account rules'.
+        try await pool.withConnection { connection in
+            try await connection.query("SELECT siwa.queue_reconciles(\(batchSize)::integer)")[0].decode(Int.self, at: 0)
+        }
     }
 
     /// One batch per `interval` until cancelled; errors are logged and retried next time.

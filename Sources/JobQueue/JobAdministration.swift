@@ -69,11 +69,8 @@ package struct JobAdministration: Sendable {
     }
 
     // The revoke of an account still pending deletion: cancelling it would drop the deletion.
-    private static let pendingDeletionRevokeSQL = """
-        (j.kind = 'revoke' AND EXISTS (
-            SELECT 1 FROM siwa.accounts a
-             WHERE a.client_id = j.client_id AND a.sub = j.sub AND a.status = 'pending_deletion'))
-        """
+    /// A revoke of an account still `pending_deletion` (`siwa.guards_pending_deletion`, the account rules').
+    private static let pendingDeletionRevokeSQL = "siwa.guards_pending_deletion(j.kind, j.client_id, j.sub)"
 
     /// Newest first.
     package func list(_ filter: Filter) async throws -> [Row] {

@@ -1,24 +1,37 @@
 /// What to do with a claimed job once its handler returned: the pure half of the executor
 /// (STYLE §5: state machine returns actions, I/O happens outside). Unit-tested without a database.
+/// Whether a failure is retried or discarded, and when the retry runs, is not decided here: one SQL
+/// function says it for every job (`siwa.job_retry`, sql/functions/queue.sql), and the worker counts
+/// what the write reports (`JobWritten`).
 package enum JobAction: Sendable, Equatable {
     /// Mark completed (fenced) with this outcome.
     case complete(outcome: String)
     /// The handler completed it in its own transaction; nothing to write.
     case nothing
-    /// Back to `available` at now + `after`, appending `error` to `errors`.
-    case retry(error: String, after: Duration)
-    /// Final `discarded`, appending `error` (kept for an operator's `siwa jobs retry`).
+    /// A failure, `error` appended to `errors` (`siwa.fail_jobs`): tried again after the backoff, never
+    /// sooner than `retryAfter` (Apple's Retry-After), or discarded once its failures reach max_attempts.
+    case fail(error: String, retryAfter: Duration?)
+    /// Cannot succeed by retrying: `discarded` at once, `error` appended (kept for `siwa jobs retry`).
     case discard(error: String)
     /// Back to `available` at now + `for`, no error recorded (the attempt still grows: it is the fence).
     case snooze(reason: String, for: Duration)
+}
 
-    /// The metric this action counts under.
+/// What writing a `JobAction` left the job in, as the database reports it: the metric counts this.
+package enum JobWritten: Sendable, Equatable {
+    case completed
+    /// Back to `available`, due in `after`.
+    case retried(after: Duration)
+    case discarded
+    case snoozed
+
+    /// The metric this counts under.
     package var metric: JobMetric {
         switch self {
-        case .complete, .nothing: .completed
-        case .retry: .retried
-        case .discard: .discarded
-        case .snooze: .snoozed
+        case .completed: .completed
+        case .retried: .retried
+        case .discarded: .discarded
+        case .snoozed: .snoozed
         }
     }
 }
@@ -33,27 +46,14 @@ package enum JobLifecycle {
     /// Errors are stored on the row; keep them bounded.
     package static let maxErrorLength = 2000
 
-    /// Decides the next state. `failures` counts `errors` entries (not `attempt`, which snoozes and
-    /// lease losses also grow); a failure that makes it reach `maxAttempts` discards the job.
-    package static func decide(
-        _ result: JobResult, job: Job, policy: RetryPolicy, unit: Double = Double.random(in: 0..<1)
-    ) -> JobAction {
+    /// The write a handler's result asks for.
+    package static func decide(_ result: JobResult) -> JobAction {
         switch result {
-        case .completed(let outcome):
-            return .complete(outcome: outcome)
-        case .completedByHandler:
-            return .nothing
-        case .snoozed(let reason, let duration):
-            return .snooze(reason: reason, for: max(duration, .zero))
-        case .discarded(let error):
-            return .discard(error: truncate(error))
-        case .failed(let error, let retryAfter):
-            let failures = job.errorCount + 1
-            if failures >= job.maxAttempts { return .discard(error: truncate(error)) }
-            let backoff = policy.delay(afterFailures: failures, unit: unit)
-            // Apple's Retry-After is a floor, never a reason to retry sooner than the backoff.
-            let delay = retryAfter.map { max($0, backoff) } ?? backoff
-            return .retry(error: truncate(error), after: delay)
+        case .completed(let outcome): .complete(outcome: outcome)
+        case .completedByHandler: .nothing
+        case .snoozed(let reason, let duration): .snooze(reason: reason, for: max(duration, .zero))
+        case .discarded(let error): .discard(error: truncate(error))
+        case .failed(let error, let retryAfter): .fail(error: truncate(error), retryAfter: retryAfter)
         }
     }
 

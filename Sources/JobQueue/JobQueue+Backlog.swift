@@ -45,49 +45,12 @@ extension JobQueue {
     }
 
     /// Discarded jobs whose last error is `process_died` (their process died running them three
-    /// times, `siwa.rescue_expired_jobs`), and how many of them are revokes of pending deletions.
-    package static func processDied(on connection: PostgresConnection) async throws -> (jobs: Int, pendingDeletionRevokes: Int) {
-        let row = try await connection.query(
+    /// times, `siwa.rescue_expired_jobs`). (How many of them hold up a deletion: `siwa.deletion_backlog`.)
+    package static func processDied(on connection: PostgresConnection) async throws -> Int {
+        try await connection.query(
             """
-            SELECT count(*) AS jobs,
-                   count(*) FILTER (WHERE j.kind = 'revoke' AND EXISTS (
-                       SELECT 1 FROM siwa.accounts a
-                        WHERE a.client_id = j.client_id AND a.sub = j.sub AND a.status = 'pending_deletion')) AS revokes
-              FROM siwa.jobs j
+            SELECT count(*) AS jobs FROM siwa.jobs j
              WHERE j.state = 'discarded' AND j.errors -> -1 ->> 'error' = 'process_died'
-            """)[0]
-        return (try row.decode(Int.self, column: "jobs"), try row.decode(Int.self, column: "revokes"))
-    }
-
-    package struct PendingDeletions: Sendable, Equatable {
-        package var count: Int
-        /// The oldest one: its account and age, nil when there is none.
-        package var oldestClientID: String?
-        package var oldestSub: String?
-        package var oldestSeconds: Double?
-    }
-
-    /// Accounts in `pending_deletion`. A deletion is as old as its revoke job (the account row's
-    /// `updated_at` moves on later events).
-    package static func pendingDeletions(on connection: PostgresConnection) async throws -> PendingDeletions {
-        let rows = try await connection.query(
-            """
-            SELECT a.client_id, a.sub,
-                   extract(epoch FROM now() - coalesce(
-                       (SELECT min(j.created_at) FROM siwa.jobs j
-                         WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
-                           AND j.state <> 'cancelled'),
-                       a.updated_at))::float8 AS age,
-                   count(*) OVER () AS total
-              FROM siwa.accounts a
-             WHERE a.status = 'pending_deletion'
-             ORDER BY age DESC
-             LIMIT 1
-            """)
-        guard let row = rows.first else { return PendingDeletions(count: 0) }
-        return PendingDeletions(
-            count: try row.decode(Int.self, column: "total"),
-            oldestClientID: try row.decode(String.self, column: "client_id"), oldestSub: try row.decode(String.self, column: "sub"),
-            oldestSeconds: try row.decode(Double?.self, column: "age"))
+            """)[0].decode(Int.self, column: "jobs")
     }
 }

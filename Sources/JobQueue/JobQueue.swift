@@ -53,28 +53,8 @@ package struct JobQueue: Sendable {
             createdAt: try row.decode(Date.self, column: "created_at"))
     }
 
-    // MARK: Queueing
-
-    /// Queues `reconcile` jobs for up to `limit` active accounts whose token was not checked in the
-    /// last 24 hours, least recently checked first, never two open reconciles for one account.
-    /// Returns how many it queued. (The other kinds are queued by the SQL functions of their
-    /// effects, in `sql/functions/`: the notification trigger, `siwa.request_deletion`, the webhook trigger.)
-    package func queueReconciles(limit: Int) async throws -> Int {
-        try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
-                SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
-                 WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
-                   AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
-                   AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
-                                    WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
-                                      AND j.state IN ('available', 'running'))
-                 ORDER BY a.token_checked_at NULLS FIRST
-                 LIMIT \(limit)
-                """)
-        }
-    }
+    // Jobs are queued by the SQL functions of their effects, in `sql/functions/`: the notification
+    // trigger, `siwa.link_account`, `siwa.request_deletion`, `siwa.queue_reconciles`, the webhook trigger.
 
     // MARK: Notifications (the hot path)
 
@@ -108,63 +88,6 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// What a gate made of the held jobs it read in a batch's transaction.
-    package struct HeldVerdicts: Sendable, Equatable {
-        /// Verified and still locked: the batch applies them before any due job.
-        package var genuine: [Int64] = []
-        /// Recorded as forged in the transaction; reported (logged, counted) only once it commits.
-        package var forged: [Forged] = []
-
-        package struct Forged: Sendable, Equatable {
-            package var jobID: Int64
-            package var jti: String
-            package var reason: String
-
-            package init(jobID: Int64, jti: String, reason: String) {
-                self.jobID = jobID
-                self.jti = jti
-                self.reason = reason
-            }
-        }
-
-        package init(genuine: [Int64] = [], forged: [Forged] = []) {
-            self.genuine = genuine
-            self.forged = forged
-        }
-    }
-
-    /// `runNotificationBatch` with the held jobs first, in one transaction of two round trips: BEGIN
-    /// travels with the read of up to `limit` held jobs (locked SKIP LOCKED), `verifyHeld` judges
-    /// them (and records the forged ones in the same transaction), and the batch, which takes the
-    /// genuine ones before any due job, travels with COMMIT. A rollback leaves them held. It runs
-    /// again for the isolated retry, so the verdicts returned are those of the transaction that committed.
-    /// `skipBusyAccounts`: read only held jobs of users no other batch is taking.
-    package func runVerifiedNotificationBatch(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy, skipBusyAccounts: Bool = false,
-        verifyHeld: @Sendable (PostgresConnection, PostgresRows) async throws -> HeldVerdicts
-    ) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
-        try await pool.withConnection { connection in
-            func run(isolate: Bool) async throws -> (results: [NotificationResult], held: HeldVerdicts) {
-                var verdicts = HeldVerdicts()
-                let rows = try await connection.withTransaction(
-                    opening: Self.heldNotificationsQuery(limit: limit, skipBusyAccounts: skipBusyAccounts)
-                ) {
-                    connection, heldRows in
-                    let held = try await verifyHeld(connection, heldRows)
-                    verdicts = held
-                    return Self.notificationBatchQuery(
-                        worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: held.genuine)
-                }
-                return (try Self.notificationResults(rows), verdicts)
-            }
-            do {
-                return try await run(isolate: false)
-            } catch let error as PostgresError where error.code == .queryFailed {
-                return try await run(isolate: true)
-            }
-        }
-    }
-
     package static func runNotificationBatch(
         on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
         isolate: Bool, verified: [Int64] = []
@@ -175,7 +98,9 @@ package struct JobQueue: Sendable {
                     worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: verified)))
     }
 
-    static func notificationBatchQuery(
+    /// The batch's statement (`siwa.run_notification_batch`): claims, applies and completes up to
+    /// `limit` notification jobs, the `verified` held ones (locked by the caller's transaction) first.
+    package static func notificationBatchQuery(
         worker: String, limit: Int, lease: Duration, policy: RetryPolicy, isolate: Bool, verified: [Int64]
     ) -> PostgresQuery {
         """
@@ -185,7 +110,7 @@ package struct JobQueue: Sendable {
         """
     }
 
-    static func notificationResults(_ rows: PostgresRows) throws -> [NotificationResult] {
+    package static func notificationResults(_ rows: PostgresRows) throws -> [NotificationResult] {
         try rows.map { row in
             NotificationResult(
                 jobID: try row.decode(Int64.self, column: "job_id"), jti: try row.decode(String?.self, column: "jti"),
@@ -213,16 +138,24 @@ package struct JobQueue: Sendable {
         try await pool.withConnection { try await Self.complete(job, outcome: outcome, on: $0) }
     }
 
-    /// Records the error; back to `available` after `retryIn`, or `discarded` when `discard`.
-    package func fail(_ job: Job, error: String, retryIn: Duration, discard: Bool) async throws -> Bool {
+    /// Records the error (`siwa.fail_jobs`, sql/functions/queue.sql: the one way a job fails), and
+    /// `siwa.job_retry` decides what follows: back to `available` after the backoff of `policy`
+    /// (`retryAfter` a floor), or `discarded` once the job's failures reach its max_attempts or at once
+    /// when `discard`. Returns what it wrote; nil when the lease was lost.
+    package func fail(
+        _ job: Job, error: String, retryAfter: Duration?, discard: Bool, policy: RetryPolicy
+    ) async throws -> JobWritten? {
         try await pool.withConnection { connection in
-            // `siwa.fail_jobs` (sql/functions/queue.sql): the one way a job fails.
-            try await connection.query(
+            let rows = try await connection.query(
                 """
-                SELECT count(*)::int FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
-                                                         ARRAY[\(error)]::text[], ARRAY[\(retryIn.seconds)]::float8[],
-                                                         ARRAY[\(discard)]::boolean[])
-                """)[0].decode(Int.self, at: 0) == 1
+                SELECT state, retry_in
+                  FROM siwa.fail_jobs(ARRAY[\(job.id)]::bigint[], ARRAY[\(job.attempt)]::integer[],
+                                      ARRAY[\(error)]::text[], ARRAY[\(retryAfter?.seconds)]::float8[],
+                                      ARRAY[\(discard)]::boolean[], \(policy.base.seconds), \(policy.cap.seconds))
+                """)
+            guard let row = rows.first else { return nil }
+            guard try row.decode(String.self, column: "state") == "available" else { return .discarded }
+            return .retried(after: .milliseconds(Int64(try row.decode(Double.self, column: "retry_in") * 1000)))
         }
     }
 
@@ -238,14 +171,16 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// Writes what `JobLifecycle.decide` chose. Returns false when the lease was lost.
-    package func apply(_ action: JobAction, to job: Job) async throws -> Bool {
+    /// Writes what `JobLifecycle.decide` chose, a failure's backoff drawn from `policy`. Returns what
+    /// the job became; nil when the lease was lost.
+    package func apply(_ action: JobAction, to job: Job, policy: RetryPolicy) async throws -> JobWritten? {
         switch action {
-        case .nothing: true
-        case .complete(let outcome): try await complete(job, outcome: outcome)
-        case .retry(let error, let delay): try await fail(job, error: error, retryIn: delay, discard: false)
-        case .discard(let error): try await fail(job, error: error, retryIn: .zero, discard: true)
-        case .snooze(_, let duration): try await snooze(job, for: duration)
+        case .nothing: .completed
+        case .complete(let outcome): try await complete(job, outcome: outcome) ? .completed : nil
+        case .fail(let error, let retryAfter):
+            try await fail(job, error: error, retryAfter: retryAfter, discard: false, policy: policy)
+        case .discard(let error): try await fail(job, error: error, retryAfter: nil, discard: true, policy: policy)
+        case .snooze(_, let duration): try await snooze(job, for: duration) ? .snoozed : nil
         }
     }
 
@@ -318,5 +253,17 @@ package struct JobQueue: Sendable {
     }
 
     // Operator actions (list, retry, cancel) are JobAdministration's: they run by hand, never hold a lease.
-    // What is deleted when, and by whom: Retention.
+    // MARK: Retention of its own rows
+
+    /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows
+    /// (run by the worker's retention pass, `Retention`).
+    package static func pruneCompletedQuery(olderThan age: Duration, batch: Int) -> PostgresQuery {
+        """
+        DELETE FROM siwa.jobs WHERE id IN (
+            SELECT id FROM siwa.jobs
+             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
+               AND state IN ('completed', 'cancelled')
+             LIMIT \(batch))
+        """
+    }
 }

@@ -1,6 +1,9 @@
 /// Exponential backoff with full jitter (AWS architecture blog, "Exponential Backoff And Jitter"):
-/// the delay after the n-th failure is uniform in `[0, min(cap, base * 2^(n-1))]`. Pure: the random
-/// source is a parameter, so tests pin it. `siwa.job_backoff` in sql/004_queue.sql is the same rule.
+/// the delay after the n-th failure is uniform in `[0, min(cap, base * 2^(n-1))]`. A queued job's
+/// retry is not drawn here: its base and cap go to `siwa.fail_jobs`, and `siwa.job_retry`
+/// (sql/functions/queue.sql) decides (retry or discard, when). The delays drawn here are for waits
+/// inside a process (reconnecting to the database, team transfer's calls) and for the webhook
+/// dispatcher's time-window rule (`WebhookRetryRule`). Pure: the random source is a parameter.
 package struct RetryPolicy: Sendable, Equatable {
     package var base: Duration
     package var cap: Duration

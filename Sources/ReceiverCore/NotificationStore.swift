@@ -324,7 +324,11 @@ package final class NotificationStore: Sendable {
                 """
                 SELECT CASE
                     WHEN to_regclass('siwa.notifications') IS NULL THEN 'unmigrated'
-                    WHEN NOT has_column_privilege('siwa.notifications', 'jws', 'INSERT') THEN 'no_privilege'
+                    WHEN to_regprocedure('siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[], text[], text[])') IS NULL
+                        THEN 'unmigrated'
+                    WHEN NOT has_column_privilege('siwa.notifications', 'jws', 'INSERT')
+                        OR NOT has_function_privilege('siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[], text[], text[])', 'EXECUTE')
+                        THEN 'no_privilege'
                     WHEN pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' THEN 'read_only'
                     ELSE 'ok' END AS state
                 """)
@@ -364,16 +368,12 @@ package final class NotificationStore: Sendable {
             columns[6].append(verified.claimsJSON)
             columns[7].append(verified.jws)
         }
+        // `siwa.store_notifications` (sql/functions/notifications.sql): the row count is how many it stored.
         return """
-            INSERT INTO siwa.notifications
-                (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
-            SELECT jti, client_id, sub, event_type, to_timestamp(event_time::float8 / 1000), nullif(email, ''),
-                   nullif(private, '')::boolean, claims::jsonb, jws
-              FROM unnest(\(columns[0])::text[], \(columns[1])::text[], \(columns[2])::text[], \(columns[3])::text[],
-                          \(eventTimes)::bigint[], \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[],
-                          \(columns[7])::text[])
-                AS t(jti, client_id, sub, event_type, event_time, email, private, claims, jws)
-            ON CONFLICT (jti) DO NOTHING
+            SELECT FROM siwa.store_notifications(
+                \(columns[0])::text[], \(columns[1])::text[], \(columns[2])::text[], \(columns[3])::text[],
+                \(eventTimes)::bigint[], \(columns[4])::text[], \(columns[5])::text[], \(columns[6])::text[],
+                \(columns[7])::text[])
             """
     }
 

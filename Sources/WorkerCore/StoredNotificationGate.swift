@@ -19,6 +19,20 @@ import Metrics
 /// logged at `error` and counted. Rows written by other roles (the schema owner, operators) are
 /// not held.
 struct StoredNotificationGate: Sendable {
+    /// What the gate made of the held jobs it read in a batch's transaction.
+    struct HeldVerdicts: Sendable, Equatable {
+        /// Verified and still locked: the batch applies them before any due job.
+        var genuine: [Int64] = []
+        /// Recorded as forged in the transaction; reported (logged, counted) only once it commits.
+        var forged: [Forged] = []
+
+        struct Forged: Sendable, Equatable {
+            var jobID: Int64
+            var jti: String
+            var reason: String
+        }
+    }
+
     let keys: AppleKeySet
     let logger: Logger
     let forged: Counter
@@ -42,8 +56,8 @@ struct StoredNotificationGate: Sendable {
     /// judges them again). The read travels with the batch's BEGIN; with nothing held it costs one
     /// empty range of the claim index (priority 2, run_at infinity). Jobs whose key cannot be had
     /// now (Apple unreachable) stay held for the next pass.
-    func verifyHeld(_ rows: PostgresRows, on connection: PostgresConnection) async throws -> JobQueue.HeldVerdicts {
-        var verdicts = JobQueue.HeldVerdicts()
+    func verifyHeld(_ rows: PostgresRows, on connection: PostgresConnection) async throws -> HeldVerdicts {
+        var verdicts = HeldVerdicts()
         for row in rows {
             let held = Held(
                 jobID: try row.decode(Int64.self, column: "id"), jti: try row.decode(String.self, column: "jti"),
@@ -67,7 +81,7 @@ struct StoredNotificationGate: Sendable {
     }
 
     /// Logs and counts the forged notifications of a committed batch.
-    func report(_ verdicts: JobQueue.HeldVerdicts) {
+    func report(_ verdicts: HeldVerdicts) {
         guard !verdicts.forged.isEmpty else { return }
         for item in verdicts.forged {
             logger.error(

@@ -55,7 +55,7 @@ extension Worker {
         let action: JobAction
         if let handler = handlers[job.kind] {
             let result = await handler.run(job, logger: jobLogger)
-            action = JobLifecycle.decide(result, job: job, policy: policy)
+            action = JobLifecycle.decide(result)
         } else {
             jobLogger.error(
                 "siwa-worker has no handler for this job kind; snoozing it (never dropped)",
@@ -66,17 +66,18 @@ extension Worker {
             // The handler's work is done (an Apple call may have been made): keep the result through a
             // failover rather than let the lease expire and the call run again. Within the lease the
             // job stays ours; the write is fenced, so repeating it is harmless.
-            let recorded = try await retryingConnectionProblems(
+            let written = try await retryingConnectionProblems(
                 for: configuration.jobLease, operation: "record job result", logger: jobLogger
-            ) { try await queue.apply(action, to: job) }
-            if recorded {
-                metrics.count(action, kind: job.kind)
-                switch action {
-                case .retry(let error, let delay):
+            ) { try await queue.apply(action, to: job, policy: policy) }
+            if let written {
+                // Counted as the database wrote it: siwa.job_retry decides a failure's retry or discard.
+                metrics.count(written, kind: job.kind)
+                switch (written, action) {
+                case (.retried(let delay), .fail(let error, _)):
                     jobLogger.warning(
                         "siwa-worker job failed; retrying",
                         metadata: ["error": .string(error), "retry_in_seconds": .double(delay.seconds)])
-                case .discard(let error):
+                case (.discarded, .fail(let error, _)), (.discarded, .discard(let error)):
                     jobLogger.error("siwa-worker job discarded", metadata: ["error": .string(error)])
                 default:
                     jobLogger.debug("siwa-worker job finished")

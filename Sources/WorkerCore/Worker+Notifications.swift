@@ -6,6 +6,41 @@ import Metrics
 
 // The worker's notification loops (the hot path): batches of notification jobs, verified and applied.
 extension Worker {
+    /// One batch with the held jobs first, in one transaction of two round trips, written here
+    /// (the queue only provides the statements, and calls nothing back): BEGIN travels with the
+    /// read of up to `limit` held jobs (`JobQueue.heldNotificationsQuery`, locked SKIP LOCKED), the
+    /// gate judges them (and records the forged ones in the same transaction), and the batch
+    /// (`JobQueue.notificationBatchQuery`), which takes the genuine ones before any due job,
+    /// travels with COMMIT. A rollback leaves them held. If any job raises, the batch runs again
+    /// with one subtransaction per job, so the verdicts returned are those of the transaction that
+    /// committed. `skipBusyAccounts`: read only held jobs of users no other batch is taking.
+    func verifiedNotificationBatch(
+        limit: Int, skipBusyAccounts: Bool
+    ) async throws -> (results: [JobQueue.NotificationResult], held: StoredNotificationGate.HeldVerdicts) {
+        let (gate, metrics, configuration, policy) = (gate, metrics, configuration, policy)
+        return try await pool.withConnection { connection in
+            func run(isolate: Bool) async throws -> (results: [JobQueue.NotificationResult], held: StoredNotificationGate.HeldVerdicts) {
+                var verdicts = StoredNotificationGate.HeldVerdicts()
+                let rows = try await connection.withTransaction(
+                    opening: JobQueue.heldNotificationsQuery(limit: limit, skipBusyAccounts: skipBusyAccounts)
+                ) { connection, heldRows in
+                    let started = ContinuousClock.now
+                    verdicts = try await gate.verifyHeld(heldRows, on: connection)
+                    metrics.verifySeconds.observe((ContinuousClock.now - started).seconds)
+                    return JobQueue.notificationBatchQuery(
+                        worker: configuration.workerID, limit: limit, lease: configuration.jobLease, policy: policy,
+                        isolate: isolate, verified: verdicts.genuine)
+                }
+                return (try JobQueue.notificationResults(rows), verdicts)
+            }
+            do {
+                return try await run(isolate: false)
+            } catch let error as PostgresError where error.code == .queryFailed {
+                return try await run(isolate: true)
+            }
+        }
+    }
+
     /// One of `notificationConnections` loops. A loop that claimed a full batch rings the bell
     /// before going on, so an idle loop joins in while a backlog lasts; a trickle wakes one loop.
     ///
@@ -15,22 +50,14 @@ extension Worker {
         var retry = DeferredRetry(pollInterval: configuration.pollInterval)
         var lastBatch = Duration.zero
         var failures = 0
-        let (gate, metrics) = (gate, metrics)
-        let verifyHeld: @Sendable (PostgresConnection, PostgresRows) async throws -> JobQueue.HeldVerdicts = {
-            connection, rows in
-            let started = ContinuousClock.now
-            defer { metrics.verifySeconds.observe((ContinuousClock.now - started).seconds) }
-            return try await gate.verifyHeld(rows, on: connection)
-        }
         while !stopping {
             do {
                 var again = false
                 repeat {
                     let started = ContinuousClock.now
                     let skipBusyAccounts = state.withLock { $0.busyAccounts.isActive(at: started) }
-                    let (results, held) = try await queue.runVerifiedNotificationBatch(
-                        worker: configuration.workerID, limit: limit.value, lease: configuration.jobLease, policy: policy,
-                        skipBusyAccounts: skipBusyAccounts, verifyHeld: verifyHeld)
+                    let (results, held) = try await verifiedNotificationBatch(
+                        limit: limit.value, skipBusyAccounts: skipBusyAccounts)
                     lastBatch = ContinuousClock.now - started
                     metrics.batchSeconds.observe(lastBatch.seconds)
                     gate.report(held)

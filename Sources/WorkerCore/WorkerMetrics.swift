@@ -82,9 +82,9 @@ struct WorkerMetrics: Sendable {
 
     subscript(kind: JobKind) -> PerKind { kinds[kind]! }
 
-    func count(_ action: JobAction, kind: JobKind) {
+    func count(_ written: JobWritten, kind: JobKind) {
         let counters = self[kind]
-        switch action.metric {
+        switch written.metric {
         case .completed: counters.completed.increment()
         case .retried: counters.retried.increment()
         case .discarded: counters.discarded.increment()

@@ -435,7 +435,7 @@ extension LifecycleRulesTests {
                 INSERT INTO siwa.account_changes (client_id, sub, change, created_at)
                 VALUES ('c', 'old', 'linked', now() - interval '31 days'), ('c', 'new', 'linked', now() - interval '29 days')
                 """)
-            #expect(try await h.connection.execute(Retention.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400))) == 1)
+            #expect(try await h.connection.query(Retention.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400)))[0].decode(Int.self, at: 0) == 1)
             #expect(try await h.scalar(String.self, "SELECT string_agg(sub, ',') FROM siwa.account_changes") == "new")
         }
     }
@@ -445,7 +445,7 @@ extension LifecycleRulesTests {
             let queue = JobQueue(pool: h.pool)
             let first = try await h.link(sub: "001.disc", code: "c0de-1")
             let job = try await h.claim(first)
-            #expect(try await queue.fail(job, error: "database_error", retryIn: .zero, discard: true))
+            #expect(try await queue.fail(job, error: "database_error", retryAfter: nil, discard: true, policy: RetryPolicy()) == .discarded)
             #expect(try await h.jobRow(first).state == "discarded")
             #expect(try await !h.jobRow(first).args.contains("code"))
 
@@ -472,7 +472,7 @@ extension LifecycleRulesTests {
                     """)
             }
             #expect(
-                try await h.connection.execute(Retention.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400))) == 1)
+                try await h.connection.query(Retention.scrubDiscardedNotificationsQuery(olderThan: .seconds(30 * 86_400)))[0].decode(Int.self, at: 0) == 1)
             #expect(try await h.scalar(String.self, "SELECT jti FROM siwa.notifications WHERE jws IS NULL AND email IS NULL") == "n-old")
             #expect(try await h.scalar(Int.self, "SELECT count(*)::int FROM siwa.notifications WHERE jws IS NOT NULL") == 1)
         }

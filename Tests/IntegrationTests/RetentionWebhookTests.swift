@@ -2,6 +2,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
+import WorkerCore
 
 /// Retention and webhooks interleaved: a change whose delivery is still owed outlives
 /// `SIWA_RETENTION_DAYS`, or its webhook would find nothing to send.
@@ -23,7 +24,7 @@ import Testing
                        CASE c.sub WHEN 'owed' THEN 'discarded' ELSE 'completed' END
                   FROM siwa.account_changes c WHERE c.sub IN ('owed', 'sent');
                 """)
-            _ = try await connection.execute(Retention.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400)))
+            _ = try await connection.query(Retention.pruneAccountChangesQuery(olderThan: .seconds(30 * 86_400)))[0].decode(Int.self, at: 0)
             let left = try await connection.query("SELECT sub FROM siwa.account_changes ORDER BY sub")
                 .map { try $0.decode(String.self, at: 0) }
             #expect(left == ["owed", "recent"])

@@ -260,12 +260,17 @@ struct JobQueueLibrary {
             try await connection.execute("UPDATE siwa.jobs SET max_attempts = 2")
             let policy = RetryPolicy(base: .milliseconds(1), cap: .milliseconds(1))
             var job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
-            let firstAction = JobLifecycle.decide(.failed(error: "503 from Apple"), job: job, policy: policy)
-            #expect(try await queue.apply(firstAction, to: job))
+            let firstAction = JobLifecycle.decide(.failed(error: "503 from Apple"))
+            let first = try await queue.apply(firstAction, to: job, policy: policy)
+            guard case .retried(let after) = first, after <= .milliseconds(1) else {
+                Issue.record("the first failure of two is retried within the 1 ms backoff, was \(String(describing: first))")
+                return
+            }
             try await connection.waitFor("SELECT count(*) FROM siwa.jobs WHERE run_at <= now() AND state = 'available'") { $0 == 1 }
             job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
             #expect(job.errorCount == 1)
-            #expect(try await queue.apply(JobLifecycle.decide(.failed(error: "503 again"), job: job, policy: policy), to: job))
+            // Its second failure of two: siwa.job_retry discards it.
+            #expect(try await queue.apply(JobLifecycle.decide(.failed(error: "503 again")), to: job, policy: policy) == .discarded)
             // What an operator does next: `siwa jobs list/retry/cancel` (JobAdministration).
             let admin = JobAdministration(connection: connection)
             var listed = try await admin.list(.init(state: "discarded"))
@@ -281,7 +286,7 @@ struct JobQueueLibrary {
 
             // retry by sub brings back every discarded job of the account.
             job = try await queue.claim(worker: "a", limit: 1, lease: .seconds(60))[0]
-            #expect(try await queue.apply(.discard(error: "bad code"), to: job))
+            #expect(try await queue.apply(.discard(error: "bad code"), to: job, policy: policy) == .discarded)
             #expect(try await admin.retry(.sub("dave")) == [job.id])
             #expect(try await admin.retry(.sub("nobody")) == [])
             #expect(try await admin.cancel(.id(job.id), force: false).cancelled == [job.id])

@@ -165,6 +165,14 @@ expect "the job of a notification the receiver's role stored is held until a wor
 expect "a redelivered jti returns no row" "$(q rcv siwa "$(insert_n n1 consent-revoked s1)")" ""
 expect "a redelivered jti queues no second job" \
     "$(q postgres siwa "SELECT count(*) FROM siwa.jobs WHERE notification_jti = 'n1'")" 1
+store="SELECT count(*) FROM siwa.store_notifications(ARRAY['n5', 'n1'], ARRAY['com.example.app', 'com.example.app'],
+        ARRAY['s5', 's1'], ARRAY['email-enabled', 'consent-revoked'], ARRAY[1700000000000, 1700000000000]::bigint[],
+        ARRAY['x@privaterelay.appleid.com', ''], ARRAY['t', ''], ARRAY['{\"events\": {}}', '{}'], ARRAY['h.p.s', 'h.p.s'])"
+expect "the receiver stores a batch through siwa.store_notifications (n1 stored already: one row)" "$(q rcv siwa "$store")" 1
+expect "siwa.store_notifications runs as its caller (the receiver's own column privileges)" \
+    "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE proname = 'store_notifications'")" f
+expect "a notification it stored has its job held like any other" \
+    "$(q postgres siwa "SELECT run_at = 'infinity' FROM siwa.jobs WHERE notification_jti = 'n5'")" t
 upsert="INSERT INTO siwa.rejections (minute, reason, count) VALUES (date_trunc('minute', now()), 'bad_signature', 1)
         ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + EXCLUDED.count"
 allowed rcv siwa "upsert a rejection counter" "$upsert"

@@ -654,6 +654,85 @@ AS $$
      WHERE a.client_id = $1 AND a.sub = $2
 $$;
 
+-- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit active
+-- accounts holding a token not checked with Apple in the last 24 hours, least recently checked
+-- first, never two open reconciles for one account. Returns how many it queued.
+CREATE OR REPLACE FUNCTION siwa.queue_reconciles(p_limit integer) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH queued AS (
+        INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
+        SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
+         WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
+           AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
+           AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
+                            WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
+                              AND j.state IN ('available', 'running'))
+         ORDER BY a.token_checked_at NULLS FIRST
+         LIMIT p_limit
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM queued
+$$;
+
+-- Whether a job of this kind for this account holds up a pending deletion: a revoke of an account
+-- still `pending_deletion` (`siwa jobs cancel` refuses it without --force; `siwa status` counts
+-- those discarded as process_died).
+CREATE OR REPLACE FUNCTION siwa.guards_pending_deletion(p_kind text, p_client_id text, p_sub text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_kind = 'revoke' AND EXISTS (
+        SELECT 1 FROM siwa.accounts a
+         WHERE a.client_id = p_client_id AND a.sub = p_sub AND a.status = 'pending_deletion')
+$$;
+
+-- The deletions still waiting, for `siwa status`: how many accounts are `pending_deletion`, the
+-- oldest one and its age (a deletion is as old as its revoke job: the account row's updated_at
+-- moves on later events), and how many wait on a revoke discarded as `process_died` (its process
+-- died running it three times, siwa.rescue_expired_jobs: `siwa jobs retry` runs it again).
+CREATE OR REPLACE FUNCTION siwa.deletion_backlog(
+    OUT pending bigint, OUT oldest_client_id text, OUT oldest_sub text, OUT oldest_seconds double precision,
+    OUT process_died_revokes bigint
+) LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (SELECT count(*) FROM siwa.accounts WHERE status = 'pending_deletion'),
+           o.client_id, o.sub, o.age,
+           (SELECT count(*) FROM siwa.jobs j
+             WHERE j.state = 'discarded' AND j.errors -> -1 ->> 'error' = 'process_died'
+               AND siwa.guards_pending_deletion(j.kind, j.client_id, j.sub))
+      FROM (SELECT 1) one
+      LEFT JOIN LATERAL (
+          SELECT a.client_id, a.sub,
+                 extract(epoch FROM now() - coalesce(
+                     (SELECT min(j.created_at) FROM siwa.jobs j
+                       WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
+                         AND j.state <> 'cancelled'),
+                     a.updated_at))::float8 AS age
+            FROM siwa.accounts a
+           WHERE a.status = 'pending_deletion'
+           ORDER BY age DESC
+           LIMIT 1) o ON true
+$$;
+
+-- Retention of the change feed (the worker's pass, SIWA_RETENTION_DAYS): change rows older than
+-- p_age_seconds, at most p_batch, except those whose webhook delivery is still owed (queued, in
+-- flight, or discarded and waiting for `siwa jobs retry`): pruning them would turn the delivery
+-- into a lost change. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION siwa.prune_account_changes(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.account_changes WHERE id IN (
+            SELECT c.id FROM siwa.account_changes c
+             WHERE c.created_at < now() - make_interval(secs => p_age_seconds)
+               AND NOT EXISTS (
+                   SELECT 1 FROM siwa.jobs j
+                    WHERE j.kind = 'webhook' AND j.state IN ('available', 'running', 'discarded')
+                      AND j.client_id = c.client_id AND j.sub = c.sub
+                      AND (j.args->>'change_id')::bigint = c.id)
+             LIMIT p_batch)
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
 -- Privileges: the app calls the app-facing functions; the worker everything here (see queue.sql
 -- on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -671,7 +750,9 @@ BEGIN
             siwa.reconcile_account(text, text), siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-            siwa.request_deletion(text, text), siwa.account(text, text)
+            siwa.request_deletion(text, text), siwa.account(text, text),
+            siwa.queue_reconciles(integer), siwa.guards_pending_deletion(text, text, text), siwa.deletion_backlog(),
+            siwa.prune_account_changes(double precision, integer)
            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN

@@ -357,7 +357,83 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
        AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
 $$;
 
--- Privileges: the worker applies effects; nobody else (see queue.sql on PUBLIC).
+-- The receiver's one write: a batch of verified notifications in one statement (its group commit:
+-- concurrent requests share it), one array per column, bound as text: p_email '' is none,
+-- p_is_private_email 't', 'f' or '' (none), p_event_ms milliseconds since the epoch. A jti stored
+-- already is left as it was (Apple redelivers). The statement trigger queues their jobs in the same
+-- statement (siwa.queue_notification_jobs: held for a siwa_receiver login). Runs as the caller
+-- (no SECURITY DEFINER): the receiver's role keeps exactly its column privileges
+-- (006_hardening.sql) and gains only EXECUTE on this function. plpgsql, so the INSERT is planned
+-- once a session. Returns the jti of each row stored: `SELECT FROM siwa.store_notifications(...)`
+-- reports their count as the statement's row count, without sending them.
+CREATE OR REPLACE FUNCTION siwa.store_notifications(
+    p_jti text[], p_client_id text[], p_sub text[], p_event_type text[], p_event_ms bigint[],
+    p_email text[], p_is_private_email text[], p_claims text[], p_jws text[]
+) RETURNS TABLE (jti text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    INSERT INTO siwa.notifications AS n
+        (jti, client_id, sub, event_type, event_time, email, is_private_email, claims, jws)
+    SELECT t.jti, t.client_id, t.sub, t.event_type, to_timestamp(t.event_ms::float8 / 1000), nullif(t.email, ''),
+           nullif(t.private, '')::boolean, t.claims::jsonb, t.jws
+      FROM unnest(p_jti, p_client_id, p_sub, p_event_type, p_event_ms, p_email, p_is_private_email, p_claims, p_jws)
+        AS t(jti, client_id, sub, event_type, event_ms, email, private, claims, jws)
+    ON CONFLICT (jti) DO NOTHING
+    RETURNING n.jti;
+END
+$$;
+
+-- Retention (the worker's pass, SIWA_RETENTION_DAYS), at most p_batch rows a call, each returning
+-- how many rows it changed.
+-- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs, in
+-- one statement. Discarded jobs are kept (an operator may still retry them; the effect then
+-- reports `missing`).
+CREATE OR REPLACE FUNCTION siwa.prune_notifications(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH victims AS (
+        SELECT jti FROM siwa.notifications
+         WHERE processed_at < now() - make_interval(secs => p_age_seconds)
+         LIMIT p_batch
+    ), jobs AS (
+        DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
+           AND state IN ('completed', 'cancelled')
+    ), pruned AS (
+        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims) RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
+-- Notifications whose job was discarded more than p_age_seconds ago stay (an operator may still
+-- retry them) without their personal data: email, the signed token, the events claim.
+CREATE OR REPLACE FUNCTION siwa.scrub_discarded_notifications(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH scrubbed AS (
+        UPDATE siwa.notifications n SET email = NULL, jws = NULL, claims = n.claims - 'events'
+          FROM (SELECT j.notification_jti FROM siwa.jobs j
+                 WHERE j.finalized_at < now() - make_interval(secs => p_age_seconds)
+                   AND j.state = 'discarded' AND j.kind = 'notification'
+                 LIMIT p_batch) d
+         WHERE n.jti = d.notification_jti
+           AND (n.email IS NOT NULL OR n.jws IS NOT NULL OR n.claims ? 'events')
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM scrubbed
+$$;
+
+-- The receiver's per-minute rejection counters older than p_age_seconds (`siwa status` shows the last hour).
+CREATE OR REPLACE FUNCTION siwa.prune_rejections(p_age_seconds double precision) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.rejections WHERE minute < now() - make_interval(secs => p_age_seconds) RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
+-- Privileges: the worker applies effects and prunes; the receiver stores (see queue.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -365,8 +441,22 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             siwa.notification_outcome(siwa.account_effect, text, timestamptz, timestamptz, timestamptz, text),
             siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
-            siwa.erase_personal_data(text, text)
+            siwa.erase_personal_data(text, text),
+            siwa.prune_notifications(double precision, integer),
+            siwa.scrub_discarded_notifications(double precision, integer), siwa.prune_rejections(double precision)
            TO siwa_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_receiver') THEN
+        GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
+                                                           text[], text[])
+           TO siwa_receiver;
+        -- and to the worker, which may write notifications anyway: 003's grant of every function
+        -- to it, re-run by a DBA, then changes nothing.
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+            GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
+                                                               text[], text[])
+               TO siwa_worker;
+        END IF;
     END IF;
 END
 $$;

@@ -92,35 +92,66 @@ BEGIN
 END
 $$;
 
+-- What a failure does to a job, the one rule (the Apple-calling jobs through siwa.fail_jobs, the
+-- notification batch's failures, and a process that died running it, siwa.rescue_expired_jobs):
+-- the p_failures-th failure (this one included) of a job allowed p_max_attempts is the last when
+-- it reaches them: `discarded`, kept for an operator's `siwa jobs retry`, its run_at left as it
+-- was (p_run_at). Before that: `available` again after the full-jitter backoff
+-- (siwa.job_backoff(p_failures, p_base, p_cap)), never sooner than p_retry_after seconds (Apple's
+-- Retry-After is a floor, never a reason to retry sooner; NULL: none). A failure that cannot succeed
+-- by retrying passes p_max_attempts 0. Tests/IntegrationTests/JobRetryTableTests.swift is its table.
+CREATE OR REPLACE FUNCTION siwa.job_retry(
+    p_failures integer, p_max_attempts integer, p_retry_after double precision,
+    p_base double precision, p_cap double precision, p_run_at timestamptz,
+    OUT state text, OUT run_at timestamptz
+) LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN p_failures >= p_max_attempts THEN 'discarded' ELSE 'available' END,
+           CASE WHEN p_failures >= p_max_attempts THEN p_run_at
+                ELSE now() + greatest(make_interval(secs => coalesce(p_retry_after, 0)),
+                                      siwa.job_backoff(p_failures, p_base, p_cap)) END
+$$;
+
 -- The one way a job fails: its error appended to `errors` (with the attempt and the time), then
--- back to `available` at now + p_retry_in seconds, or, where p_discard says so, `discarded` for
--- good (finalized now, kept for an operator's `siwa jobs retry`; an exchange keeps no code, dead in
--- minutes anyway). No lease is left. Fenced as siwa.complete_jobs is (p_row_locked: the batch's
--- row lock, whose write grows the attempt). When to retry and when to discard is the caller's:
--- JobLifecycle.decide for the Apple-calling jobs, siwa.run_notification_batch for its own.
--- Returns each job written and its state.
+-- what siwa.job_retry says for its failures so far (`errors`, this one included) and its
+-- max_attempts: back to `available` at the run_at it gives (p_retry_after a floor, NULL none), or
+-- `discarded` for good (finalized now, kept for an operator's `siwa jobs retry`; an exchange keeps
+-- no code, dead in minutes anyway). p_discard: the caller knows retrying cannot help (bad
+-- arguments), discarded at once. No lease is left. Fenced as siwa.complete_jobs is (p_row_locked:
+-- the batch's row lock, whose write grows the attempt). Returns each job written, its state and
+-- run_at, and how many seconds from now that is (0 when discarded), for the caller's metrics and logs.
+DROP FUNCTION IF EXISTS siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[], boolean);
 CREATE OR REPLACE FUNCTION siwa.fail_jobs(
-    p_ids bigint[], p_attempts integer[], p_errors text[], p_retry_in double precision[], p_discard boolean[],
-    p_row_locked boolean DEFAULT false
-) RETURNS TABLE (id bigint, state text)
+    p_ids bigint[], p_attempts integer[], p_errors text[], p_retry_after double precision[], p_discard boolean[],
+    p_base double precision, p_cap double precision, p_row_locked boolean DEFAULT false
+) RETURNS TABLE (id bigint, state text, run_at timestamptz, retry_in double precision)
 LANGUAGE plpgsql
 SET enable_seqscan = off SET plan_cache_mode = force_generic_plan
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
+    WITH failed AS (
+        SELECT j.id, j.attempt, u.error,
+               siwa.job_retry(jsonb_array_length(j.errors) + 1,
+                              CASE WHEN coalesce(u.discard, false) THEN 0 ELSE j.max_attempts END,
+                              u.retry_after, p_base, p_cap, j.run_at) AS next
+          FROM unnest(p_ids, p_attempts, p_errors, p_retry_after, p_discard) AS u(id, attempt, error, retry_after, discard)
+          JOIN siwa.jobs j ON j.id = u.id
+         WHERE j.attempt = u.attempt AND j.state = CASE WHEN p_row_locked THEN 'available' ELSE 'running' END
+    )
     UPDATE siwa.jobs j
-       SET errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', u.error)),
-           state = CASE WHEN u.discard THEN 'discarded' ELSE 'available' END,
-           run_at = CASE WHEN u.discard THEN j.run_at ELSE now() + make_interval(secs => u.retry_in) END,
-           finalized_at = CASE WHEN u.discard THEN now() END,
-           args = CASE WHEN u.discard THEN j.args - 'code' ELSE j.args END,
+       SET errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', f.error)),
+           state = (f.next).state,
+           run_at = (f.next).run_at,
+           finalized_at = CASE WHEN (f.next).state = 'discarded' THEN now() END,
+           args = CASE WHEN (f.next).state = 'discarded' THEN j.args - 'code' ELSE j.args END,
            attempt = CASE WHEN p_row_locked THEN j.attempt + 1 ELSE j.attempt END,
            locked_by = NULL, locked_until = NULL
-      FROM unnest(p_ids, p_attempts, p_errors, p_retry_in, p_discard) AS u(id, attempt, error, retry_in, discard)
-     WHERE j.id = u.id AND j.attempt = u.attempt
+      FROM failed f
+     WHERE j.id = f.id AND j.attempt = f.attempt
        AND j.state = CASE WHEN p_row_locked THEN 'available' ELSE 'running' END
-    RETURNING j.id, j.state;
+    RETURNING j.id, j.state, j.run_at,
+              CASE WHEN j.state = 'discarded' THEN 0 ELSE extract(epoch FROM j.run_at - now())::float8 END;
 END
 $$;
 
@@ -288,14 +319,10 @@ BEGIN
                 PERFORM siwa.apply_notification(job.jti, job.id);
             EXCEPTION WHEN OTHERS THEN
                 message := SQLERRM;
-                -- Discarded once its failures reach max_attempts, else retried after the backoff.
+                -- Retried after the backoff, or discarded at max_attempts: siwa.job_retry decides.
                 SELECT f.state INTO final_state
-                  FROM siwa.jobs j,
-                       siwa.fail_jobs(ARRAY[job.id], ARRAY[job.attempt], ARRAY[message],
-                                      ARRAY[extract(epoch FROM siwa.job_backoff(jsonb_array_length(j.errors) + 1,
-                                                                                 p_backoff_base, p_backoff_cap))::float8],
-                                      ARRAY[jsonb_array_length(j.errors) + 1 >= j.max_attempts], true) f
-                 WHERE j.id = job.id;
+                  FROM siwa.fail_jobs(ARRAY[job.id], ARRAY[job.attempt], ARRAY[message], ARRAY[NULL::float8],
+                                      ARRAY[false], p_backoff_base, p_backoff_cap, true) f;
                 job_id := job.id; jti := job.jti; outcome := NULL; error := message;
                 state := coalesce(final_state, 'lost'); delay_seconds := NULL;
                 RETURN NEXT;
@@ -362,18 +389,21 @@ BEGIN
          WHERE j.state = 'running' AND j.locked_until < now()
            FOR UPDATE SKIP LOCKED
     ), rescued AS (
+        -- A death is a failure of siwa.job_retry's rule with three allowed and no backoff (due now);
+        -- only the last one is recorded in `errors` (which counts the other failures).
         UPDATE siwa.jobs j
            SET expired_leases = j.expired_leases + 1,
-               state = CASE WHEN j.expired_leases + 1 >= 3 THEN 'discarded' ELSE 'available' END,
-               errors = CASE WHEN j.expired_leases + 1 >= 3
+               state = (r.next).state,
+               errors = CASE WHEN (r.next).state = 'discarded'
                              THEN j.errors || jsonb_build_array(jsonb_build_object(
                                       'attempt', j.attempt, 'at', now(), 'error', 'process_died'))
                              ELSE j.errors END,
-               finalized_at = CASE WHEN j.expired_leases + 1 >= 3 THEN now() END,
-               run_at = CASE WHEN j.expired_leases + 1 >= 3 THEN j.run_at ELSE now() END,
+               finalized_at = CASE WHEN (r.next).state = 'discarded' THEN now() END,
+               run_at = (r.next).run_at,
                locked_by = NULL, locked_until = NULL
-          FROM expired
-         WHERE j.id = expired.id
+          FROM (SELECT e.id, siwa.job_retry(x.expired_leases + 1, 3, NULL, 0, 0, x.run_at) AS next
+                  FROM expired e JOIN siwa.jobs x ON x.id = e.id) r
+         WHERE j.id = r.id
         RETURNING j.id, j.kind, j.state
     )
     SELECT r.id, r.kind, r.state FROM rescued r ORDER BY r.id;
@@ -389,7 +419,9 @@ BEGIN
         GRANT EXECUTE ON FUNCTION siwa.job_backoff(integer, double precision, double precision),
                                   siwa.complete_jobs(bigint[], integer[], text[], boolean),
                                   siwa.complete_job(bigint, integer, text),
-                                  siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[], boolean),
+                                  siwa.job_retry(integer, integer, double precision, double precision, double precision, timestamptz),
+                                  siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[],
+                                                 double precision, double precision, boolean),
                                   siwa.claim_call_jobs(text, integer, double precision),
                                   siwa.rescue_expired_jobs(),
                                   siwa.held_notification_jobs(integer, boolean), siwa.forged_notifications(bigint[]),

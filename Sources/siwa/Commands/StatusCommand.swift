@@ -76,8 +76,13 @@ struct StatusReport {
     private static func read(_ connection: PostgresConnection) async throws -> StatusReport {
         let jobs = try await JobQueue.countsByKindAndState(on: connection)
         let backlog = try await JobQueue.backlog(on: connection)
-        let deletions = try await JobQueue.pendingDeletions(on: connection)
-        let died = try await JobQueue.processDied(on: connection)
+        // The deletions still waiting (`siwa.deletion_backlog`, sql/functions/accounts.sql).
+        let deletions = try await connection.query(
+            """
+            SELECT pending, oldest_client_id, oldest_sub, oldest_seconds, process_died_revokes
+              FROM siwa.deletion_backlog()
+            """)[0]
+        let processDiedJobs = try await JobQueue.processDied(on: connection)
         let paused = try await connection.query(
             "SELECT client_id, reason, paused_at, next_probe_at FROM siwa.paused_clients ORDER BY client_id")
         let received = try await connection.query(
@@ -95,16 +100,16 @@ struct StatusReport {
         let webhookRegistration = try await WebhookQueue.registration(on: connection)
         let webhookBacklog = try await WebhookQueue.backlog(on: connection)
 
-        let oldestDeletion = deletions.oldestClientID.flatMap { clientID in
-            deletions.oldestSub.map { (clientID: clientID, sub: $0) }
+        let oldestDeletion = try deletions.decode(String?.self, column: "oldest_client_id").flatMap { clientID in
+            try deletions.decode(String?.self, column: "oldest_sub").map { (clientID: clientID, sub: $0) }
         }
         return StatusReport(
             generatedAt: Date(),
             jobs: jobs,
             readyJobs: backlog.ready,
             oldestReadySeconds: backlog.oldestReadySeconds,
-            pendingDeletions: deletions.count,
-            oldestPendingDeletionSeconds: deletions.oldestSeconds,
+            pendingDeletions: try deletions.decode(Int.self, column: "pending"),
+            oldestPendingDeletionSeconds: try deletions.decode(Double?.self, column: "oldest_seconds"),
             oldestPendingDeletion: oldestDeletion,
             pausedClients: try paused.map { row in
                 PausedClient(
@@ -117,7 +122,8 @@ struct StatusReport {
             rejectionsLastHour: rejections, webhookRegistration: webhookRegistration, webhookBacklog: webhookBacklog,
             replication: try await ReplicationStatus.load(connection),
             changeFeedHoldback: try await ChangeFeedHoldback.load(connection),
-            processDiedJobs: died.jobs, processDiedRevokes: died.pendingDeletionRevokes)
+            processDiedJobs: processDiedJobs,
+            processDiedRevokes: try deletions.decode(Int.self, column: "process_died_revokes"))
     }
 
     // MARK: Rendering

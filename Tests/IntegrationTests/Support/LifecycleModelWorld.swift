@@ -123,10 +123,9 @@ final class ModelWorld: Sendable {
         inject(answer, clientID: clientID, endpoints: Self.endpoints(of: job.kind))
         let result = await handler.run(job, logger: logger)
         fake.clearFailures(clientID: clientID)
-        let action = JobLifecycle.decide(result, job: job, policy: policy)
-        let recorded = try await queue.apply(action, to: job)
+        let recorded = try await queue.apply(JobLifecycle.decide(result), to: job, policy: policy)
         return "\(job.kind.rawValue) job \(job.id) attempt \(job.attempt): \(Self.describe(result))"
-            + (recorded ? "" : " (lease lost: result dropped)")
+            + (recorded != nil ? "" : " (lease lost: result dropped)")
     }
 
     static func describe(_ result: JobResult) -> String {
