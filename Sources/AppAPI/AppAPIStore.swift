@@ -4,7 +4,9 @@ package import Postgres
 import Metrics
 
 /// The app API's database side: one method per statement, each through the functions of
-/// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). Every call is
+/// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). A sign-in's three
+/// statements (issue, consume, sign in) are prepared on each pooled session, so the server plans
+/// them once per session, not on every request. Every call is
 /// bounded: the pool's lease wait, then `timeout` for each statement (cancelled at the server when
 /// it runs out), so no request waits on the database without end.
 package struct AppAPIStore: Sendable {
@@ -83,7 +85,7 @@ package struct AppAPIStore: Sendable {
     /// Stores a nonce by its SHA-256; returns when it expires.
     func issueNonce(hash: [UInt8], lifetime: Duration) async throws -> Date {
         try await run { connection in
-            try await connection.query(
+            try await connection.queryPrepared(
                 "SELECT siwa.issue_nonce(\(hash), make_interval(secs => \(lifetime.seconds)))"
             )[0].decode(Date.self, at: 0)
         }
@@ -104,7 +106,7 @@ package struct AppAPIStore: Sendable {
     ) {
         try await run { connection in
             // The CTE holds a volatile call, so it is evaluated once, whatever the join finds.
-            let row = try await connection.query(
+            let row = try await connection.queryPrepared(
                 """
                 WITH spent AS (SELECT siwa.consume_nonce(\(hash)) AS valid)
                 SELECT spent.valid, \(unsafeSQL: Self.signInStateColumns)
@@ -174,7 +176,7 @@ package struct AppAPIStore: Sendable {
             return String(decoding: text, as: UTF8.self)
         }
         return try await run { connection in
-            let row = try await connection.query(
+            let row = try await connection.queryPrepared(
                 """
                 SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen),
                                            \(name)::jsonb, \(realUserStatus))

@@ -1,5 +1,6 @@
 package import Foundation
 import JOSE
+import JSON
 
 /// What Apple's token endpoint answers on success. `refreshToken` and `accessToken` are secrets.
 package struct AppleTokenResponse: Sendable, Equatable {
@@ -82,13 +83,13 @@ package struct AppleAuthClient: Sendable {
         let fields = [("client_id", clientID), ("client_secret", secret)] + extra
         do {
             let response = try await http.postForm("auth/token", fields: fields)
+            // The project's strict reader, not JSONSerialization (which bridged every value to an
+            // object, a tenth of a sign-in's CPU): an answer it refuses is malformed.
             return Self.classify(response) { body in
-                guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
-                    return nil
-                }
+                guard let object = JSONValue.object(body) else { return nil }
                 return AppleTokenResponse(
-                    idToken: object["id_token"] as? String, refreshToken: object["refresh_token"] as? String,
-                    accessToken: object["access_token"] as? String)
+                    idToken: object["id_token"]?.stringValue, refreshToken: object["refresh_token"]?.stringValue,
+                    accessToken: object["access_token"]?.stringValue)
             }
         } catch {
             return Self.classify(transportError: error)

@@ -1,4 +1,5 @@
 package import Foundation
+import JSON
 import OutboundHTTP
 
 /// What Apple answered: status, body, and the headers we act on (lowercased names).
@@ -15,8 +16,7 @@ package struct AppleHTTPResponse: Sendable {
 
     /// `error` of an OAuth error body (`{"error":"invalid_grant"}`), if there is one.
     package var oauthError: String? {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else { return nil }
-        return object["error"] as? String
+        JSONValue.object(body)?["error"]?.stringValue
     }
 }
 
@@ -53,6 +53,17 @@ package final class AppleHTTP: Sendable {
         self.timeout = timeout
         self.caCertificates = caCertificates
         client = HTTPClient(extraCertificatesPEM: caCertificates)
+        endpointBase = Self.endpointBase(baseURL)
+    }
+
+    /// `baseURL` with one trailing slash, to which an endpoint's path is appended: what
+    /// `appendingPathComponent` gave for each call, worked out once (it cost a sign-in more than
+    /// the string it built).
+    private let endpointBase: String
+
+    static func endpointBase(_ baseURL: URL) -> String {
+        let text = baseURL.absoluteString
+        return text.hasSuffix("/") ? text : text + "/"
     }
 
     package func get(_ path: String) async throws -> AppleHTTPResponse {
@@ -67,7 +78,7 @@ package final class AppleHTTP: Sendable {
     }
 
     private func send(_ method: String, _ path: String, headers: [(String, String)], body: [UInt8]) async throws -> AppleHTTPResponse {
-        let url = baseURL.appendingPathComponent(path).absoluteString
+        let url = endpointBase + path
         do {
             let response = try await client.send(HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: timeout))
             return AppleHTTPResponse(status: response.status, body: response.body, headers: response.headers)

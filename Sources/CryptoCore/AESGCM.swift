@@ -105,7 +105,7 @@ package enum AESGCM {
             self.encrypting = encrypting
             let operation = encrypting ? "EVP_EncryptInit_ex" : "EVP_DecryptInit_ex"
             let initialize = encrypting ? EVP_EncryptInit_ex : EVP_DecryptInit_ex
-            guard initialize(pointer, EVP_aes_256_gcm(), nil, nil, nil) == 1,
+            guard initialize(pointer, Fetched.aes256GCM.pointer, nil, nil, nil) == 1,
                 EVP_CIPHER_CTX_ctrl(pointer, EVP_CTRL_GCM_SET_IVLEN, Int32(nonce.count), nil) == 1,
                 initialize(pointer, nil, nil, key, nonce) == 1
             else {

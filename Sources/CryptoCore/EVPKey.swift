@@ -152,49 +152,6 @@ final class EVPKey: @unchecked Sendable {
         }
         return String(decoding: buffer.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
-
-    // MARK: Signing
-
-    /// `EVP_DigestSign` with SHA-256; `configure` may set padding on the key context.
-    func digestSignSHA256(
-        _ message: [UInt8], configure: ((OpaquePointer) -> Int32)? = nil
-    ) throws(CryptoError) -> [UInt8] {
-        guard let context = EVP_MD_CTX_new() else { throw .openSSL("EVP_MD_CTX_new") }
-        defer { EVP_MD_CTX_free(context) }
-        var keyContext: OpaquePointer? = nil  // owned by `context`
-        guard EVP_DigestSignInit(context, &keyContext, EVP_sha256(), nil, pointer) == 1 else {
-            throw .openSSL("EVP_DigestSignInit")
-        }
-        if let configure, let keyContext {
-            guard configure(keyContext) > 0 else { throw .openSSL("EVP_PKEY_CTX signature parameters") }
-        }
-        var length = 0
-        guard EVP_DigestSign(context, nil, &length, message, message.count) == 1 else {
-            throw .openSSL("EVP_DigestSign(size)")
-        }
-        var signature = [UInt8](repeating: 0, count: length)
-        guard EVP_DigestSign(context, &signature, &length, message, message.count) == 1 else {
-            throw .openSSL("EVP_DigestSign")
-        }
-        signature.removeSubrange(length...)
-        return signature
-    }
-
-    /// `EVP_DigestVerify` with SHA-256. Any failure (bad signature or error) is `false`.
-    func digestVerifySHA256(
-        _ signature: [UInt8], for message: [UInt8], configure: ((OpaquePointer) -> Int32)? = nil
-    ) -> Bool {
-        // Leave no failure reasons on this thread's queue: they would pollute later errors.
-        defer { ERR_clear_error() }
-        guard let context = EVP_MD_CTX_new() else { return false }
-        defer { EVP_MD_CTX_free(context) }
-        var keyContext: OpaquePointer? = nil  // owned by `context`
-        guard EVP_DigestVerifyInit(context, &keyContext, EVP_sha256(), nil, pointer) == 1 else { return false }
-        if let configure, let keyContext {
-            guard configure(keyContext) > 0 else { return false }
-        }
-        return EVP_DigestVerify(context, signature, signature.count, message, message.count) == 1
-    }
 }
 
 // MARK: - Helpers for call-local C objects
@@ -231,4 +188,78 @@ func writeToMemoryBIO(_ operation: String, _ write: (OpaquePointer) -> Int32) ->
     guard length > 0, let data else { fatalError("\(operation) wrote nothing") }
     let buffer = UnsafeRawBufferPointer(start: data, count: length)
     return String(decoding: buffer, as: UTF8.self)
+}
+
+// MARK: - Signature contexts set up once per key
+
+/// A SHA-256 signing or verification context for one key, set up once (`EVP_DigestSignInit` /
+/// `EVP_DigestVerifyInit`, and the padding) and copied for each operation (`EVP_MD_CTX_copy_ex`).
+/// In OpenSSL 3.0 every init fetches the signature, key management and digest implementations
+/// from the provider and walks the whole name map (`OPENSSL_LH_doall_arg`, a sign-in's largest
+/// OpenSSL cost after the RSA arithmetic); a copy duplicates the context without any of that.
+///
+/// @unchecked Sendable: `template` is written only in init; afterwards it is only read (copied),
+/// which OpenSSL allows from any number of threads at once, and each operation works on its copy.
+final class SignatureTemplate: @unchecked Sendable {
+    private let template: OpaquePointer
+    /// What `EVP_DigestSign`'s size query answers for this key: the buffer each signature gets.
+    private let signatureCapacity: Int
+
+    enum Purpose { case sign, verify }
+
+    /// `configure` may set parameters on the key context (RSA's padding); > 0 is success.
+    init(key: EVPKey, for purpose: Purpose, configure: ((OpaquePointer) -> Int32)? = nil) throws(CryptoError) {
+        guard let context = EVP_MD_CTX_new() else { throw .openSSL("EVP_MD_CTX_new") }
+        var keyContext: OpaquePointer? = nil  // owned by `context`
+        let initialized =
+            purpose == .sign
+            ? EVP_DigestSignInit(context, &keyContext, Fetched.sha256.pointer, nil, key.pointer)
+            : EVP_DigestVerifyInit(context, &keyContext, Fetched.sha256.pointer, nil, key.pointer)
+        guard initialized == 1 else {
+            EVP_MD_CTX_free(context)
+            throw .openSSL(purpose == .sign ? "EVP_DigestSignInit" : "EVP_DigestVerifyInit")
+        }
+        if let configure, let keyContext, configure(keyContext) <= 0 {
+            EVP_MD_CTX_free(context)
+            throw .openSSL("EVP_PKEY_CTX signature parameters")
+        }
+        template = context
+        signatureCapacity = purpose == .sign ? Int(EVP_PKEY_get_size(key.pointer)) : 0
+    }
+
+    deinit { EVP_MD_CTX_free(template) }
+
+    /// A fresh copy of the template for one operation; the caller frees it.
+    private func copy() -> OpaquePointer? {
+        guard let context = EVP_MD_CTX_new() else { return nil }
+        guard EVP_MD_CTX_copy_ex(context, template) == 1 else {
+            EVP_MD_CTX_free(context)
+            return nil
+        }
+        // The copy is used once: its final step need not keep it reusable (no second duplicate).
+        EVP_MD_CTX_set_flags(context, EVP_MD_CTX_FLAG_FINALISE)
+        return context
+    }
+
+    /// The signature of `message` (DER for ECDSA, the raw block for RSA).
+    func sign(_ message: [UInt8]) throws(CryptoError) -> [UInt8] {
+        guard let context = copy() else { throw .openSSL("EVP_MD_CTX_copy_ex") }
+        defer { EVP_MD_CTX_free(context) }
+        var signature = [UInt8](repeating: 0, count: max(signatureCapacity, 1))
+        var length = signature.count
+        guard EVP_DigestSign(context, &signature, &length, message, message.count) == 1 else {
+            throw .openSSL("EVP_DigestSign")
+        }
+        signature.removeSubrange(length...)
+        return signature
+    }
+
+    /// True only for a valid signature of `message`. Any failure (bad signature or error) is false.
+    func verify(_ signature: [UInt8], for message: [UInt8]) -> Bool {
+        // Leave no failure reasons on this thread's queue: they would pollute later errors.
+        defer { ERR_clear_error() }
+        guard let context = copy() else { return false }
+        defer { EVP_MD_CTX_free(context) }
+        return EVP_DigestVerify(context, signature, signature.count, message, message.count) == 1
+    }
 }

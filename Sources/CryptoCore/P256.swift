@@ -24,10 +24,13 @@ package enum P256 {
 extension P256.Signing {
     package struct PublicKey: Sendable {
         let key: EVPKey
+        /// Set up once: each verification copies it (see `SignatureTemplate`).
+        let verifier: SignatureTemplate
 
         init(key: EVPKey) throws(CryptoError) {
             try P256.requireP256(key, operation: "P256.Signing.PublicKey")
             self.key = key
+            verifier = try SignatureTemplate(key: key, for: .verify)
         }
 
         /// SubjectPublicKeyInfo PEM (`BEGIN PUBLIC KEY`).
@@ -79,18 +82,20 @@ extension P256.Signing {
         /// Checks a JOSE ES256 signature: raw 64-byte R‖S over SHA-256 of `message`.
         package func isValidES256Signature(_ rawSignature: [UInt8], for message: [UInt8]) -> Bool {
             guard let der = ECDSASignature.derFromRaw(rawSignature) else { return false }
-            return key.digestVerifySHA256(der, for: message)
+            return verifier.verify(der, for: message)
         }
     }
 
     package struct PrivateKey: Sendable {
         let key: EVPKey
         package let publicKey: PublicKey
+        let signer: SignatureTemplate
 
         init(key: EVPKey) throws(CryptoError) {
             try P256.requireP256(key, operation: "P256.Signing.PrivateKey")
             self.key = key
             self.publicKey = try PublicKey(key: key.publicOnly())
+            signer = try SignatureTemplate(key: key, for: .sign)
         }
 
         package static func generate() throws(CryptoError) -> PrivateKey {
@@ -110,7 +115,7 @@ extension P256.Signing {
 
         /// JOSE ES256 signature of `message`: raw R‖S, 64 bytes.
         package func es256Signature(for message: [UInt8]) throws(CryptoError) -> [UInt8] {
-            let der = try key.digestSignSHA256(message)
+            let der = try signer.sign(message)
             guard let raw = ECDSASignature.rawFromDER(der) else {
                 throw .openSSL("d2i_ECDSA_SIG")
             }

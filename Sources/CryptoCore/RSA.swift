@@ -9,6 +9,8 @@ package enum RSA {
 
     package struct PublicKey: Sendable {
         let key: EVPKey
+        /// Set up once: each verification copies it (see `SignatureTemplate`).
+        let verifier: SignatureTemplate
 
         init(key: EVPKey) throws(CryptoError) {
             guard key.baseID == EVP_PKEY_RSA else {
@@ -21,6 +23,7 @@ package enum RSA {
                     message: "modulus is \(bits) bits; \(RSA.minimumModulusBits)–\(RSA.maximumModulusBits) required")
             }
             self.key = key
+            verifier = try SignatureTemplate(key: key, for: .verify, configure: RSA.pkcs1Padding)
         }
 
         /// Builds a key from the unsigned big-endian modulus and exponent (JWK `n`, `e`).
@@ -81,7 +84,7 @@ package enum RSA {
 
         /// True only for a valid RSASSA-PKCS1-v1_5 SHA-256 signature of `message`.
         package func isValidRS256Signature(_ signature: [UInt8], for message: [UInt8]) -> Bool {
-            key.digestVerifySHA256(signature, for: message, configure: RSA.pkcs1Padding)
+            verifier.verify(signature, for: message)
         }
     }
 
@@ -89,10 +92,12 @@ package enum RSA {
         let key: EVPKey
         /// Derived once: signing 20,000 tokens must not re-parse anything.
         package let publicKey: PublicKey
+        let signer: SignatureTemplate
 
         init(key: EVPKey) throws(CryptoError) {
             self.key = key
             self.publicKey = try PublicKey(key: key.publicOnly())
+            signer = try SignatureTemplate(key: key, for: .sign, configure: RSA.pkcs1Padding)
         }
 
         package static func generate(bits: Int = 2048) throws(CryptoError) -> PrivateKey {
@@ -115,7 +120,7 @@ package enum RSA {
 
         /// RSASSA-PKCS1-v1_5 SHA-256 signature of `message` (JWS RS256).
         package func rs256Signature(for message: [UInt8]) throws(CryptoError) -> [UInt8] {
-            try key.digestSignSHA256(message, configure: RSA.pkcs1Padding)
+            try signer.sign(message)
         }
     }
 

@@ -17,6 +17,9 @@ final class ConnectionHandle: @unchecked Sendable {
     /// Statements prepared on this session, by SQL text and parameter types; emptied whenever the
     /// session is new (connect, reset).
     var preparedStatements: [PreparedKey: String] = [:]
+    /// The number in the last prepared statement's name: names are never reused within a session,
+    /// also after one was dropped.
+    var lastPreparedNumber = 0
     /// Set once the server loses or duplicates our prepared statements (a transaction-pooling
     /// proxy between us hands each statement to whichever session is free): from then on this
     /// connection sends every statement unnamed.
@@ -274,19 +277,42 @@ extension PostgresConnection {
                     values, lengths, formats in
                     PQsendQueryPrepared(connection, name, Int32(query.binds.count), values, lengths, formats, 0)
                 }
-            } catch where error.sqlState == "26000" || error.sqlState == "42P05" {
+            } catch where Self.sessionLostPreparedStatements(error) {
                 // Neither error ran the statement, so sending it unnamed now runs it once.
-                handle.sendsUnnamedOnly = true
-                handle.preparedStatements.removeAll()
-                logger.info(
-                    "postgres prepared statements do not persist on this connection (a transaction-pooling proxy?); sending statements unnamed",
-                    metadata: ["db.sqlstate": .string(error.sqlState ?? "")])
+                sendUnnamedFromNowOn(after: error)
             }
         }
         return try Self.affectedRows(query, on: connection, afterSending: runMeanwhileOnce) { values, lengths, formats in
             PQsendQueryParams(
                 connection, query.sql, Int32(query.binds.count), query.binds.types, values, lengths, formats, 0)
         }
+    }
+
+    /// `rows(_:on:)` through a statement prepared on this session (see `queryPrepared`). A plan
+    /// the server can no longer use as prepared (a function's result type changed under it by a
+    /// migration: SQLSTATE 0A000, raised before anything ran) is dropped and the call sent
+    /// unnamed; the next call prepares it anew.
+    func rowsPrepared(_ query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> PostgresRows {
+        if !handle.sendsUnnamedOnly {
+            do throws(PostgresError) {
+                let name = try preparedName(for: query, on: connection)
+                let result = try query.binds.withLibpqArrays { (_, values, lengths, formats) throws(PostgresError) in
+                    PQexecPrepared(connection, name, Int32(query.binds.count), values, lengths, formats, 0)
+                }
+                let checked = PostgresResult(taking: try Self.check(result, connection: connection, sql: query.sql))
+                return PostgresRows(result: checked, affectedRows: Self.affectedRows(of: checked.pointer))
+            } catch where Self.sessionLostPreparedStatements(error) {
+                sendUnnamedFromNowOn(after: error)
+            } catch where error.sqlState == "0A000" {
+                let key = PreparedKey(sql: query.sql, types: query.binds.types)
+                if let name = handle.preparedStatements.removeValue(forKey: key) {
+                    _ = try? Self.simple("DEALLOCATE \(name)", on: connection)
+                }
+                // Outside a transaction nothing was rolled back with it: sending it again runs it once.
+                guard PQtransactionStatus(connection) == PQTRANS_IDLE else { throw error }
+            }
+        }
+        return try Self.rows(query, on: connection)
     }
 
     /// Sends with `send`, calls `afterSending`, then collects the statement's outcome.
@@ -319,10 +345,26 @@ extension PostgresConnection {
         return affectedRows(of: result)
     }
 
+    /// The errors of a session that does not keep our prepared statements (a transaction-pooling
+    /// proxy hands each statement to whichever session is free): none of them ran the statement.
+    static func sessionLostPreparedStatements(_ error: PostgresError) -> Bool {
+        error.sqlState == "26000" || error.sqlState == "42P05"
+    }
+
+    /// After such an error: this connection sends every statement unnamed from now on.
+    func sendUnnamedFromNowOn(after error: PostgresError) {
+        handle.sendsUnnamedOnly = true
+        handle.preparedStatements.removeAll()
+        logger.info(
+            "postgres prepared statements do not persist on this connection (a transaction-pooling proxy?); sending statements unnamed",
+            metadata: ["db.sqlstate": .string(error.sqlState ?? "")])
+    }
+
     func preparedName(for query: PostgresQuery, on connection: OpaquePointer) throws(PostgresError) -> String {
         let key = PreparedKey(sql: query.sql, types: query.binds.types)
         if let name = handle.preparedStatements[key] { return name }
-        let name = "siwa_\(handle.preparedStatements.count + 1)"
+        handle.lastPreparedNumber += 1
+        let name = "siwa_\(handle.lastPreparedNumber)"
         let result = key.types.withUnsafeBufferPointer { types in
             PQprepare(connection, name, query.sql, Int32(types.count), types.baseAddress)
         }

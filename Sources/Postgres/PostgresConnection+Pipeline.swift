@@ -103,14 +103,10 @@ extension PostgresConnection {
             case .success(let value): rows.append(value)
             case .failure(let error):
                 // A statement the server skipped reports "pipeline aborted": the cause is an earlier one.
-                if !handle.sendsUnnamedOnly, error.sqlState == "26000" || error.sqlState == "42P05" {
+                if !handle.sendsUnnamedOnly, Self.sessionLostPreparedStatements(error) {
                     // The same fallback as `affectedRowsPrepared`: a proxy hands our statements to
                     // other sessions. This pipeline failed; the next one is sent unnamed.
-                    handle.sendsUnnamedOnly = true
-                    handle.preparedStatements.removeAll()
-                    logger.info(
-                        "postgres prepared statements do not persist on this connection (a transaction-pooling proxy?); sending statements unnamed",
-                        metadata: ["db.sqlstate": .string(error.sqlState ?? "")])
+                    sendUnnamedFromNowOn(after: error)
                 }
                 throw error
             }

@@ -145,6 +145,14 @@ package final class PostgresConnection: Sendable {
         try await onQueue { connection throws(PostgresError) in try Self.rows(query, on: connection) }
     }
 
+    /// `query(_:)` for a statement run again and again (a request's hot path): prepared on this
+    /// session at first use, so the server parses, analyzes and plans it once per session, not
+    /// on every call. Sent unnamed when the session keeps no prepared statements (a
+    /// transaction-pooling proxy), as `executePreparedBlocking` does.
+    package func queryPrepared(_ query: PostgresQuery) async throws -> PostgresRows {
+        try await onQueue { connection throws(PostgresError) in try self.rowsPrepared(query, on: connection) }
+    }
+
     /// Runs one statement and returns the number of rows it affected.
     @discardableResult
     package func execute(_ query: PostgresQuery) async throws -> Int {

@@ -1,4 +1,5 @@
 import CryptoCore
+import Dispatch
 import Testing
 
 @Suite struct P256Tests {
@@ -146,5 +147,41 @@ import Testing
             }
             for try await valid in group { #expect(valid) }
         }
+    }
+}
+
+/// A key sets its signature context up once and copies it for each operation: every operation
+/// must then be independent of the others, whatever ran before on the key and on other threads
+/// (a failed verification leaves nothing behind, a signature never sees another's message).
+@Suite struct SignatureContextReuseTests {
+    @Test func oneKeySignsAndVerifiesFromManyThreadsAtOnce() throws {
+        let rsa = try RSA.PrivateKey.generate()
+        let ec = try P256.Signing.PrivateKey.generate()
+        // One slot per iteration, each written by its own thread only.
+        nonisolated(unsafe) let answers = UnsafeMutableBufferPointer<Bool>.allocate(capacity: 64)
+        answers.initialize(repeating: false)
+        defer { answers.deallocate() }
+        DispatchQueue.concurrentPerform(iterations: answers.count) { index in
+            let message = Array("message \(index)".utf8)
+            let other = Array("message \(index + 1)".utf8)
+            var right = true
+            do {
+                let rsaSignature = try rsa.rs256Signature(for: message)
+                let ecSignature = try ec.es256Signature(for: message)
+                for _ in 0..<2 {
+                    right = right && !rsa.publicKey.isValidRS256Signature(rsaSignature, for: other)
+                    right = right && rsa.publicKey.isValidRS256Signature(rsaSignature, for: message)
+                    right = right && !ec.publicKey.isValidES256Signature(ecSignature, for: other)
+                    right = right && ec.publicKey.isValidES256Signature(ecSignature, for: message)
+                }
+                // RS256 is deterministic: the same message, the same bytes, whatever ran before.
+                let again = try rsa.rs256Signature(for: message)
+                right = right && again == rsaSignature
+            } catch {
+                right = false
+            }
+            answers[index] = right
+        }
+        #expect(answers.allSatisfy { $0 })
     }
 }

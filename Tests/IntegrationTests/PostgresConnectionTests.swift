@@ -427,6 +427,48 @@ struct PostgresConnectionTests {
         }
     }
 
+    /// The app API's hot statements are prepared once a session. A migration may change a
+    /// function's result type under a prepared call (the server then refuses the plan, 0A000,
+    /// before running anything): the call still runs, once, and the next one prepares anew. A
+    /// session that lost its statements (a pooling proxy) gets them unnamed, as for execute.
+    @Test func preparedQueriesOutliveAChangedResultType() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            try await connection.simpleQuery(
+                """
+                CREATE TABLE calls (n int);
+                CREATE FUNCTION answer(p int) RETURNS TABLE (a int) LANGUAGE sql AS $$
+                    INSERT INTO calls VALUES (p) RETURNING p $$;
+                """)
+            func prepared() async throws -> Int {
+                try await connection.query("SELECT count(*) AS n FROM pg_prepared_statements")[0].decode(Int.self, column: "n")
+            }
+            func call(_ p: Int32) async throws -> PostgresRows { try await connection.queryPrepared("SELECT * FROM answer(\(p))") }
+            #expect(try await call(1)[0].decode(Int.self, column: "a") == 1)
+            #expect(try await call(2)[0].decode(Int.self, column: "a") == 2)
+            #expect(try await prepared() == 1)
+
+            try await connection.simpleQuery(
+                """
+                DROP FUNCTION answer(int);
+                CREATE FUNCTION answer(p int) RETURNS TABLE (a int, b text) LANGUAGE sql AS $$
+                    INSERT INTO calls VALUES (p) RETURNING p, 'new' $$;
+                """)
+            let changed = try await call(3)
+            #expect(try changed[0].decode(String.self, column: "b") == "new")
+            #expect(try await call(4)[0].decode(Int.self, column: "a") == 4)
+            #expect(try await prepared() == 1)
+
+            try await connection.simpleQuery("DEALLOCATE ALL")
+            #expect(try await call(5)[0].decode(Int.self, column: "a") == 5)
+            #expect(try await prepared() == 0)
+            let rows = try await connection.query("SELECT count(*) AS n, sum(n) AS total FROM calls")
+            #expect(try rows[0].decode(Int.self, column: "n") == 5)
+            #expect(try rows[0].decode(Int.self, column: "total") == 15)
+        }
+    }
+
     @Test func poolLeaseWaitIsBounded() async throws {
         try await withTestSchema { schema in
             let pool = PostgresPool(

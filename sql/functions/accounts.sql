@@ -162,9 +162,12 @@ BEGIN
     INSERT INTO siwa.accounts AS a (client_id, sub, status) VALUES (p_client_id, p_sub, p_status)
     ON CONFLICT (client_id, sub) DO NOTHING
     RETURNING true INTO created;
+    IF created THEN
+        RETURN true;  -- no other transaction sees a row this one inserted: nothing more to lock
+    END IF;
     -- Created by a concurrent transaction meanwhile: lock theirs.
     PERFORM 1 FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
-    RETURN coalesce(created, false);
+    RETURN false;
 END
 $$;
 
@@ -187,8 +190,13 @@ DECLARE
     event text;
     effect siwa.account_effect;
 BEGIN
-    result_created := siwa.lock_account(p_client_id, p_sub, 'active');
-    SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+    -- Locked and read in one statement when the row exists (a sign-in has locked it already).
+    SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
+    result_created := false;
+    IF NOT FOUND THEN
+        result_created := siwa.lock_account(p_client_id, p_sub, 'active');
+        SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
+    END IF;
     IF p_token_enc IS NOT NULL AND (a.refresh_token_enc = p_token_enc OR p_token_enc = ANY (a.retired_tokens_enc)) THEN
         result_status := a.status;
         RETURN;
@@ -522,9 +530,9 @@ BEGIN
     created := siwa.lock_account(p_client_id, p_sub, 'active');
     SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after
       FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
-    SELECT * INTO result
-      FROM siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
-                               false, deletion_after, NULL);
+    -- An assignment, not SELECT ... FROM: PL/pgSQL evaluates the call as a simple expression.
+    result := siwa.account_linked(p_client_id, p_sub, p_app_user_id, p_token_enc, p_email, p_is_private_email,
+                                  false, deletion_after, NULL);
     status := result.result_status;
     created := created OR result.result_created;
 END

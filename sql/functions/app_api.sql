@@ -2,25 +2,37 @@
 -- only the change feed is granted to siwa_app as well (apps that share the database call
 -- siwa.link_account and friends, and read their changes through siwa.account_changes_after).
 
+-- The two functions of every sign-in's nonce are PL/pgSQL rather than SQL: PL/pgSQL keeps its
+-- statements' plans for the session, while an SQL function with a SET clause (never inlined) has
+-- its body planned again on every call.
+
 -- Stores a new nonce (by its SHA-256) valid for p_ttl; returns when it expires.
 CREATE OR REPLACE FUNCTION siwa.issue_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS timestamptz
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    expires timestamptz;
+BEGIN
     INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
-    RETURNING expires_at;
+    RETURNING expires_at INTO expires;
+    RETURN expires;
+END
 $$;
 
 -- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
 -- number of concurrent callers with the same nonce at most one gets true; an expired row found
 -- here is deleted as well (spent either way).
 CREATE OR REPLACE FUNCTION siwa.consume_nonce(p_nonce_hash bytea) RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH consumed AS (
-        DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() AS valid)
-    SELECT coalesce((SELECT valid FROM consumed), false);
+DECLARE
+    valid boolean;
+BEGIN
+    DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() INTO valid;
+    RETURN coalesce(valid, false);
+END
 $$;
 
 -- Deletes up to p_limit expired nonces; returns how many.
@@ -66,16 +78,26 @@ BEGIN
     IF p_full_name IS NOT NULL AND jsonb_typeof(p_full_name) <> 'object' THEN
         RAISE EXCEPTION 'siwa.sign_in: full_name must be an object' USING ERRCODE = '22023';
     END IF;
-    SELECT * INTO outcome
-      FROM siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
-                                  p_deletion_requests_seen);
+    outcome := siwa.sign_in_succeeded(p_client_id, p_sub, NULL, p_refresh_token_enc, p_email, p_is_private_email,
+                                      p_deletion_requests_seen);
+    -- The answer: siwa.account's columns, read here (a cached plan on the row this transaction
+    -- holds locked) rather than through siwa.account, an SQL function planned again on every call.
     IF outcome.status = 'active' AND (p_full_name IS NOT NULL OR p_real_user_status IS NOT NULL) THEN
-        UPDATE siwa.accounts a
-           SET full_name = coalesce(p_full_name, a.full_name),
-               real_user_status = coalesce(p_real_user_status, a.real_user_status)
-         WHERE a.client_id = p_client_id AND a.sub = p_sub;
+        RETURN QUERY
+            UPDATE siwa.accounts a
+               SET full_name = coalesce(p_full_name, a.full_name),
+                   real_user_status = coalesce(p_real_user_status, a.real_user_status)
+             WHERE a.client_id = p_client_id AND a.sub = p_sub
+            RETURNING a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
+                      a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
+                      a.real_user_status, outcome.created;
+    ELSE
+        RETURN QUERY
+            SELECT a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
+                   a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
+                   a.real_user_status, outcome.created
+              FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
     END IF;
-    RETURN QUERY SELECT v.*, outcome.created FROM siwa.account(p_client_id, p_sub) v;
 END
 $$;
 
