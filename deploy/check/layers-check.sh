@@ -43,6 +43,7 @@ SAME_LAYER = {
     "WorkerCore": {"AppAPI", "AppleJobs", "Webhooks"},  # the worker starts them
     "Console": {"Webhooks"},              # the overview reads the webhook queue
     "FakeApple": set(),
+    "ScriptedHTTPServer": {"TestTiming"},  # its waits scale by SIWA_TEST_TIME_SCALE
 }
 
 package = json.load(open(sys.argv[1]))
