@@ -57,6 +57,9 @@ package struct GroupCommitStateMachine<Item> {
     private var schemaReady = false
     /// When a commit last started (the idle probe leaves readiness to commits while they run).
     private var lastCommitAt: ContinuousClock.Instant?
+    /// Commits started and not yet returned, including those the watchdog gave up on: one blocked
+    /// on a lock is still in the database, and no idle probe may call the store ready meanwhile.
+    private var committing: Set<UInt64> = []
     private var inFlight: [UInt64: InFlight] = [:]
     private var nextBatchID: UInt64 = 0
 
@@ -95,6 +98,7 @@ package struct GroupCommitStateMachine<Item> {
     package mutating func commitStarted(_ batch: [Queued], now: ContinuousClock.Instant) -> UInt64 {
         nextBatchID &+= 1
         lastCommitAt = now
+        committing.insert(nextBatchID)
         inFlight[nextBatchID] = InFlight(items: batch, oldest: batch.lazy.map(\.queuedAt).min() ?? now)
         return nextBatchID
     }
@@ -102,6 +106,7 @@ package struct GroupCommitStateMachine<Item> {
     /// Every item of the batch has its answer (or the watchdog gave them one already).
     package mutating func answered(_ batch: UInt64) {
         inFlight[batch] = nil
+        committing.remove(batch)
     }
 
     // MARK: The database
@@ -148,7 +153,7 @@ package struct GroupCommitStateMachine<Item> {
         schemaReady = writability != .unmigrated
         if writability != .writable {
             healthy = false
-        } else if lastCommitAt.map({ now - $0 > .seconds(5) }) ?? true {
+        } else if committing.isEmpty, lastCommitAt.map({ now - $0 > .seconds(5) }) ?? true {
             healthy = true
         }
     }

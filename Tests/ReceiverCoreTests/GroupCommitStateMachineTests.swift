@@ -133,6 +133,20 @@ import Testing
         #expect(machine.expire(now: Self.at(.seconds(60))).expired.isEmpty, "each request is taken once")
     }
 
+    @Test func theIdleProbeWaitsForACommitTheWatchdogGaveUpOnToComeBack() {
+        var machine = Self.machine()
+        _ = machine.connected(.writable)
+        _ = machine.submit(1, now: Self.start)
+        let id = machine.commitStarted(machine.takeBatch().batch, now: Self.start)
+        #expect(machine.expire(now: Self.at(.seconds(5))).stuckBatches == 1)
+        // Blocked on a lock another session holds: the database still looks writable.
+        machine.probed(.writable, now: Self.at(.seconds(30)))
+        #expect(!machine.isReady, "a commit is still blocked in the database")
+        machine.answered(id)
+        machine.probed(.writable, now: Self.at(.seconds(31)))
+        #expect(machine.isReady)
+    }
+
     @Test func anAnsweredBatchIsNoLongerTheWatchdogs() {
         var machine = Self.machine()
         _ = machine.submit(1, now: Self.start)
