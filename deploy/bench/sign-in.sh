@@ -23,7 +23,7 @@
 #     PostgreSQL most on each side (pg_stat_statements, per sign-in).
 # With PERF=1, a perf profile of the worker during the http run (by library, then by function):
 # its sampling costs the worker CPU, so the figures of that run are not comparable.
-# Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", ALLOCS=1, PERF=0,
+# Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", ALLOCS=1, PERF=0, PERF_FREQ=499,
 #        SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -190,7 +190,7 @@ run_scheme() {  # run_scheme http|https: the app API, then the peer, against a f
   allocs_before=$(allocations "$worker_pid")
   window_start "worker-$scheme"
   if [[ "$PERF" == 1 && $scheme == http ]]; then
-    perf record -F 499 -g -p "$worker_pid" -o "$work/perf.data" >/dev/null 2>&1 &
+    perf record -F "${PERF_FREQ:-499}" -g -p "$worker_pid" -o "$work/perf.data" >/dev/null 2>&1 &
     perf_record_pid=$!
   fi
   cpu_before=$(cpu_s "$worker_pid"); fake_before=$(cpu_s "$fake_pid"); pg_before=$(cpu_s $(pg_pids)); ticks_before=$(ticks)

@@ -291,7 +291,13 @@ PY
 wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or running
   local deadline=$((SECONDS + $1))
   until [[ $(sql -c "SELECT count(*) FROM siwa.jobs WHERE state IN ('available', 'running')") == 0 ]]; do
-    (( SECONDS > deadline )) && { echo "bench: $2 did not finish within $1 s" >&2; exit 1; }
+    if (( SECONDS > deadline )); then
+      # What was left, and what the workers said: a stall is a finding, not only a failed run.
+      echo "bench: $2 did not finish within $1 s; jobs by kind and state: $(sql -F ' ' -c "SELECT kind, state, count(*)
+              FROM siwa.jobs GROUP BY 1, 2 ORDER BY 1, 2" | tr '\n' ';')" >&2
+      tail -5 "$work/worker.log" >&2
+      exit 1
+    fi
     sleep 0.1
   done
 }
