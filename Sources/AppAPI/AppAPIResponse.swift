@@ -50,9 +50,39 @@ struct AppAPIError: Error, Sendable, Equatable {
 
 /// JSON bodies of the app API's answers.
 enum AppAPIJSON {
-    /// RFC 3339 in UTC with milliseconds.
+    /// RFC 3339 in UTC with milliseconds (truncated), `2026-12-02T13:50:00.123Z`. Written by hand:
+    /// `ISO8601FormatStyle` costs more than the rest of a nonce's answer, and it lands a millisecond
+    /// short on some exact values (`.100` written `.099`).
     static func timestamp(_ date: Date) -> String {
-        date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true))
+        // To the microsecond first (PostgreSQL's precision, which a Double holds only to within a
+        // fraction of one), then truncated to the millisecond.
+        let micros = Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+        let millis = micros >= 0 ? micros / 1000 : (micros - 999) / 1000
+        var seconds = time_t(millis >= 0 ? millis / 1000 : (millis - 999) / 1000)
+        let milliseconds = Int(millis - Int64(seconds) * 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        var text: [UInt8] = []
+        text.reserveCapacity(24)
+        func digits(_ value: Int, _ count: Int) {
+            var divisor = 1
+            for _ in 1..<count { divisor *= 10 }
+            var rest = value
+            while divisor > 0 {
+                text.append(UInt8(ascii: "0") + UInt8(rest / divisor % 10))
+                rest %= divisor
+                divisor /= 10
+            }
+        }
+        digits(Int(parts.tm_year) + 1900, 4)
+        text.append(UInt8(ascii: "-")); digits(Int(parts.tm_mon) + 1, 2)
+        text.append(UInt8(ascii: "-")); digits(Int(parts.tm_mday), 2)
+        text.append(UInt8(ascii: "T")); digits(Int(parts.tm_hour), 2)
+        text.append(UInt8(ascii: ":")); digits(Int(parts.tm_min), 2)
+        text.append(UInt8(ascii: ":")); digits(Int(parts.tm_sec), 2)
+        text.append(UInt8(ascii: ".")); digits(milliseconds, 3)
+        text.append(UInt8(ascii: "Z"))
+        return String(decoding: text, as: UTF8.self)
     }
 
     static func value(_ text: String?) -> Any { text.map { $0 as Any } ?? NSNull() }
@@ -70,11 +100,12 @@ enum AppAPIJSON {
     /// `JSONSerialization`, whose key sorting on Linux goes through ICU collation and was the
     /// largest single cost of a sign-in's answer. Takes exactly the values the bodies above hold.
     static func write(_ value: Any, to out: inout [UInt8]) {
+        // Strings first: most values are, and each failed cast costs a dynamic-cast lookup.
         switch value {
-        case let flag as Bool: out += flag ? Array("true".utf8) : Array("false".utf8)
-        case let number as Int: out += Array(String(number).utf8)
-        case let number as Int64: out += Array(String(number).utf8)
         case let text as String: JSONText.appendString(text, to: &out)
+        case let flag as Bool: out += flag ? "true".utf8 : "false".utf8
+        case let number as Int: out += String(number).utf8
+        case let number as Int64: out += String(number).utf8
         case let object as [String: Any]:
             out.append(UInt8(ascii: "{"))
             for (index, key) in object.keys.sorted().enumerated() {
@@ -92,7 +123,7 @@ enum AppAPIJSON {
             }
             out.append(UInt8(ascii: "]"))
         default:  // NSNull, and anything a body should never hold
-            out += Array("null".utf8)
+            out += "null".utf8
         }
     }
 

@@ -57,7 +57,8 @@ struct SignIn: Sendable {
         // 1. The nonce. The statement that spends it also reads the account the token names, so
         // step 3 costs no second round trip; that state is used only if step 2 proves that `sub`.
         let nonceHash = SHA256.hash(Array(request.nonce.utf8))
-        let claimedSub = Self.claimedSub(request.identityToken)
+        let token = ParsedIdentityToken(request.identityToken)
+        let claimedSub = token.flatMap(Self.claimedSub)
         var readAhead: (sub: String, state: AppAPIStore.SignInState)?
         do {
             let spent: Bool
@@ -77,7 +78,7 @@ struct SignIn: Sendable {
         guard clientIDs.contains(request.clientID) else { return .failure(.tokenInvalid) }
         let identity: AppleIdentity
         do {
-            identity = try await verifier.verify(request.identityToken, clientID: request.clientID, rawNonce: request.nonce)
+            identity = try await verifier.verify(token, clientID: request.clientID, rawNonce: request.nonce)
         } catch .keysUnavailable {
             return .failure(.keysUnavailable)
         } catch {
@@ -152,9 +153,8 @@ struct SignIn: Sendable {
 
     /// The `sub` an identity token claims, read without verifying it: only to read its account
     /// ahead. Nil when the token does not parse (its verification fails then anyway).
-    static func claimedSub(_ identityToken: String) -> String? {
-        guard let jws = try? CompactJWS(identityToken, checkPayloadIsJSONObject: false),
-            let sub = JSONValue.object(jws.payloadBytes)?["sub"]?.stringValue, !sub.isEmpty,
+    static func claimedSub(_ identityToken: ParsedIdentityToken) -> String? {
+        guard let sub = identityToken.claimedSub, !sub.isEmpty,
             !sub.unicodeScalars.contains("\u{0}")  // no account has it, and the database cannot compare it
         else { return nil }
         return sub

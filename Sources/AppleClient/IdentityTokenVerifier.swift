@@ -35,6 +35,25 @@ package enum IdentityTokenError: String, Error, Sendable, CustomStringConvertibl
     package var description: String { rawValue }
 }
 
+/// An identity token parsed once, structure and claims, and not yet verified: a sign-in reads the
+/// `sub` it claims (to read that account ahead) and verifies the same parse, so the token is
+/// decoded and its payload read once, not three times.
+package struct ParsedIdentityToken: Sendable {
+    let jws: CompactJWS
+    let claims: [String: JSONValue]
+
+    /// Nil when the token is not a compact JWS whose payload is a JSON object.
+    package init?(_ token: String) {
+        guard let jws = try? CompactJWS(token, checkPayloadIsJSONObject: false),
+            let claims = JSONValue.object(jws.payloadBytes)
+        else { return nil }
+        (self.jws, self.claims) = (jws, claims)
+    }
+
+    /// The `sub` the token claims, unverified: to be trusted only after `verify` accepts it.
+    package var claimedSub: String? { claims["sub"]?.stringValue }
+}
+
 /// Verifies Apple identity tokens: RS256 with Apple's key set (the receiver's `AppleKeySet`, so one
 /// cache, one rate-limited refetch and the same stale-keys rule), `iss`, `aud`, `exp`, and then
 /// either the `sub` a code exchange was for or the `nonce` a sign-in was issued.
@@ -59,7 +78,8 @@ package struct IdentityTokenVerifier: Sendable {
         trustingTransportWhenKeysUnavailable: Bool = false
     ) async throws(IdentityTokenError) -> AppleIdentity {
         let (identity, _) = try await verifiedClaims(
-            token, clientID: clientID, now: now, trustingTransportWhenKeysUnavailable: trustingTransportWhenKeysUnavailable)
+            ParsedIdentityToken(token), clientID: clientID, now: now,
+            trustingTransportWhenKeysUnavailable: trustingTransportWhenKeysUnavailable)
         guard identity.sub == expectedSub else { throw .subMismatch }
         return identity
     }
@@ -68,6 +88,13 @@ package struct IdentityTokenVerifier: Sendable {
     /// checked): its `nonce` claim must be the lowercase hex SHA-256 of the raw nonce the server
     /// issued, compared in constant time.
     package func verify(_ token: String, clientID: String, rawNonce: String, now: Date = Date()) async throws(
+        IdentityTokenError
+    ) -> AppleIdentity {
+        try await verify(ParsedIdentityToken(token), clientID: clientID, rawNonce: rawNonce, now: now)
+    }
+
+    /// As `verify(_:clientID:rawNonce:now:)`, on a token already parsed (nil: it did not parse).
+    package func verify(_ token: ParsedIdentityToken?, clientID: String, rawNonce: String, now: Date = Date()) async throws(
         IdentityTokenError
     ) -> AppleIdentity {
         let (identity, claims) = try await verifiedClaims(
@@ -100,9 +127,9 @@ package struct IdentityTokenVerifier: Sendable {
 
     /// Signature (alg pinned to RS256, key by `kid`), `iss`, `aud` ∋ `clientID`, `exp`, a `sub`.
     private func verifiedClaims(
-        _ token: String, clientID: String, now: Date, trustingTransportWhenKeysUnavailable: Bool
+        _ token: ParsedIdentityToken?, clientID: String, now: Date, trustingTransportWhenKeysUnavailable: Bool
     ) async throws(IdentityTokenError) -> (AppleIdentity, [String: JSONValue]) {
-        guard let jws = try? CompactJWS(token) else { throw .malformed }
+        guard let jws = token?.jws, let claims = token?.claims else { throw .malformed }
         guard jws.algorithm == RS256.algorithm, let keyID = jws.keyID else { throw .badSignature }
         switch await keys.key(keyID) {
         case .found(let key):
@@ -111,7 +138,6 @@ package struct IdentityTokenVerifier: Sendable {
         case .unavailable:
             guard trustingTransportWhenKeysUnavailable else { throw .keysUnavailable }
         }
-        guard let claims = JSONValue.object(jws.payloadBytes) else { throw .malformed }
         guard claims["iss"]?.stringValue == AppleNotification.appleIssuer else { throw .wrongIssuer }
         guard AppleNotification.audiences(claims["aud"])?.contains(clientID) == true else { throw .wrongAudience }
         guard let exp = claims["exp"]?.numberValue else { throw .malformed }

@@ -126,7 +126,11 @@ struct JSONReader {
 
     private func validated(_ range: Range<Int>) throws(JSONParseError) -> String {
         guard !range.isEmpty else { return "" }
-        guard let text = String(validating: UnsafeBufferPointer(rebasing: bytes[range]), as: UTF8.self) else {
+        let run = UnsafeBufferPointer(rebasing: bytes[range])
+        // Nearly every string of a token or a form is ASCII, valid UTF-8 as it is: decoded without
+        // `String(validating:as:)`, which is generic and looks its metadata up at run time per call.
+        if run.allSatisfy({ $0 < 0x80 }) { return String(decoding: run, as: UTF8.self) }
+        guard let text = String(validating: run, as: UTF8.self) else {
             throw JSONParseError(reason: "invalid UTF-8 in a string", offset: range.lowerBound)
         }
         return text

@@ -102,6 +102,9 @@ final class CurlTransfer: @unchecked Sendable {
         }
         // After the head, curl passes a chunked body's trailer lines: read, never acted on.
         guard !headComplete else { return true }
+        // Header lines are ASCII in practice: those are read as bytes, without breaking text into
+        // Characters (2 % of a sign-in's CPU in the bench's profile); any other line goes the long way.
+        if bytes.allSatisfy({ $0 < 0x80 }), let kept = receivedASCIIHeader(bytes) { return kept }
         var line = Substring(decoding: bytes, as: UTF8.self)
         while let last = line.last, last == "\r\n" || last == "\n" || last == "\r" { line = line.dropLast() }
         if line.hasPrefix("HTTP/") {
@@ -121,6 +124,25 @@ final class CurlTransfer: @unchecked Sendable {
             stoppedMalformed = true
             return false
         }
+        return true
+    }
+
+    /// A header line of ASCII bytes, as `received(headerLine:)` reads one; nil for a line that is
+    /// not a header (the status line, the empty line, a malformed one), left to the general path.
+    private func receivedASCIIHeader(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool? {
+        var end = bytes.count
+        while end > 0, bytes[end - 1] == UInt8(ascii: "\r") || bytes[end - 1] == UInt8(ascii: "\n") { end -= 1 }
+        guard end > 0, bytes[0] != UInt8(ascii: " "), bytes[0] != UInt8(ascii: "\t"),
+            !bytes[..<end].starts(with: "HTTP/".utf8),
+            let colon = bytes[..<end].firstIndex(of: UInt8(ascii: ":")), colon > 0
+        else { return nil }
+        let name = String(decoding: bytes[..<colon].map { $0 >= 0x41 && $0 <= 0x5A ? $0 + 0x20 : $0 }, as: UTF8.self)
+        var valueStart = colon + 1
+        var valueEnd = end
+        while valueStart < valueEnd, bytes[valueStart] == UInt8(ascii: " ") || bytes[valueStart] == UInt8(ascii: "\t") { valueStart += 1 }
+        while valueEnd > valueStart, bytes[valueEnd - 1] == UInt8(ascii: " ") || bytes[valueEnd - 1] == UInt8(ascii: "\t") { valueEnd -= 1 }
+        let value = String(decoding: UnsafeBufferPointer(rebasing: bytes[valueStart..<valueEnd]), as: UTF8.self)
+        headers[name] = headers[name].map { "\($0), \(value)" } ?? value
         return true
     }
 

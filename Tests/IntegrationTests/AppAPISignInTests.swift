@@ -45,9 +45,11 @@ import AppAPI
             let expires = try #require(issued.json["expires_at"] as? String)
             let expiry = try #require(try? Date(expires, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: true)))
             #expect(expiry.timeIntervalSinceNow > 240 && expiry.timeIntervalSinceNow <= 301)
-            // Only the hash is stored.
-            let stored = try await api.connection.query("SELECT nonce_hash FROM siwa.sign_in_nonces")
+            // Only the hash is stored; `expires_at` is the stored expiry in RFC 3339 UTC, to the millisecond.
+            let stored = try await api.connection.query(
+                #"SELECT nonce_hash, to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') FROM siwa.sign_in_nonces"#)
             #expect(stored.count == 1)
+            #expect(try stored[0].decode(String.self, at: 1) == expires)
             #expect(try stored[0].decode([UInt8].self, at: 0) == SHA256.hash(Array(nonce.utf8)))
 
             // Unknown.
