@@ -58,7 +58,13 @@ final class DaemonContext: Sendable {
 
     private func setWaiting(_ connection: OpaquePointer, since: ContinuousClock.Instant?) {
         let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))
-        connections.withLock { $0[key]?.waitingSince = since }
+        // Read, change, write back: `$0[key]?.waitingSince = since` made eight heap allocations a
+        // call (Swift 6.3, optional chaining through Dictionary's subscript), twice per request.
+        connections.withLock { connections in
+            guard var entry = connections[key] else { return }
+            entry.waitingSince = since
+            connections[key] = entry
+        }
     }
 
     func rememberSuspended(_ request: RequestContext) {

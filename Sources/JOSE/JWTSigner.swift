@@ -67,16 +67,28 @@ package enum JWTSigner {
 package enum JSONText {
     /// `text` as a JSON string: `"` and `\\` escaped, control characters as `\\n`, `\\r`, `\\t` or `\\u00XX`.
     package static func appendString(_ text: String, to out: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
+        // Byte by byte into `out`, no temporary array: this runs for every string of every
+        // client_secret and every answer, and a table or literal array here was an allocation each.
+        func hexDigit(_ value: UInt8) -> UInt8 { value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10 }
         out.append(UInt8(ascii: "\""))
         for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""), UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), byte]
-            case 0x0A: out += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
-            case 0x0D: out += [UInt8(ascii: "\\"), UInt8(ascii: "r")]
-            case 0x09: out += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
-            case ..<0x20: out += Array("\\u00".utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
-            default: out.append(byte)
+            let escaped: UInt8? =
+                switch byte {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"): byte
+                case 0x0A: UInt8(ascii: "n")
+                case 0x0D: UInt8(ascii: "r")
+                case 0x09: UInt8(ascii: "t")
+                default: nil
+                }
+            if let escaped {
+                out.append(UInt8(ascii: "\\"))
+                out.append(escaped)
+            } else if byte < 0x20 {
+                out.append(contentsOf: "\\u00".utf8)
+                out.append(hexDigit(byte >> 4))
+                out.append(hexDigit(byte & 0x0F))
+            } else {
+                out.append(byte)
             }
         }
         out.append(UInt8(ascii: "\""))
