@@ -52,9 +52,12 @@ final class CurlTransfer: @unchecked Sendable {
     /// (it would print request headers, so bearers). Returns curl's refusal, if any.
     func configure(trust: CurlTrust) -> CURLcode {
         let handle = handle
-        var results: [CURLcode] = []
-        func long(_ option: CURLoption, _ value: Int) { results.append(CCurl_setopt_long(handle, option, value)) }
-        func string(_ option: CURLoption, _ value: String) { results.append(CCurl_setopt_string(handle, option, value)) }
+        // The first refusal is the answer, kept as a running value (an array of every result was
+        // an allocation per call).
+        var refusal = CURLE_OK
+        func record(_ code: CURLcode) { if refusal == CURLE_OK { refusal = code } }
+        func long(_ option: CURLoption, _ value: Int) { record(CCurl_setopt_long(handle, option, value)) }
+        func string(_ option: CURLoption, _ value: String) { record(CCurl_setopt_string(handle, option, value)) }
         long(CURLOPT_NOSIGNAL, 1)
         long(CURLOPT_VERBOSE, 0)
         string(CURLOPT_PROTOCOLS_STR, "http,https")
@@ -63,11 +66,11 @@ final class CurlTransfer: @unchecked Sendable {
         long(CURLOPT_SSL_VERIFYHOST, 2)
         long(CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS)
         long(CURLOPT_TCP_NODELAY, 1)
-        results.append(trust.apply(to: handle))
+        record(trust.apply(to: handle))
         let milliseconds = max(1, Int(request.timeout / .milliseconds(1)))
         long(CURLOPT_TIMEOUT_MS, milliseconds)
         long(CURLOPT_CONNECTTIMEOUT_MS, milliseconds)
-        results.append(CCurl_setopt_pointer(handle, CURLOPT_ERRORBUFFER, errorBuffer))
+        record(CCurl_setopt_pointer(handle, CURLOPT_ERRORBUFFER, errorBuffer))
         string(CURLOPT_URL, request.url)
 
         switch request.method {
@@ -75,22 +78,21 @@ final class CurlTransfer: @unchecked Sendable {
         case "HEAD": long(CURLOPT_NOBODY, 1)
         default:
             // POSTFIELDS, never CURLOPT_POST alone: without it curl would read the body from stdin.
-            results.append(CCurl_setopt_pointer(handle, CURLOPT_POSTFIELDS, requestBody.baseAddress))
-            results.append(CCurl_setopt_offset(handle, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
+            record(CCurl_setopt_pointer(handle, CURLOPT_POSTFIELDS, requestBody.baseAddress))
+            record(CCurl_setopt_offset(handle, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
             if request.method != "POST" { string(CURLOPT_CUSTOMREQUEST, request.method) }
         }
         // "Expect:" empty: curl would otherwise wait up to a second for a 100 before a larger body.
-        for line in request.headers.map({ "\($0.0): \($0.1)" }) + ["Expect:"] {
-            headerList = curl_slist_append(headerList, line)
-        }
-        results.append(CCurl_setopt_pointer(handle, CURLOPT_HTTPHEADER, headerList))
+        for (name, value) in request.headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
+        headerList = curl_slist_append(headerList, "Expect:")
+        record(CCurl_setopt_pointer(handle, CURLOPT_HTTPHEADER, headerList))
 
         let context = Unmanaged.passUnretained(self).toOpaque()
-        results.append(CCurl_setopt_write_callback(handle, CURLOPT_HEADERFUNCTION, CurlCallbacks.header))
-        results.append(CCurl_setopt_pointer(handle, CURLOPT_HEADERDATA, context))
-        results.append(CCurl_setopt_write_callback(handle, CURLOPT_WRITEFUNCTION, CurlCallbacks.body))
-        results.append(CCurl_setopt_pointer(handle, CURLOPT_WRITEDATA, context))
-        return results.first { $0 != CURLE_OK } ?? CURLE_OK
+        record(CCurl_setopt_write_callback(handle, CURLOPT_HEADERFUNCTION, CurlCallbacks.header))
+        record(CCurl_setopt_pointer(handle, CURLOPT_HEADERDATA, context))
+        record(CCurl_setopt_write_callback(handle, CURLOPT_WRITEFUNCTION, CurlCallbacks.body))
+        record(CCurl_setopt_pointer(handle, CURLOPT_WRITEDATA, context))
+        return refusal
     }
 
     /// One header line (status lines included, CRLF still on). Returns false to stop the transfer.

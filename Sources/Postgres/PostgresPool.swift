@@ -168,12 +168,15 @@ package final class PostgresPool: Sendable {
             defer { self.state.withLock { _ in } }
             return try await withCheckedThrowingContinuation { continuation in
                 self.state.withLock { state in
-                    guard let waiter = state.waiters[id] else { return }
+                    guard var waiter = state.waiters[id] else { return }
                     if let outcome = waiter.outcome {
                         state.waiters[id] = nil
                         continuation.resume(with: outcome)
                     } else {
-                        state.waiters[id]?.continuation = continuation
+                        // Written back whole: `waiters[id]?.continuation = ...` allocated eight
+                        // times a call (Swift 6.3, optional chaining through the subscript).
+                        waiter.continuation = continuation
+                        state.waiters[id] = waiter
                     }
                 }
             }

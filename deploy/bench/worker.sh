@@ -36,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" PERF=1 WORKER_BIN=path COMPARE_BIN=path
+#   WORKER_LOG_LEVEL=warn KEEP_LOGS=dir RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" PERF=1 WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -78,6 +78,8 @@ cleanup() {
   for pid in "${workers[@]}" "${children[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   pg_throwaway_stop
+  # KEEP_LOGS=dir: the workers', receiver's and fake's logs survive the run (a stall to look into).
+  if [[ -n ${KEEP_LOGS:-} ]]; then mkdir -p "$KEEP_LOGS" && cp "$work"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -236,7 +238,7 @@ start_workers() {  # start_workers COUNT [apple]
     [[ ${2:-} == apple ]] && apple_env=(SIWA_APPLE_BASE_URL="http://127.0.0.1:$fake_port" SIWA_TEAM_ID=TEAMBENCH1
       SIWA_KEY_ID=BENCH SIWA_PRIVATE_KEY_FILE="$work/AuthKey_BENCH.p8" SIWA_TOKEN_KEYS="$token_keys")
     local port; port=$(free_port)
-    env DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_LOG_LEVEL=warn \
+    env DATABASE_URL="$DATABASE_URL" SIWA_CLIENT_IDS=com.example.app SIWA_LOG_LEVEL="${WORKER_LOG_LEVEL:-warn}" \
       SIWA_OPS_LISTEN="127.0.0.1:$port" "${apple_env[@]}" "${run_bin:-$worker_bin}" 2>>"$work/worker.log" &
     workers+=($!)
     worker_ports+=("$port")
