@@ -298,6 +298,16 @@ wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or runnin
       echo "bench: $2 did not finish within $1 s; jobs by kind and state: $(sql -F ' ' -c "SELECT kind, state, count(*)
               FROM siwa.jobs GROUP BY 1, 2 ORDER BY 1, 2" | tr '\n' ';')" >&2
       tail -5 "$work/worker.log" >&2
+      # Where each worker's threads are (gdb, when installed): a worker that claims nothing and
+      # logs nothing is waiting somewhere, and this says where. Kept with KEEP_LOGS.
+      if command -v gdb >/dev/null; then
+        for pid in "${workers[@]}"; do
+          timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 30" >"$work/worker-$pid.stacks.log" 2>&1 || true
+          echo "bench: worker $pid's threads: $(grep -c '^Thread ' "$work/worker-$pid.stacks.log") (stacks in worker-$pid.stacks.log); frames of ours:" >&2
+          grep -oE 'in \$s[0-9]+(WorkerCore|JobQueue|Postgres|Locking|AppleClient)[^ ]{0,80}' "$work/worker-$pid.stacks.log" \
+            | sort | uniq -c | sort -rn | head -12 >&2
+        done
+      fi
       exit 1
     fi
     sleep 0.1
