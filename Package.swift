@@ -67,7 +67,7 @@ let package = Package(
         .target(name: "AppAPI",
                 dependencies: ["AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
-        // Webhooks: the queue, the dispatcher, signatures, the retry rule, the transports.
+        // Webhooks: the queue, the dispatcher, signatures, the transports (retry and discard: siwa.webhook_retry).
         .target(name: "Webhooks",
                 dependencies: ["CryptoCore", "JobQueue", "Locking", "Logging", "OutboundHTTP", "Postgres", "Metrics", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
