@@ -127,15 +127,17 @@ BEGIN
                         WHEN nullif(r.status, 0) IS NULL AND nullif(r.error, '') IS NULL THEN 'change_missing' END AS outcome
               FROM unnest(p_ids, p_attempts, p_statuses, p_errors) AS r(id, attempt, status, error)
         ), decided AS (
-            SELECT r.id, r.attempt, r.outcome, coalesce(r.error, 'answered without an error text') AS error,
-                   n.state AS next_state, n.run_at AS next_run_at
-              FROM r JOIN siwa.jobs x ON x.id = r.id
-              -- a failure only: what follows it
-              LEFT JOIN LATERAL (
-                  SELECT w.state, w.run_at
-                    FROM siwa.webhook_retry(jsonb_array_length(x.errors) + 1, (x.errors -> 0 ->> 'at')::timestamptz,
-                                            p_window_seconds, p_base, p_cap, x.run_at) w
-                   WHERE r.outcome IS NULL) n ON true
+            -- Delivered: nothing to decide (the hot path: no row read twice, no call).
+            SELECT r.id, r.attempt, r.outcome, NULL::text AS error, NULL::text AS next_state,
+                   NULL::timestamptz AS next_run_at
+              FROM r WHERE r.outcome IS NOT NULL
+            UNION ALL
+            -- A failure: what follows it, from the failures so far.
+            SELECT r.id, r.attempt, NULL, coalesce(r.error, 'answered without an error text'), w.state, w.run_at
+              FROM r JOIN siwa.jobs x ON x.id = r.id,
+                   LATERAL siwa.webhook_retry(jsonb_array_length(x.errors) + 1, (x.errors -> 0 ->> 'at')::timestamptz,
+                                              p_window_seconds, p_base, p_cap, x.run_at) w
+             WHERE r.outcome IS NULL
         )
         UPDATE siwa.jobs j
            SET state = coalesce(d.next_state, 'completed'),
