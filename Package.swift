@@ -67,7 +67,7 @@ let package = Package(
         .target(name: "AppAPI",
                 dependencies: ["AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
-        // Webhooks: the queue, the dispatcher, signatures, the retry rule, the transports.
+        // Webhooks: the queue, the dispatcher, signatures, the transports (retry and discard: siwa.webhook_retry).
         .target(name: "Webhooks",
                 dependencies: ["CryptoCore", "JobQueue", "Locking", "Logging", "OutboundHTTP", "Postgres", "Metrics", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
@@ -116,7 +116,7 @@ let package = Package(
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "JobQueue", "Locking", "Postgres", "ScriptedHTTPServer", "Settings"],
+        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "Locking", "Postgres", "ScriptedHTTPServer", "Settings"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).

@@ -74,8 +74,8 @@ package struct AccountImporter {
         let imported = try await connection.withTransaction { connection in
             var imported = 0
             for row in rows {
-                // The state machine decides (sql/functions/accounts.sql): new or active accounts take
-                // the token; a pending deletion keeps it to revoke; others are left alone.
+                // The account rules decide (siwa.account_effect's `imported`, sql/functions/accounts.sql):
+                // new or active accounts take the token; a deletion keeps it to revoke; others are left alone.
                 let taken = try await connection.query(
                     "SELECT siwa.account_imported(\(row.clientID), \(row.sub), \(row.appUserID), \(row.sealed))"
                 )[0].decode(Bool.self, at: 0)

@@ -1,19 +1,16 @@
 import AppleClient
-package import Foundation
 package import JobQueue
 package import Logging
 package import Postgres
-import SiwaModel
 import Metrics
 
 /// Opt-in reconciliation (`SIWA_RECONCILE=daily`): asks Apple whether an active account's refresh
-/// token still works, at most once a day. `invalid_grant` means the user withdrew consent without
-/// us hearing of it: the account becomes `consent_revoked` exactly as the notification would make it.
+/// token still works, at most once a day (which accounts: `siwa.reconcile_skip`). `invalid_grant`
+/// means the user withdrew consent without us hearing of it: the account becomes `consent_revoked`
+/// exactly as the notification would make it.
 package struct ReconcileJobHandler: JobHandler {
     package let kind = JobKind.reconcile
     let context: AppleJobContext
-    /// A token checked more recently than this is not checked again.
-    package var minimumInterval: TimeInterval = 86_400
 
     package init(context: AppleJobContext) {
         self.context = context
@@ -21,24 +18,20 @@ package struct ReconcileJobHandler: JobHandler {
 
     package func run(_ job: Job, logger parent: Logger) async -> JobResult {
         let logger = parent.with(job.idMetadata)
-        let account: (status: String, token: [UInt8]?, checkedAt: Date?)?
+        // Whether the account is reconciled at all is siwa.reconcile_skip's (sql/functions/accounts.sql):
+        // the token comes back only when it is due, else the reason, which is the job's outcome.
+        let account: (skipped: String?, token: [UInt8]?)
         do {
             account = try await context.pool.withConnection { connection in
-                let rows = try await connection.query("SELECT * FROM siwa.reconcile_account(\(job.clientID), \(job.sub))")
-                guard let row = rows.first else { return nil }
-                return (
-                    try row.decode(String.self, column: "status"), try row.decode([UInt8]?.self, column: "refresh_token_enc"),
-                    try row.decode(Date?.self, column: "token_checked_at")
-                )
+                let row = try await connection.query(
+                    "SELECT skipped, refresh_token_enc FROM siwa.reconcile_token(\(job.clientID), \(job.sub))")[0]
+                return (try row.decode(String?.self, column: "skipped"), try row.decode([UInt8]?.self, column: "refresh_token_enc"))
             }
         } catch {
             return .databaseFailure(error, operation: "reconcile_read", logger: logger)
         }
-        guard let account, account.status == AccountStatus.active.rawValue, let stored = account.token else {
-            return .completed(outcome: "skipped")
-        }
-        if let checked = account.checkedAt, Date().timeIntervalSince(checked) < minimumInterval {
-            return .completed(outcome: "checked_recently")
+        guard account.skipped == nil, let stored = account.token else {
+            return .completed(outcome: account.skipped ?? "skipped")
         }
         let refreshToken: String
         do {

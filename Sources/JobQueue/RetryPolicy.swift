@@ -1,9 +1,10 @@
 /// Exponential backoff with full jitter (AWS architecture blog, "Exponential Backoff And Jitter"):
 /// the delay after the n-th failure is uniform in `[0, min(cap, base * 2^(n-1))]`. A queued job's
-/// retry is not drawn here: its base and cap go to `siwa.fail_jobs`, and `siwa.job_retry`
-/// (sql/functions/queue.sql) decides (retry or discard, when). The delays drawn here are for waits
-/// inside a process (reconnecting to the database, team transfer's calls) and for the webhook
-/// dispatcher's time-window rule (`WebhookRetryRule`). Pure: the random source is a parameter.
+/// retry is not drawn here: its base and cap go to `siwa.fail_jobs` (a webhook delivery's to
+/// `siwa.finish_webhook_deliveries`), and `siwa.job_retry` (`siwa.webhook_retry` for deliveries,
+/// sql/functions/queue.sql) decides (retry or discard, when). The delays drawn here are for waits
+/// inside a process (reconnecting to the database, team transfer's calls). Pure: the random source
+/// is a parameter.
 package struct RetryPolicy: Sendable, Equatable {
     package var base: Duration
     package var cap: Duration

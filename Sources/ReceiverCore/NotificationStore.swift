@@ -463,12 +463,8 @@ package final class NotificationStore: Sendable {
         do {
             let reasons = Array(counts.keys)
             let numbers = reasons.map { Int64(counts[$0]!) }
-            _ = try connection.executeBlocking(
-                """
-                INSERT INTO siwa.rejections (minute, reason, count)
-                SELECT date_trunc('minute', now()), reason, n FROM unnest(\(reasons)::text[], \(numbers)::bigint[]) AS t(reason, n)
-                ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + excluded.count
-                """)
+            // sql/functions/notifications.sql: this minute's counters, added to.
+            _ = try connection.executeBlocking("SELECT siwa.count_rejections(\(reasons)::text[], \(numbers)::bigint[])")
         } catch {
             state.withLock { state in
                 for (reason, count) in counts { state.rejectionCounts[reason, default: 0] += count }

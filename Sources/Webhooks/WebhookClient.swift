@@ -1,19 +1,15 @@
 package import Foundation
 import OutboundHTTP
 
-/// What one delivery attempt got. Only a 2xx is delivered; a redirect is an answer we do not
-/// follow (the endpoint must be configured as it is), so it counts as a failure like a 5xx.
+/// What one delivery attempt got, as reported to siwa.finish_webhook_deliveries (which decides that
+/// only a 2xx is delivered). A redirect is an answer we do not follow (the endpoint must be
+/// configured as it is), so it counts as a failure like a 5xx.
 package enum WebhookAttemptResult: Sendable, Equatable {
     case answered(status: Int, bodyPrefix: String)
     /// No answer within the timeout.
     case timedOut
     /// No HTTP answer at all (refused, reset, DNS, TLS): the detail names the error code, never data.
     case connectionFailed(detail: String)
-
-    package var delivered: Bool {
-        if case .answered(let status, _) = self { return (200...299).contains(status) }
-        return false
-    }
 
     /// The `reason` label of `siwa_webhook_failures_total`: a small closed set.
     package var failureReason: String? {

@@ -43,8 +43,8 @@ package final class WebhookDispatcher: Sendable {
 
     private struct Finished: Sendable {
         var delivery: WebhookQueue.Delivery
-        var finish: WebhookQueue.Finish
-        var reason: String?
+        var attempt: WebhookQueue.Attempt
+        var result: WebhookAttemptResult?
         var answeredAt: Date
     }
 
@@ -68,7 +68,6 @@ package final class WebhookDispatcher: Sendable {
     private let queue: WebhookQueue
     private let pool: PostgresPool
     private let client: WebhookClient
-    private let rule: WebhookRetryRule
     private let metrics: WebhookMetrics
     private let logger: Logger
     private let state = Locked(State())
@@ -85,7 +84,6 @@ package final class WebhookDispatcher: Sendable {
             limits: options.limits, logger: logger)
         queue = WebhookQueue(pool: pool)
         client = WebhookClient(url: settings.url, timeout: settings.timeout, caCertificates: settings.caCertificates)
-        rule = WebhookRetryRule(policy: options.retryPolicy, window: settings.retryWindow)
         metrics = WebhookMetrics(registry: registry)
     }
 
@@ -188,7 +186,7 @@ package final class WebhookDispatcher: Sendable {
         let started = ContinuousClock.now
         guard let body = delivery.body, let changeID = delivery.changeID else {
             // The change row is gone (deleted by hand): nothing to send, nothing to hold back.
-            enqueue(Finished(delivery: delivery, finish: .completed(outcome: "change_missing"), reason: nil, answeredAt: Date()))
+            enqueue(Finished(delivery: delivery, attempt: .changeMissing, result: nil, answeredAt: Date()))
             return
         }
         let bytes = Array(body.utf8)
@@ -197,13 +195,14 @@ package final class WebhookDispatcher: Sendable {
         let result = await client.send(body: bytes, headers: headers)
         let elapsed = ContinuousClock.now - started
         metrics.requestDuration.observe(elapsed.seconds)
-        // The retry window runs on the database's clock: its time at the claim plus what passed here.
-        let sinceFirstFailure = delivery.firstFailedAt.map { first -> Duration in
-            let seconds = delivery.claimedAt.timeIntervalSince(first) + elapsed.seconds
-            return .milliseconds(Int64(max(0, seconds) * 1000))
+        // Only the report: whether it is delivered, retried or discarded is the database's rule
+        // (siwa.webhook_retry, on its own clock), decided as the result is written.
+        let attempt: WebhookQueue.Attempt
+        switch result {
+        case .answered(let status, _): attempt = .answered(status: status, error: result.errorText)
+        case .timedOut, .connectionFailed: attempt = .failed(error: result.errorText)
         }
-        let finish = rule.decide(result, failures: delivery.failures, sinceFirstFailure: sinceFirstFailure)
-        enqueue(Finished(delivery: delivery, finish: finish, reason: result.failureReason, answeredAt: Date()))
+        enqueue(Finished(delivery: delivery, attempt: attempt, result: result, answeredAt: Date()))
     }
 
     /// The answer is in: the slot is free (the claim loop may fill it) and the result waits for the writer.
@@ -237,7 +236,8 @@ package final class WebhookDispatcher: Sendable {
                 closed = more.closed
             }
             do {
-                let states = try await queue.finish(batch.map { ($0.delivery, $0.finish) })
+                let states = try await queue.finish(
+                    batch.map { ($0.delivery, $0.attempt) }, window: settings.retryWindow, policy: options.retryPolicy)
                 failures = 0
                 record(batch, states: states)
             } catch {
@@ -268,14 +268,14 @@ package final class WebhookDispatcher: Sendable {
         }
     }
 
-    private func record(_ batch: [Finished], states: [Int64: String]) {
+    private func record(_ batch: [Finished], states: [Int64: WebhookQueue.Written]) {
         state.withLock { state in
             for item in batch { state.held[item.delivery.jobID] = nil }
         }
         claimBell.ring()  // the accounts' next changes are claimable now, and the cap on unwritten results has room
         for item in batch {
             let delivery = item.delivery
-            if let reason = item.reason { metrics.failures[reason]?.increment() }
+            if let reason = item.result?.failureReason { metrics.failures[reason]?.increment() }
             var metadata: Logger.Metadata = [
                 "job_id": .int(Int(delivery.jobID)), "change_id": .int(Int(delivery.changeID ?? 0)),
                 "attempt": .int(delivery.attempt),
@@ -284,19 +284,18 @@ package final class WebhookDispatcher: Sendable {
                 logger.warning("siwa-worker lost a webhook delivery's lease; its result is dropped", metadata: metadata)
                 continue
             }
-            switch (item.finish, written) {
-            case (.completed, "completed"):
+            if written.state != "completed", let result = item.result { metadata["error"] = .string(result.errorText) }
+            switch written.state {
+            case "completed":
                 metrics.delivered.increment()
                 if let created = delivery.changeCreatedAt {
                     metrics.deliveryDelay.observe(max(0, item.answeredAt.timeIntervalSince(created)))
                 }
-            case (.retry(let error, let delay), _):
-                metadata["error"] = .string(error)
-                metadata["retry_in_seconds"] = .double(delay.seconds)
+            case "available":
+                metadata["retry_in_seconds"] = .double(written.retryIn ?? 0)
                 logger.warning("siwa-worker webhook delivery failed; retrying", metadata: metadata)
-            case (.discard(let error), _):
+            case "discarded":
                 metrics.discarded.increment()
-                metadata["error"] = .string(error)
                 logger.error(
                     "siwa-worker webhook delivery discarded after its retry window; the account's later changes wait "
                         + "(siwa jobs retry ID)", metadata: metadata)

@@ -1,9 +1,11 @@
 package import Foundation
+package import JobQueue
 package import Postgres
 import Metrics
 
 /// The SQL side of deliveries (functions in sql/functions/webhooks.sql): register the endpoint,
-/// claim each account's oldest undelivered change, record results fenced by attempt, heartbeat.
+/// claim each account's oldest undelivered change, report attempts' results fenced by attempt (the
+/// database decides what follows), heartbeat.
 package struct WebhookQueue: Sendable {
     /// One claimed delivery.
     package struct Delivery: Sendable, Equatable {
@@ -11,21 +13,28 @@ package struct WebhookQueue: Sendable {
         /// The lease's fencing token.
         package var attempt: Int
         package var changeID: Int64?
-        /// Failures recorded before this attempt.
-        package var failures: Int
-        package var firstFailedAt: Date?
         /// The change object; nil when the change row no longer exists.
         package var body: String?
         package var changeCreatedAt: Date?
-        /// The database's clock at the claim (retry windows are measured on it, not on ours).
-        package var claimedAt: Date
     }
 
-    /// What to write for a claimed delivery.
-    package enum Finish: Sendable, Equatable {
-        case completed(outcome: String)
-        case retry(error: String, after: Duration)
-        case discard(error: String)
+    /// What a claimed delivery's attempt got, as the sender reports it; what follows (delivered,
+    /// retried when, discarded) is `siwa.finish_webhook_deliveries`'s to decide.
+    package enum Attempt: Sendable, Equatable {
+        /// The HTTP status answered, and the error text recorded when it is not a 2xx.
+        case answered(status: Int, error: String)
+        /// No HTTP answer (timeout, connection, TLS): the error text recorded.
+        case failed(error: String)
+        /// Nothing to send: the change row is gone (deleted by hand).
+        case changeMissing
+    }
+
+    /// What the database wrote for one delivery.
+    package struct Written: Sendable, Equatable {
+        /// `completed`, `available` (retried) or `discarded`.
+        package var state: String
+        /// Seconds until the retry (nil unless retried).
+        package var retryIn: Double?
     }
 
     package let pool: PostgresPool
@@ -84,8 +93,7 @@ package struct WebhookQueue: Sendable {
         let rows = try await pool.withConnection { connection in
             try await connection.query(
                 """
-                SELECT c.job_id, c.attempt, c.change_id, c.failures, c.first_failed_at, c.body, c.change_created_at,
-                       c.claimed_at
+                SELECT c.job_id, c.attempt, c.change_id, c.body, c.change_created_at
                   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,
                        siwa.claim_webhook_deliveries(\(worker)::text, \(limit)::integer, \(lease.seconds)) AS c
                 """)
@@ -94,30 +102,26 @@ package struct WebhookQueue: Sendable {
             Delivery(
                 jobID: try row.decode(Int64.self, column: "job_id"), attempt: try row.decode(Int.self, column: "attempt"),
                 changeID: try row.decode(Int64?.self, column: "change_id"),
-                failures: try row.decode(Int.self, column: "failures"),
-                firstFailedAt: try row.decode(Date?.self, column: "first_failed_at"),
                 body: try row.decode(String?.self, column: "body"),
-                changeCreatedAt: try row.decode(Date?.self, column: "change_created_at"),
-                claimedAt: try row.decode(Date.self, column: "claimed_at"))
+                changeCreatedAt: try row.decode(Date?.self, column: "change_created_at"))
         }
     }
 
-    /// Writes the results in one statement. Returns each written job's new state by id
-    /// (`completed`, `available`, `discarded`); a job missing from it had lost its lease.
-    package func finish(_ results: [(delivery: Delivery, finish: Finish)]) async throws -> [Int64: String] {
+    /// Writes the attempts' results in one statement, the database deciding what follows each
+    /// (`window`: the retry window since a delivery's first failure; `policy`: the backoff). Returns
+    /// what was written by job id; a job missing from it had lost its lease.
+    package func finish(
+        _ results: [(delivery: Delivery, attempt: Attempt)], window: Duration, policy: RetryPolicy
+    ) async throws -> [Int64: Written] {
         guard !results.isEmpty else { return [:] }
-        var actions: [String] = []
-        var texts: [String] = []
-        var retryMilliseconds: [Int64] = []
-        for (_, finish) in results {
-            switch finish {
-            case .completed(let outcome):
-                actions.append("completed"); texts.append(outcome); retryMilliseconds.append(0)
-            case .retry(let error, let delay):
-                actions.append("retry"); texts.append(error)
-                retryMilliseconds.append(Int64((delay.seconds * 1000).rounded(.up)))
-            case .discard(let error):
-                actions.append("discard"); texts.append(error); retryMilliseconds.append(0)
+        // Arrays bind without NULLs: status 0 is no answer, error "" none.
+        var statuses: [Int64] = []
+        var errors: [String] = []
+        for (_, attempt) in results {
+            switch attempt {
+            case .answered(let status, let error): statuses.append(Int64(status)); errors.append(error)
+            case .failed(let error): statuses.append(0); errors.append(error)
+            case .changeMissing: statuses.append(0); errors.append("")
             }
         }
         let ids = results.map(\.delivery.jobID)
@@ -125,13 +129,17 @@ package struct WebhookQueue: Sendable {
         let rows = try await pool.withConnection { connection in
             try await connection.query(
                 """
-                SELECT job_id, state FROM siwa.finish_webhook_deliveries(
-                    \(ids)::bigint[], \(attempts)::bigint[], \(actions)::text[], \(texts)::text[], \(retryMilliseconds)::bigint[])
+                SELECT job_id, state, retry_in FROM siwa.finish_webhook_deliveries(
+                    \(ids)::bigint[], \(attempts)::bigint[], \(statuses)::integer[], \(errors)::text[],
+                    \(window.seconds)::float8, \(policy.base.seconds)::float8, \(policy.cap.seconds)::float8)
                 """)
         }
-        var states: [Int64: String] = [:]
-        for row in rows { states[try row.decode(Int64.self, column: "job_id")] = try row.decode(String.self, column: "state") }
-        return states
+        var written: [Int64: Written] = [:]
+        for row in rows {
+            written[try row.decode(Int64.self, column: "job_id")] = Written(
+                state: try row.decode(String.self, column: "state"), retryIn: try row.decode(Double?.self, column: "retry_in"))
+        }
+        return written
     }
 
     package func extendLeases(_ held: [Delivery], lease: Duration) async throws {

@@ -85,6 +85,13 @@ import Testing
         a pending_deletion account that gets transferred is ignored (ignored_account_deleted)
         a deleted account that gets transferred is ignored (ignored_account_deleted)
 
+        a new account that gets imported becomes active, change `imported`
+        an active account that gets imported stays active, change `imported`
+        a consent_revoked account that gets imported is ignored (no_change)
+        an apple_account_deleted account that gets imported is ignored (no_change)
+        a pending_deletion account that gets imported is ignored (ignored_account_deleted)
+        a deleted account that gets imported is ignored (ignored_account_deleted)
+
         a new account that gets account-purged is ignored (ignored_unknown_type)
         an active account that gets account-purged is ignored (ignored_unknown_type)
         a consent_revoked account that gets account-purged is ignored (ignored_unknown_type)
@@ -96,7 +103,7 @@ import Testing
     static let statuses: [String?] = [nil, "active", "consent_revoked", "apple_account_deleted", "pending_deletion", "deleted"]
     static let appleEvents = ["consent-revoked", "account-deleted", "email-enabled", "email-disabled"]
     static let events = appleEvents + [
-        "linked", "late_link", "deletion_requested", "deletion_finished", "reconcile_invalid_grant", "transferred",
+        "linked", "late_link", "deletion_requested", "deletion_finished", "reconcile_invalid_grant", "transferred", "imported",
         "account-purged",  // a type Apple may add: changes nothing
     ]
 
@@ -189,6 +196,41 @@ import Testing
                 // A notification keeps its body only while its account is not deleted.
                 let erasedNotification = row.erases || ["deleted", "apple_account_deleted"].contains(row.status ?? "")
                 #expect(try account.decode(Bool.self, at: 6) == erasedNotification, "\(row.sentence): the notification's jws")
+            }
+        }
+    }
+
+    /// `imported` through the real import (`siwa.account_imported`), each against an account row in
+    /// its status holding no token: the account ends as the table says, and the token goes where
+    /// the outcome says (applied: the account's; ignored for a deletion: held for it to revoke; no
+    /// change: nowhere).
+    @Test func theImportDoesWhatTheTableSays() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            for (index, row) in try Self.rows.filter({ $0.event == "imported" }).enumerated() {
+                let sub = "000\(index).import"
+                if let status = row.status {
+                    try await connection.execute(
+                        "INSERT INTO siwa.accounts (client_id, sub, status) VALUES ('com.example.app', \(sub), \(status))")
+                }
+                let taken = try await connection.query(
+                    "SELECT siwa.account_imported('com.example.app', \(sub), 'user', '\\x0a'::bytea)")[0].decode(Bool.self, at: 0)
+                let account = try await connection.query("""
+                    SELECT a.status, a.refresh_token_enc = '\\x0a'::bytea, '\\x0a'::bytea = ANY (a.retired_tokens_enc),
+                           ARRAY(SELECT c.change FROM siwa.account_changes c WHERE c.sub = a.sub ORDER BY c.id)::text
+                      FROM siwa.accounts a WHERE a.client_id = 'com.example.app' AND a.sub = \(sub)
+                    """)[0]
+                let changes = try account.decode(String.self, at: 3)
+                let current = try account.decode(Bool?.self, at: 1) ?? false
+                let held = try account.decode(Bool.self, at: 2)
+                let found = Effect(
+                    status: row.status, event: row.event, next: try account.decode(String.self, at: 0),
+                    outcome: current ? "applied" : held ? "ignored_account_deleted" : "no_change",
+                    endsGrant: false, endsSessions: false, erases: false, forwarding: nil,
+                    change: changes == "{}" ? nil : String(changes.dropFirst().dropLast()))
+                #expect(found == row, "\(row.sentence)\n   the import: \(found.sentence)")
+                #expect(taken == current, "\(row.sentence): the import reports the token taken")
             }
         }
     }

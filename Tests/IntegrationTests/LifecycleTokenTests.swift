@@ -113,6 +113,42 @@ import AppleJobs
         }
     }
 
+    /// Who is reconciled is one rule (siwa.reconcile_skip: reconcile's invalid_grant must apply, so
+    /// only an active account holding a token not checked for a day), read the same by the
+    /// schedule and by the job itself: a job queued for an account that has left `active` since, or
+    /// whose token was checked meanwhile, asks Apple nothing.
+    @Test func onlyActiveAccountsDueAreReconciled() async throws {
+        try await withLifecycle { h in
+            let statuses = ["active", "consent_revoked", "apple_account_deleted", "pending_deletion", "deleted"]
+            for status in statuses {
+                try await h.linkAccount(sub: "001.\(status)")
+                _ = try await h.connection.execute(
+                    "UPDATE siwa.accounts SET status = \(status), token_checked_at = now() - interval '25 hours' WHERE sub = \("001.\(status)")")
+            }
+            try await h.linkAccount(sub: "001.checked")  // checked just now, by its link
+            let scheduler = ReconcileScheduler(pool: h.pool, logger: h.logger, batchSize: 10)
+            #expect(try await scheduler.queueBatch() == 1)
+            #expect(try await h.connection.query("SELECT sub FROM siwa.jobs WHERE kind = 'reconcile'").map {
+                try $0.decode(String.self, at: 0)
+            } == ["001.active"])
+
+            // Jobs queued anyway (by hand, or before the account changed): each outcome says why not.
+            var outcomes: [String: String] = [:]
+            for sub in statuses.dropFirst().map({ "001.\($0)" }) + ["001.checked", "001.nobody"] {
+                let id = try await h.connection.query(
+                    "INSERT INTO siwa.jobs (kind, client_id, sub) VALUES ('reconcile', \(LifecycleHarness.clientID), \(sub)) RETURNING id"
+                )[0].decode(Int64.self, at: 0)
+                try await h.run(id)
+                outcomes[sub] = try await h.jobRow(id).outcome ?? "none"
+            }
+            #expect(outcomes == [
+                "001.consent_revoked": "skipped", "001.apple_account_deleted": "skipped", "001.pending_deletion": "skipped",
+                "001.deleted": "skipped", "001.checked": "checked_recently", "001.nobody": "skipped",
+            ])
+            #expect(!h.fake.calls.contains { $0.grantType == "refresh_token" }, "Apple was asked about an account not due")
+        }
+    }
+
     @Test func logsNeverHoldSecrets() async throws {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-log-\(UUID().uuidString)").path
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)

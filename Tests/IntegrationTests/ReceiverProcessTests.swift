@@ -60,6 +60,36 @@ import Metrics
         }
     }
 
+    /// What the receiver refused reaches siwa.rejections (`siwa status`, the console), counted per
+    /// minute and reason through siwa.count_rejections by a login that has only siwa_receiver's rights.
+    @Test func refusalsAreCountedInTheDatabaseByTheReceiversRole() async throws {
+        try await withMigratedDatabase { database in try await database.withReceiverLogin { receiverURL in
+            try await withTeardown { teardown in
+                let keys = try TestAppleKeys()
+                defer { keys.stop() }
+                let (receiver, base) = try await ReceiverUnderTest.start(databaseURL: receiverURL, keys: keys)
+                teardown.add { await receiver.stop() }
+                let path = base + "/apple/notifications"
+                let otherKey = try RSA.PrivateKey.generate()
+                for _ in 0..<2 { #expect(try await HTTP.request("POST", path, body: Data("hello".utf8)).status == 400) }
+                let forged = TestAppleKeys.body(try keys.sign(TestAppleKeys.claims(), with: otherKey))
+                #expect(try await HTTP.request("POST", path, body: forged).status == 401)
+
+                let connection = try await database.connect()
+                defer { connection.close() }
+                // Flushed every 5 s: the three may land in one minute's row or in two.
+                var counted = ""
+                try await waitUntil("the receiver counted its refusals in siwa.rejections", detail: counted) {
+                    counted = try await connection.query("""
+                        SELECT coalesce(string_agg(reason || '=' || total, ',' ORDER BY reason), '')
+                          FROM (SELECT reason, sum(count) AS total FROM siwa.rejections GROUP BY reason) t
+                        """)[0].decode(String.self, at: 0)
+                    return counted == "bad_signature=1,body_not_json=2"
+                }
+            }
+        } }
+    }
+
     @Test func contractStatusTable() async throws {
         try await withMigratedDatabase { database in
             try await withTeardown { teardown in

@@ -26,7 +26,7 @@ struct WebhookQueuePlanTests {
 
             // Once with nothing to do, so the catalog reads of a first call are not counted below.
             _ = try await connection.query("SELECT * FROM siwa.claim_webhook_deliveries('plan-test', 0, 60)")
-            _ = try await connection.query("SELECT * FROM siwa.finish_webhook_deliveries('{}', '{}', '{}', '{}', '{}')")
+            _ = try await connection.query("SELECT * FROM siwa.finish_webhook_deliveries('{}', '{}', '{}', '{}', 86400, 1, 3600)")
 
             let claim = try await connection.buffersTouched(by: "SELECT * FROM siwa.claim_webhook_deliveries('plan-test', 32, 60)")
             let claimed = try await connection.query(
@@ -34,24 +34,26 @@ struct WebhookQueuePlanTests {
             #expect(claimed.count == 32)
             #expect(claim < Self.queued / 4, "a claim of 32 touched \(claim) buffers with \(Self.queued) queued")
 
-            // All completed but one retried a minute out: its account's later changes follow it.
+            // All completed but one retried (within a minute): its account's later changes follow it.
             let ids = try claimed.map { try $0.decode(Int64.self, column: "id") }
             let attempts = try claimed.map { Int64(try $0.decode(Int.self, column: "attempt")) }
             let retriedSub = try claimed[0].decode(String.self, column: "sub")
-            let actions = ["retry"] + Array(repeating: "completed", count: ids.count - 1)
-            let texts = ["answered 503"] + Array(repeating: "delivered 204", count: ids.count - 1)
-            let retryMilliseconds: [Int64] = [60_000] + Array(repeating: 0, count: ids.count - 1)
+            let statuses: [Int64] = [503] + Array(repeating: 204, count: ids.count - 1)
+            let errors = ["answered 503"] + Array(repeating: "", count: ids.count - 1)
             let finish = try await connection.buffersTouched(
                 by: """
                 SELECT * FROM siwa.finish_webhook_deliveries(
-                    \(ids)::bigint[], \(attempts)::bigint[], \(actions)::text[], \(texts)::text[], \(retryMilliseconds)::bigint[])
+                    \(ids)::bigint[], \(attempts)::bigint[], \(statuses)::integer[], \(errors)::text[], 86400, 60, 60)
                 """)
             #expect(finish < Self.queued / 4, "writing 32 results touched \(finish) buffers with \(Self.queued) queued")
             #expect(try await connection.int("SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND state = 'completed'") == 31)
-            // The retried one and its account's 3 later changes, due in a minute.
+            // The retried one and its account's 3 later changes, due when it is (the jitter's draw, later than now).
             #expect(try await connection.int(
-                "SELECT count(*) FROM siwa.jobs WHERE kind = 'webhook' AND sub = \(retriedSub) AND run_at > now() + interval '30 seconds'")
-                == 4)
+                """
+                SELECT count(*) FROM siwa.jobs s
+                 WHERE s.kind = 'webhook' AND s.sub = \(retriedSub)
+                   AND s.run_at = (SELECT h.run_at FROM siwa.jobs h WHERE h.id = \(ids[0]) AND h.state = 'available' AND h.run_at > now())
+                """) == 4)
         }
     }
 }

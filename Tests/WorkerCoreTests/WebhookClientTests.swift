@@ -60,7 +60,6 @@ import Webhooks
         let client = try client(server, scheme, timeout: .seconds(8))
         for status in [200, 204, 202, 201] {
             let result = await client.send(body: [], headers: [])
-            #expect(result.delivered, "\(status): \(result)")
             guard case .answered(status, _) = result else {
                 Issue.record("expected \(status), got \(result)")
                 continue
@@ -80,7 +79,6 @@ import Webhooks
                 Issue.record("expected a failed attempt, got \(result)")
                 continue
             }
-            #expect(!result.delivered)
         }
     }
 

@@ -175,9 +175,8 @@ raw() {  # raw CONNECTIONS -> deliveries/s: the same claim + finish SQL, no HTTP
 SELECT coalesce(array_agg(c.job_id), '{}') AS ids, coalesce(array_agg(c.attempt::bigint), '{}') AS attempts
   FROM (SELECT set_config('synchronous_commit', 'off', true)) AS s, siwa.claim_webhook_deliveries('pgbench', 32, 60) AS c \gset
 SELECT count(*) FROM siwa.finish_webhook_deliveries(':ids'::bigint[], ':attempts'::bigint[],
-    array_fill('completed'::text, ARRAY[cardinality(':ids'::bigint[])]),
-    array_fill('delivered 204'::text, ARRAY[cardinality(':ids'::bigint[])]),
-    array_fill(0::bigint, ARRAY[cardinality(':ids'::bigint[])]));
+    array_fill(204, ARRAY[cardinality(':ids'::bigint[])]),
+    array_fill(''::text, ARRAY[cardinality(':ids'::bigint[])]), 86400, 1, 3600);
 SQL
     local began; began=$(now)
     local per=$(( changes / 32 / $1 + 10 ))

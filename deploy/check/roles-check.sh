@@ -173,11 +173,13 @@ expect "siwa.store_notifications runs as its caller (the receiver's own column p
     "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE proname = 'store_notifications'")" f
 expect "a notification it stored has its job held like any other" \
     "$(q postgres siwa "SELECT run_at = 'infinity' FROM siwa.jobs WHERE notification_jti = 'n5'")" t
-upsert="INSERT INTO siwa.rejections (minute, reason, count) VALUES (date_trunc('minute', now()), 'bad_signature', 1)
-        ON CONFLICT (minute, reason) DO UPDATE SET count = siwa.rejections.count + EXCLUDED.count"
-allowed rcv siwa "upsert a rejection counter" "$upsert"
-allowed rcv siwa "upsert the same counter again" "$upsert"
+count_rejections="SELECT siwa.count_rejections(ARRAY['bad_signature'], ARRAY[1]::bigint[])"
+allowed rcv siwa "count a rejection through siwa.count_rejections" "$count_rejections"
+allowed rcv siwa "count the same reason again" "$count_rejections"
 expect "the counter is 2" "$(q postgres siwa "SELECT count FROM siwa.rejections WHERE reason = 'bad_signature'")" 2
+expect "siwa.count_rejections runs as its caller (the receiver's own privileges on the counters)" \
+    "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE proname = 'count_rejections'")" f
+denied nobody siwa "a login without a siwa role counts no rejection" "$count_rejections"
 # A compromised receiver forging work: a job for any account, or a notification already marked processed.
 denied rcv siwa "INSERT a job directly (a forged notification job)" \
     "INSERT INTO siwa.jobs (kind, priority, client_id, sub, notification_jti) VALUES ('notification', 2, 'com.example.app', 'victim', 'n1')"

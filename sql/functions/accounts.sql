@@ -9,7 +9,8 @@
 -- changes an account's status asks this and does what it says: the notification batch
 -- (siwa.apply_notifications, and so siwa.apply_notification), a link or sign-in
 -- (siwa.account_linked), siwa.request_deletion, a deletion's end (siwa.revoke_step),
--- reconciliation (siwa.reconcile_result) and team transfer (siwa.complete_transfer). One line per
+-- reconciliation (siwa.reconcile_skip, siwa.reconcile_result), team
+-- transfer (siwa.complete_transfer) and a token import (siwa.account_imported). One line per
 -- (event, status); an event that does not apply does nothing (next_status is the status, no flag,
 -- no change). Tests/IntegrationTests/AccountEffectTableTests.swift holds the same table as
 -- sentences, checked against this and against what the notification batch does to real rows:
@@ -29,7 +30,8 @@
 -- `linked` (an exchange or a sign-in); `late_link` (a token that belongs to a deletion: the
 -- deletion's own code, or a link queued before a deletion that has finished since);
 -- `deletion_requested`; `deletion_finished` (every token revoked); `reconcile_invalid_grant` (Apple
--- says the stored token is dead); `transferred` (team transfer: an imported line becomes this account).
+-- says the stored token is dead); `transferred` (team transfer: an imported line becomes this account);
+-- `imported` (`siwa accounts import`: a refresh token from before this system).
 CREATE OR REPLACE FUNCTION siwa.account_effect(p_status text, p_event text) RETURNS siwa.account_effect
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE p_event
@@ -89,6 +91,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
         -- the old team's tokens are useless to the new one (and sealed with the old sub)
         ELSE ROW('active',              'applied',                 true,  false, false, NULL, 'transferred')::siwa.account_effect
+        END
+    WHEN 'imported' THEN CASE  -- the account takes the token only when it holds none (siwa.account_imported)
+        WHEN p_status IN ('pending_deletion', 'deleted')  -- its token goes to the deletion (kept, or revoked by a late revoke job)
+            THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
+        WHEN p_status IN ('consent_revoked', 'apple_account_deleted')  -- Apple ended the grant: an older token does not revive it
+            THEN ROW(p_status,          'no_change',               false, false, false, NULL, NULL)::siwa.account_effect
+        ELSE ROW('active',              'applied',                 false, false, false, NULL, 'imported')::siwa.account_effect
         END
     ELSE ROW(p_status,                  'ignored_unknown_type',    false, false, false, NULL, NULL)::siwa.account_effect
     END
@@ -245,11 +254,15 @@ BEGIN
 END
 $$;
 
--- `siwa accounts import`: a refresh token from before this system (sealed for the row). A new
--- account, or an active one without a token, takes it and records `imported`; an active account
--- with a token keeps its own and holds this one for a later deletion to revoke; a pending deletion
--- keeps it to revoke; a finished deletion has it revoked (a late revoke job); the statuses whose
--- grant Apple ended are left alone. Returns whether the account holds it now.
+-- `siwa accounts import`: a refresh token from before this system (sealed for the row). What the
+-- import does to the account is siwa.account_effect's `imported` (a new or active account:
+-- active, change `imported`; a deletion: the token goes to it; the statuses whose grant Apple ended:
+-- nothing). Which token is current is the data's rule, decided here: an account that holds a token
+-- got it from this system, so it is the newer one and stays current (reconciliation checks it),
+-- and the imported one is held for a later deletion to revoke, with no change recorded (the app
+-- sees nothing new). Made current, an older token that Apple has ended would read as consent
+-- withdrawn. A finished deletion never saw the token: a late revoke job revokes it, as for a late
+-- link. Returns whether the account holds it now.
 CREATE OR REPLACE FUNCTION siwa.account_imported(
     p_client_id text, p_sub text, p_app_user_id text, p_token_enc bytea
 ) RETURNS boolean
@@ -257,36 +270,33 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     created boolean;
     a siwa.accounts;
+    effect siwa.account_effect;
 BEGIN
-    created := siwa.lock_account(p_client_id, p_sub, 'active');
+    created := siwa.lock_account(p_client_id, p_sub, (siwa.account_effect(NULL, 'imported')).next_status);
     SELECT * INTO a FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub;
     IF a.refresh_token_enc = p_token_enc OR p_token_enc = ANY (a.retired_tokens_enc) THEN
         RETURN false;
     END IF;
-    IF created OR (a.status = 'active' AND a.refresh_token_enc IS NULL) THEN
+    effect := siwa.account_effect(CASE WHEN created THEN NULL ELSE a.status END, 'imported');
+    IF effect.outcome = 'applied' AND a.refresh_token_enc IS NULL THEN
         UPDATE siwa.accounts
-           SET app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
+           SET status = effect.next_status,
+               app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
                refresh_token_enc = p_token_enc,
                linked_at = CASE WHEN created THEN now() ELSE accounts.linked_at END,
                updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
-        PERFORM siwa.record_change(p_client_id, p_sub, 'imported', NULL, NULL, NULL);
+        PERFORM siwa.record_change(p_client_id, p_sub, effect.change, NULL, NULL, NULL);
         RETURN true;
-    END IF;
-    -- An account that already holds a token got it from this system, so it is the newer one: it
-    -- stays current (reconciliation checks it), and the imported one is held for a later deletion
-    -- to revoke. Made current, an older token that Apple has ended would read as consent withdrawn.
-    IF a.status = 'active' THEN
+    ELSIF effect.outcome = 'applied' THEN
         UPDATE siwa.accounts
            SET app_user_id = coalesce(accounts.app_user_id, p_app_user_id),
                retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
         RETURN true;
-    END IF;
-    IF a.status IN ('pending_deletion', 'deleted') THEN
+    ELSIF effect.outcome = 'ignored_account_deleted' THEN
         UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
-        -- A finished deletion never saw this token: revoke it now, as for a late link.
         IF a.status = 'deleted' THEN
             INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
             VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
@@ -453,13 +463,30 @@ BEGIN
 END
 $$;
 
--- ReconcileJobHandler, before it calls Apple: the account's status, its current token and when
--- that token was last checked; no row when there is no account.
-CREATE OR REPLACE FUNCTION siwa.reconcile_account(p_client_id text, p_sub text)
-RETURNS TABLE (status text, refresh_token_enc bytea, token_checked_at timestamptz)
+-- Whether an account is due for reconciliation, the one rule (the schedule, siwa.queue_reconciles,
+-- and the job before it calls Apple, siwa.reconcile_token): NULL when due, else why not.
+-- `skipped`: Apple's answer could not change it (siwa.account_effect's `reconcile_invalid_grant`
+-- applies only to an active account: siwa.reconcile_result acts on the same rule), or it holds no
+-- token to test; `checked_recently`: its token was checked with Apple in the last 24 hours.
+-- Inlined by the planner (no SET clause, no relation named).
+CREATE OR REPLACE FUNCTION siwa.reconcile_skip(p_status text, p_token_enc bytea, p_checked_at timestamptz)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN (siwa.account_effect(p_status, 'reconcile_invalid_grant')).outcome IS DISTINCT FROM 'applied'
+                     OR p_token_enc IS NULL THEN 'skipped'
+                WHEN p_checked_at >= now() - interval '24 hours' THEN 'checked_recently' END
+$$;
+
+-- ReconcileJobHandler, before it calls Apple: the token to test, or why the account is not
+-- reconciled (siwa.reconcile_skip; `skipped` when there is no account). One row, always.
+DROP FUNCTION IF EXISTS siwa.reconcile_account(text, text);  -- its predecessor left the rule to Swift
+CREATE OR REPLACE FUNCTION siwa.reconcile_token(p_client_id text, p_sub text)
+RETURNS TABLE (skipped text, refresh_token_enc bytea)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT a.status, a.refresh_token_enc, a.token_checked_at FROM siwa.accounts a
-     WHERE a.client_id = p_client_id AND a.sub = p_sub
+    SELECT d.skipped, CASE WHEN d.skipped IS NULL THEN d.refresh_token_enc END
+      FROM (SELECT siwa.reconcile_skip(a.status, a.refresh_token_enc, a.token_checked_at) AS skipped, a.refresh_token_enc
+              FROM (SELECT 1) AS one
+              LEFT JOIN siwa.accounts a ON a.client_id = p_client_id AND a.sub = p_sub) d
 $$;
 
 -- ReconcileJobHandler: Apple's answer for the token it tested (`p_token_enc`, as read before the
@@ -662,16 +689,16 @@ AS $$
      WHERE a.client_id = $1 AND a.sub = $2
 $$;
 
--- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit active
--- accounts holding a token not checked with Apple in the last 24 hours, least recently checked
--- first, never two open reconciles for one account. Returns how many it queued.
+-- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit
+-- accounts due (siwa.reconcile_skip: active, holding a token not checked with Apple in the last 24
+-- hours), least recently checked first, never two open reconciles for one account. Returns how
+-- many it queued.
 CREATE OR REPLACE FUNCTION siwa.queue_reconciles(p_limit integer) RETURNS integer
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     WITH queued AS (
         INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
         SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
-         WHERE a.status = 'active' AND a.refresh_token_enc IS NOT NULL
-           AND (a.token_checked_at IS NULL OR a.token_checked_at < now() - interval '24 hours')
+         WHERE siwa.reconcile_skip(a.status, a.refresh_token_enc, a.token_checked_at) IS NULL
            AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
                             WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
                               AND j.state IN ('available', 'running'))
@@ -755,7 +782,8 @@ BEGIN
             siwa.account_imported(text, text, text, bytea),
             siwa.exchange_succeeded(bigint, bytea, text, boolean), siwa.exchange_failed(bigint, integer, text),
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
-            siwa.reconcile_account(text, text), siwa.reconcile_result(bigint, integer, bytea, text),
+            siwa.reconcile_skip(text, bytea, timestamptz), siwa.reconcile_token(text, text),
+            siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text),

@@ -424,6 +424,20 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM scrubbed
 $$;
 
+-- The receiver's other write: what it refused since its last flush, p_counts[i] requests for
+-- p_reasons[i], added to this minute's counters (siwa.rejections, one row per minute and reason;
+-- `siwa status` and the console show the last hour). Runs as the caller, like
+-- siwa.store_notifications: the receiver's role keeps exactly its privileges on the table
+-- (003_roles.sql) and gains only EXECUTE on this. plpgsql: planned once a session.
+CREATE OR REPLACE FUNCTION siwa.count_rejections(p_reasons text[], p_counts bigint[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO siwa.rejections AS r (minute, reason, count)
+    SELECT date_trunc('minute', now()), t.reason, t.n FROM unnest(p_reasons, p_counts) AS t(reason, n)
+    ON CONFLICT (minute, reason) DO UPDATE SET count = r.count + excluded.count;
+END
+$$;
+
 -- The receiver's per-minute rejection counters older than p_age_seconds (`siwa status` shows the last hour).
 CREATE OR REPLACE FUNCTION siwa.prune_rejections(p_age_seconds double precision) RETURNS integer
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
@@ -448,13 +462,15 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_receiver') THEN
         GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
-                                                           text[], text[])
+                                                           text[], text[]),
+                                  siwa.count_rejections(text[], bigint[])
            TO siwa_receiver;
-        -- and to the worker, which may write notifications anyway: 003's grant of every function
-        -- to it, re-run by a DBA, then changes nothing.
+        -- and to the worker, which may write notifications and counters anyway: 003's grant of every
+        -- function to it, re-run by a DBA, then changes nothing.
         IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
             GRANT EXECUTE ON FUNCTION siwa.store_notifications(text[], text[], text[], text[], bigint[], text[], text[],
-                                                               text[], text[])
+                                                               text[], text[]),
+                                      siwa.count_rejections(text[], bigint[])
                TO siwa_worker;
         END IF;
     END IF;

@@ -111,6 +111,31 @@ CREATE OR REPLACE FUNCTION siwa.job_retry(
                                       siwa.job_backoff(p_failures, p_base, p_cap)) END
 $$;
 
+-- What a failed webhook delivery does, the one rule for deliveries (siwa.finish_webhook_deliveries
+-- in webhooks.sql asks it): deliveries end by time, not by count (CONTRACT.md: retried with backoff
+-- and jitter for at least 24 h, then discarded and kept). p_failures counts this failure, and
+-- p_first_failed_at is when the first recorded one happened (NULL: this is the first). Discarded,
+-- its run_at kept (p_run_at), once p_window_seconds have passed since the first failure, now()
+-- included; the first failure never discards, however long the change waited behind others.
+-- Otherwise `available` after siwa.job_retry's backoff (the same arithmetic as every job's), never
+-- scheduled past the window's end: the last retry lands there, and its failure discards.
+-- Tests/IntegrationTests/WebhookRetryTableTests.swift is its table.
+CREATE OR REPLACE FUNCTION siwa.webhook_retry(
+    p_failures integer, p_first_failed_at timestamptz, p_window_seconds double precision,
+    p_base double precision, p_cap double precision, p_run_at timestamptz,
+    OUT state text, OUT run_at timestamptz
+) LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.state,
+           CASE WHEN r.state = 'available' AND p_first_failed_at IS NOT NULL
+                THEN least(r.run_at, greatest(now(), p_first_failed_at + make_interval(secs => p_window_seconds)))
+                ELSE r.run_at END
+      FROM siwa.job_retry(p_failures,
+                          -- the window over: no attempt left (job_retry's discard); else no count ends it
+                          CASE WHEN now() - p_first_failed_at >= make_interval(secs => p_window_seconds) THEN 0
+                               ELSE 2147483647 END,
+                          NULL, p_base, p_cap, p_run_at) r
+$$;
+
 -- The one way a job fails: its error appended to `errors` (with the attempt and the time), then
 -- what siwa.job_retry says for its failures so far (`errors`, this one included) and its
 -- max_attempts: back to `available` at the run_at it gives (p_retry_after a floor, NULL none), or
@@ -420,6 +445,8 @@ BEGIN
                                   siwa.complete_jobs(bigint[], integer[], text[], boolean),
                                   siwa.complete_job(bigint, integer, text),
                                   siwa.job_retry(integer, integer, double precision, double precision, double precision, timestamptz),
+                                  siwa.webhook_retry(integer, timestamptz, double precision, double precision,
+                                                     double precision, timestamptz),
                                   siwa.fail_jobs(bigint[], integer[], text[], double precision[], boolean[],
                                                  double precision, double precision, boolean),
                                   siwa.claim_call_jobs(text, integer, double precision),

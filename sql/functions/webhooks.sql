@@ -8,7 +8,7 @@ CREATE OR REPLACE FUNCTION siwa.queue_webhook_deliveries() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM siwa.webhook_endpoint) THEN
-        -- max_attempts: deliveries end by time (WebhookRetryRule: retried for 24 h), not by count.
+        -- max_attempts: deliveries end by time (siwa.webhook_retry: the retry window), not by count.
         INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
         SELECT 'webhook', 3, c.client_id, c.sub, jsonb_build_object('change_id', c.id), 2147483647
           FROM new_changes c
@@ -36,14 +36,25 @@ $$;
 
 -- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
 -- account whose earlier change is still available, running or discarded is skipped: order per
--- account), leased to p_worker. Returns what the sender needs: the body, how many failures and
--- since when (the retry window), and the database's clock.
+-- account), leased to p_worker. Returns what the sender needs: the body, and when the change was
+-- made (the delivery delay's metric). What a failure does is siwa.finish_webhook_deliveries's,
+-- from the job row: the sender needs neither the failures so far nor a clock.
+-- Its earlier shape returned failures, first_failed_at and claimed_at for a retry rule in Swift:
+-- dropped once (the same arguments, another result type), not on every re-application.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc
+                WHERE oid = 'siwa.claim_webhook_deliveries(text, integer, double precision)'::regprocedure
+                  AND 'first_failed_at' = ANY (proargnames)) THEN
+        DROP FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision);
+    END IF;
+EXCEPTION WHEN undefined_function THEN
+    NULL;  -- a database that never had it
+END
+$$;
 CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(
     p_worker text, p_limit integer, p_lease_seconds double precision
-) RETURNS TABLE (
-    job_id bigint, attempt integer, change_id bigint, failures integer, first_failed_at timestamptz,
-    body text, change_created_at timestamptz, claimed_at timestamptz
-)
+) RETURNS TABLE (job_id bigint, attempt integer, change_id bigint, body text, change_created_at timestamptz)
 -- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
 -- is planned again on every call). Key-driven (the claim index in order, the account index for
 -- the ordering check) whatever stale statistics say: a queue analyzed empty, then filled, must
@@ -74,25 +85,35 @@ BEGIN
                locked_until = now() + make_interval(secs => p_lease_seconds)
           FROM due
          WHERE j.id = due.id
-        RETURNING j.id, j.attempt, (j.args ->> 'change_id')::bigint AS change_id,
-                  jsonb_array_length(j.errors) AS failures, (j.errors -> 0 ->> 'at')::timestamptz AS first_failed_at
+        RETURNING j.id, j.attempt, (j.args ->> 'change_id')::bigint AS change_id
     )
-    SELECT c.id, c.attempt, c.change_id, c.failures, c.first_failed_at,
-           CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at, now()
+    SELECT c.id, c.attempt, c.change_id, CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at
       FROM claimed c
       LEFT JOIN siwa.account_changes a ON a.id = c.change_id
      ORDER BY c.id;
 END
 $$;
 
--- Records what the sender decided for each claimed delivery, fenced by (id, attempt):
--- p_actions[i] is `completed` (p_texts[i] the outcome), `retry` (p_texts[i] the error, due again in
--- p_retry_ms[i] ms) or `discard` (p_texts[i] the error). A retried delivery's later changes wait
--- with it (their run_at follows), so the claim does not walk past them while their head waits.
--- Returns the state each job got; a job whose lease was lost is absent.
+-- Records what each claimed delivery's attempt got, fenced by (id, attempt), and decides what
+-- follows: the sender only reports. p_statuses[i] is the HTTP status answered (0 or NULL: no
+-- answer), p_errors[i] the error text of an attempt that failed (no answer, or a status that is
+-- not 2xx; '' or NULL: none), bound as arrays without NULLs.
+--   - a 2xx is delivered: `completed`, outcome `delivered <status>`;
+--   - nothing sent (no status, no error: the change row is gone, deleted by hand): `completed`,
+--     outcome `change_missing`, nothing held back;
+--   - anything else is a failure, its error appended to `errors`, then siwa.webhook_retry
+--     (queue.sql) says, from the failures so far and the first one's time: `available` at the
+--     run_at it gives, or `discarded` once p_window_seconds (the retry window) have passed since
+--     the first failure, kept with its errors, change id and run_at for `siwa jobs retry`.
+--     p_base and p_cap are the backoff's (SIWA_RETRY_BASE, capped at an hour, as for every job).
+-- A retried delivery's later changes wait with it (their run_at follows), so the claim does not
+-- walk past them while their head waits. Returns the state each job got and, when retried, in how
+-- many seconds (for the sender's logs); a job whose lease was lost is absent.
+DROP FUNCTION IF EXISTS siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[]);
 CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
-    p_ids bigint[], p_attempts bigint[], p_actions text[], p_texts text[], p_retry_ms bigint[]
-) RETURNS TABLE (job_id bigint, state text)
+    p_ids bigint[], p_attempts bigint[], p_statuses integer[], p_errors text[],
+    p_window_seconds double precision, p_base double precision, p_cap double precision
+) RETURNS TABLE (job_id bigint, state text, retry_in double precision)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 #variable_conflict use_column
@@ -101,28 +122,41 @@ DECLARE
 BEGIN
     FOR f IN
         WITH r AS (
-            SELECT * FROM unnest(p_ids, p_attempts, p_actions, p_texts, p_retry_ms)
-                          AS r(id, attempt, action, text, retry_ms)
+            SELECT r.id, r.attempt, nullif(r.error, '') AS error,
+                   CASE WHEN r.status BETWEEN 200 AND 299 THEN 'delivered ' || r.status
+                        WHEN nullif(r.status, 0) IS NULL AND nullif(r.error, '') IS NULL THEN 'change_missing' END AS outcome
+              FROM unnest(p_ids, p_attempts, p_statuses, p_errors) AS r(id, attempt, status, error)
+        ), decided AS (
+            -- Delivered: nothing to decide (the hot path: no row read twice, no call).
+            SELECT r.id, r.attempt, r.outcome, NULL::text AS error, NULL::text AS next_state,
+                   NULL::timestamptz AS next_run_at
+              FROM r WHERE r.outcome IS NOT NULL
+            UNION ALL
+            -- A failure: what follows it, from the failures so far.
+            SELECT r.id, r.attempt, NULL, coalesce(r.error, 'answered without an error text'), w.state, w.run_at
+              FROM r JOIN siwa.jobs x ON x.id = r.id,
+                   LATERAL siwa.webhook_retry(jsonb_array_length(x.errors) + 1, (x.errors -> 0 ->> 'at')::timestamptz,
+                                              p_window_seconds, p_base, p_cap, x.run_at) w
+             WHERE r.outcome IS NULL
         )
         UPDATE siwa.jobs j
-           SET state = CASE r.action WHEN 'completed' THEN 'completed' WHEN 'discard' THEN 'discarded'
-                                     ELSE 'available' END,
-               outcome = CASE WHEN r.action = 'completed' THEN r.text END,
-               errors = CASE WHEN r.action = 'completed' THEN j.errors
+           SET state = coalesce(d.next_state, 'completed'),
+               outcome = d.outcome,
+               errors = CASE WHEN d.outcome IS NOT NULL THEN j.errors
                              ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                                      'attempt', j.attempt, 'at', now(), 'error', r.text)) END,
-               run_at = CASE WHEN r.action = 'retry' THEN now() + make_interval(secs => r.retry_ms / 1000.0)
-                             ELSE j.run_at END,
-               finalized_at = CASE WHEN r.action = 'retry' THEN NULL ELSE now() END,
+                                      'attempt', j.attempt, 'at', now(), 'error', d.error)) END,
+               run_at = coalesce(d.next_run_at, j.run_at),
+               finalized_at = CASE WHEN d.next_state = 'available' THEN NULL ELSE now() END,
                locked_by = NULL, locked_until = NULL
-          FROM r
+          FROM decided d
          -- `available` with the same attempt: rescued after the lease ran out (database down while the
          -- result waited) and not claimed again since; the result still stands.
-         WHERE j.id = r.id AND j.state IN ('running', 'available') AND j.attempt = r.attempt
+         WHERE j.id = d.id AND j.state IN ('running', 'available') AND j.attempt = d.attempt
         RETURNING j.id, j.state, j.client_id, j.sub, j.run_at
     LOOP
         job_id := f.id;
         state := f.state;
+        retry_in := CASE WHEN f.state = 'available' THEN greatest(extract(epoch FROM f.run_at - now())::float8, 0) END;
         RETURN NEXT;
         -- A retried delivery's later changes follow its run_at, looked up by its account's keys.
         -- (Written as a join over all finished rows, a queue analyzed empty made the planner walk
@@ -209,8 +243,8 @@ BEGIN
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.queue_webhook_deliveries() TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.change_object(siwa.account_changes) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision) TO siwa_worker';
-        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[])
-                 TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.finish_webhook_deliveries(bigint[], bigint[], integer[], text[],
+                 double precision, double precision, double precision) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.extend_webhook_leases(bigint[], bigint[], double precision) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.release_webhook_deliveries(bigint[], bigint[]) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.webhook_backlog() TO siwa_worker';
