@@ -172,7 +172,7 @@ import TestTiming
     @Test func onlyHTTPAndHTTPSAreCalled() async throws {
         for url in ["ftp://127.0.0.1/x", "file:///etc/passwd", "gopher://127.0.0.1:70/", "dict://127.0.0.1/", "127.0.0.1:80", "http:///x"] {
             do {
-                _ = try await client.send(HTTPRequest(method: "GET", url: url, timeout: .seconds(5)))
+                _ = try await client.send(HTTPRequest(method: "GET", url: url, timeout: TestTimeScale.scaled(.seconds(5))))
                 Issue.record("\(url) was called")
             } catch {
                 #expect(error.kind == .refusedURL, "\(url): \(error)")
@@ -239,7 +239,7 @@ import TestTiming
         let refusing = try RefusingPort()
         defer { refusing.release() }
         do {
-            _ = try await client.send(HTTPRequest(method: "GET", url: "http://127.0.0.1:\(refusing.port)/", timeout: .seconds(5)))
+            _ = try await client.send(HTTPRequest(method: "GET", url: "http://127.0.0.1:\(refusing.port)/", timeout: TestTimeScale.scaled(.seconds(5))))
             Issue.record("a refused port answered")
         } catch {
             #expect(error.kind == .connect, "\(error)")
@@ -249,7 +249,7 @@ import TestTiming
     @Test func aCancelledCallEnds() async throws {
         let server = try server(.http) { _ in .silent }
         defer { server.stop() }
-        let call = Task { await get(server, .http, timeout: .seconds(60)) }
+        let call = Task { await get(server, .http, timeout: TestTimeScale.scaled(.seconds(60))) }
         try await server.waitForRequests(1)
         call.cancel()
         #expect(failureOf(await call.value)?.kind == .cancelled)
