@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs the whole suite (unit + integration) under ThreadSanitizer, then AddressSanitizer, each in
-# its own build folder (.build/tsan, .build/asan) so the normal build stays as it is. Prints the
-# time of each. Too slow for CI on 2 cores (see Tests/README.md, "Proof under stress"): run it by hand or
+# its own build folder (.build/tsan, .build/asan) so the normal build stays as it is, in the two
+# passes deploy/test.sh runs (deploy/scripts/test-passes.sh). Prints the time of each build and
+# run. Too slow for CI on 2 cores (see Tests/README.md, "Proof under stress"): run it by hand or
 # nightly.   deploy/sanitize.sh [thread|address ...]   (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
-deploy/scripts/install-deps.sh >/dev/null
+# Chromium for ConsoleBrowserTests, as deploy/test.sh.
+deploy/scripts/install-deps.sh chromium >/dev/null
+source deploy/scripts/test-passes.sh
 
 # The sanitizers run everything several times slower: the tests' fixed bounds on a client's wait
 # scale by SIWA_TEST_TIME_SCALE (Tests/TestTiming/TestTimeScale.swift): 8 under ThreadSanitizer
@@ -21,6 +24,17 @@ export SIWA_FEED_MODEL_SEQUENCES="${SIWA_FEED_MODEL_SEQUENCES:-40}"
 status=0
 for sanitizer in "${@:-thread address}"; do
   for s in $sanitizer; do
+    scratch=".build/${s:0:1}san"
+    log="/tmp/siwa-sanitize-$s.log"
+    echo "==> swift build --build-tests --sanitize=$s"
+    started=$(date +%s)
+    if ! swift build --build-tests --scratch-path "$scratch" --sanitize="$s" >"$log" 2>&1; then
+      grep -E "error" "$log" | sort -u | head -20
+      echo "    $s: build FAILED in $(( $(date +%s) - started )) s (log: $log)"
+      status=1
+      continue
+    fi
+    echo "    built in $(( $(date +%s) - started )) s"
     echo "==> swift test --sanitize=$s (SIWA_TEST_TIME_SCALE=$(time_scale "$s"))"
     started=$(date +%s)
     # Reports from the test process and from every child (receiver, worker: ServiceProcess passes
@@ -29,8 +43,7 @@ for sanitizer in "${@:-thread address}"; do
     rm -rf "$reports_dir" && mkdir -p "$reports_dir"
     if SIWA_TEST_TIME_SCALE=$(time_scale "$s") TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 log_path=$reports_dir/report" \
         ASAN_OPTIONS="detect_leaks=0 log_path=$reports_dir/report" \
-        swift test --scratch-path ".build/${s:0:1}san" --sanitize="$s" --disable-xctest \
-        >"/tmp/siwa-sanitize-$s.log" 2>&1; then
+        run_test_passes --skip-build --scratch-path "$scratch" --sanitize="$s" --disable-xctest >>"$log" 2>&1; then
       result=passed
     else
       result=FAILED
@@ -44,8 +57,9 @@ for sanitizer in "${@:-thread address}"; do
         | sed -E 's/ \(.*//; s/^ *#0 //' | sort | uniq -c
       status=1
     fi
-    tests=$(grep -o -E "Test run with [0-9]+ tests?.*" "/tmp/siwa-sanitize-$s.log" | tail -1 || true)
-    echo "    $s: $result in $(( $(date +%s) - started )) s (${tests:-no test summary}), $reports sanitizer reports in $reports_dir (log: /tmp/siwa-sanitize-$s.log)"
+    # One summary line per pass.
+    tests=$(grep -o -E "Test run with [0-9]+ tests?.*" "$log" | paste -sd ';' - || true)
+    echo "    $s: $result in $(( $(date +%s) - started )) s (${tests:-no test summary}), $reports sanitizer reports in $reports_dir (log: $log)"
   done
 done
 exit "$status"

@@ -25,20 +25,14 @@ fi
 
 echo "==> testing"
 # Fixed bounds on waits (for hangs, never speed) scale by this on a machine this small: two cores run
-# every suite's PostgreSQL, workers and fake Apples at once. deploy/sanitize.sh sets 4.
+# every suite's PostgreSQL, workers and fake Apples at once. deploy/sanitize.sh sets 8 (thread), 4 (address).
 export SIWA_TEST_TIME_SCALE=${SIWA_TEST_TIME_SCALE:-2}
 if [ $# -gt 0 ]; then
   swift test --skip-build --disable-xctest "$@"
 else
-  # Two passes, every test in one of them: the suites that start whole stacks or many processes
-  # (siwa dev, killed workers, a crashed test process, headless Chromium, the CLI for every command)
-  # run beside each other, the rest beside each other. All in one parallel pass starved two cores:
-  # 30 s bounds ran out, and a siwa dev was twice stopped by a SIGTERM from a sender not yet found
-  # (see the open note in Tests/README.md).
-  process_suites='DevFlowTests|DevCleanupTests|TestProcessCrashTests|ProcessDiedTests|ConsoleBrowserTests|ConsoleTimelineTests|CLIHelpTests|LocalHTTPSTests|CallsOutTests'
-  swift test --skip-build --disable-xctest --skip "$process_suites"
-  echo "==> testing the process-heavy suites"
-  swift test --skip-build --disable-xctest --filter "$process_suites"
+  # Two passes (deploy/scripts/test-passes.sh says which suites and why).
+  source deploy/scripts/test-passes.sh
+  run_test_passes --skip-build --disable-xctest
 fi
 
 # The deployment files and the database roles, checked for real (they print "N passed, N failed").

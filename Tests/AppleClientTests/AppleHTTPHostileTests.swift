@@ -1,15 +1,17 @@
 import AppleClient
 import Foundation
 import ScriptedHTTPServer
+import TestTiming
 import Testing
 
 /// Apple's calls (keys, token, revoke, migration) against a stand-in that answers byte for byte as
 /// each test scripts it, over real TLS with the test CA trusted as `SIWA_CA_FILE` would: a chunked
 /// answer with a trailer is an answer; everything broken is an `AppleTransportError` (retried by
-/// the callers), never a crash, and its description holds no secret the call sent.
-@Suite(.timeLimit(.minutes(2))) struct AppleHTTPHostileTests {
+/// the callers), never a crash, and its description holds no secret the call sent. The calls'
+/// bound, the trickle's pace and the suite's limit scale by `TestTimeScale` (the sanitizers).
+@Suite(.timeLimit(.minutes(TestTimeScale.scaled(minutes: 2)))) struct AppleHTTPHostileTests {
     func http(_ server: ScriptedHTTPServer, fixtureCA: Bool = true) throws -> AppleHTTP {
-        AppleHTTP(baseURL: try #require(URL(string: "https://127.0.0.1:\(server.port)")), timeout: .seconds(8),
+        AppleHTTP(baseURL: try #require(URL(string: "https://127.0.0.1:\(server.port)")), timeout: TestTimeScale.scaled(.seconds(8)),
                   caCertificates: fixtureCA ? TLSFixture.caPEM : nil)
     }
 
@@ -43,7 +45,8 @@ import Testing
         .answer("HTTP/1.1 2OO OK\r\nContent-Length: 0\r\n\r\n", thenClose: true),
         .answer("HTTP/1.1 200 OK\r\nnot a header\r\nContent-Length: 0\r\n\r\n", thenClose: true),
         .answer("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nqq\r\n", thenClose: true),
-        .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", interval: .seconds(1)),
+        // 41 s of trickle against the 8 s bound (both scaled, or at x8 the trickle would end first).
+        .trickle("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", interval: TestTimeScale.scaled(.seconds(1))),
         .silent, .closeWithoutAnswer,
     ]
 

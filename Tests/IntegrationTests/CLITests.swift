@@ -85,7 +85,7 @@ import Testing
             try await app.simpleQuery("SET application_name = 'slow-app'; BEGIN; SELECT siwa.request_deletion('com.example.app', 's1')")
             let pid = try await app.query("SELECT pg_backend_pid()")[0].decode(Int32.self, at: 0)
             // Named once it has been open longer than the feed waits (1 s).
-            let deadline = ContinuousClock.now + .seconds(60)
+            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
             var feed: [String: Any] = [:]
             repeat {
                 let run = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import TestTiming
 import Testing
 
 /// The change feed (`siwa.account_changes_after`, what `GET /v1/changes` serves) under random
@@ -145,7 +146,7 @@ import Testing
                     // End the writers only once the reader waits for them (or has answered: with
                     // no committed id past the cursor there is nothing to wait for), so a page
                     // that needed the wait can only be right by having waited.
-                    let deadline = ContinuousClock.now + .seconds(60)
+                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
                     while try await observer.query(
                         """
                         SELECT 1 FROM pg_stat_activity WHERE pid = \(readerPID) AND strpos(query, \(marker)) > 0

@@ -1,4 +1,5 @@
 import Foundation
+import TestTiming
 import Testing
 
 /// The console in a real browser: headless Chromium (Debian's `chromium`) loads the overview and an
@@ -69,12 +70,12 @@ import Testing
         process.standardError = try FileHandle(forWritingTo: log)
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        let deadline = ContinuousClock.now + .seconds(120)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(120))
         while process.isRunning && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
         if process.isRunning {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
-            throw ServiceProcessError(message: "chromium did not finish within 120 s:\n\((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
+            throw ServiceProcessError(message: "chromium did not finish within 120 s (times SIWA_TEST_TIME_SCALE):\n\((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
         }
         process.waitUntilExit()
         try? FileManager.default.removeItem(at: profile)

@@ -54,7 +54,7 @@ import Testing
                     "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
                 ]) { $1 })
             // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
-            let deadline = ContinuousClock.now + .seconds(90)
+            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(90))
             while dev.isRunning, !dev.log.contains(marker), ContinuousClock.now < deadline {
                 try await Task.sleep(for: .milliseconds(100))
             }
@@ -142,7 +142,7 @@ import Testing
         process.standardOutput = output
         process.standardError = output
         try process.run()
-        let exitDeadline = ContinuousClock.now + .seconds(60)
+        let exitDeadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
         while process.isRunning, ContinuousClock.now < exitDeadline { try await Task.sleep(for: .milliseconds(20)) }
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()

@@ -1,6 +1,7 @@
 import Foundation
 import LocalPostgres
 import Postgres
+import TestTiming
 import Testing
 
 /// PostgreSQL stopped and started again under a receiver and a worker that keep running.
@@ -59,7 +60,7 @@ struct FaultDatabaseTests {
                 var progress = (count: accepted.value.count, at: ContinuousClock.now)
                 while accepted.value.count < count {
                     if accepted.value.count > progress.count { progress = (accepted.value.count, ContinuousClock.now) }
-                    guard ContinuousClock.now < progress.at + .seconds(60) else {
+                    guard ContinuousClock.now < progress.at + TestTimeScale.scaled(.seconds(60)) else {
                         throw ServiceProcessError(message: "stream stalled at \(accepted.value.count)")
                     }
                     try await Task.sleep(for: .milliseconds(20))

@@ -1,6 +1,7 @@
 import FakeApple
 import Foundation
 import Postgres
+import TestTiming
 import Testing
 
 #if canImport(Glibc)
@@ -30,7 +31,7 @@ struct FaultWorkerTests {
                     apple.environment.merging(["SIWA_NOTIFICATION_BATCH": "5", "SIWA_WORKER_CONCURRENCY": "8"]) { _, new in new })
                 let before = try await connection.int(processedCount)
                 // Let it claim work (its first progress shows it is mid-stream), then kill it.
-                let deadline = ContinuousClock.now + .seconds(10)
+                let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
                 while ContinuousClock.now < deadline, victim.isRunning,
                     try await connection.int(processedCount) < min(1500, before + 50 * (round + 1))
                 {

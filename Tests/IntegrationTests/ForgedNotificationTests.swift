@@ -1,6 +1,7 @@
 import CryptoCore
 import Foundation
 import Postgres
+import TestTiming
 import Testing
 
 /// A compromised receiver: its database login (a member of siwa_receiver) stores notification rows
@@ -112,7 +113,7 @@ struct ForgedNotificationTests {
     /// The worker's /metrics once it shows `line`, or as it is after a bounded wait: forged
     /// notifications are reported right after their batch commits, so just after the rows show them.
     static func metrics(port: Int, showing line: String) async throws -> String {
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
         while true {
             let metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
             if metrics.contains(line) || ContinuousClock.now >= deadline { return metrics }

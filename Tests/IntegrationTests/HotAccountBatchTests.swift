@@ -1,6 +1,7 @@
 import Foundation
 import JobQueue
 import Postgres
+import TestTiming
 import Testing
 
 /// Hot accounts: many events of one account in one notification batch. The fast path applies an
@@ -129,7 +130,7 @@ struct HotAccountBatchTests {
             }
             // One NOTIFY per change row, on either path.
             var told: [String: Int] = [:]
-            let deadline = ContinuousClock.now + .seconds(10)
+            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
             while told.values.reduce(0, +) < fastChanges.count * 2, ContinuousClock.now < deadline {
                 for notification in try await listener.waitForNotifications(timeout: .milliseconds(200)) {
                     told[notification.payload.contains("-fast\"") ? "fast" : "slow", default: 0] += 1

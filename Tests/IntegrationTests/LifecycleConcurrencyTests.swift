@@ -1,6 +1,7 @@
 import Foundation
 import JobQueue
 import Postgres
+import TestTiming
 import Testing
 
 /// Two lifecycle operations on one account in transactions open at the same time (the lifecycle
@@ -175,7 +176,7 @@ import Testing
         }
         // The second either finishes its statements or waits for a lock the first holds (nothing
         // else holds any).
-        let deadline = ContinuousClock.now + .seconds(60)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
         var blocked = false
         while !finished.value {
             let waitType = try await observer.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = \(secondPID)")

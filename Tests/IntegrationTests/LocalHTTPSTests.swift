@@ -1,4 +1,5 @@
 import Foundation
+import TestTiming
 import Testing
 
 #if canImport(Glibc)
@@ -78,7 +79,7 @@ struct LocalHTTPSTests {
                     if dev.isRunning { dev.signal(SIGINT) }
                     _ = await dev.waitForExit(timeout: .seconds(30))
                 }
-                let deadline = ContinuousClock.now + .seconds(90)
+                let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(90))
                 while dev.isRunning, !dev.log.contains("[dev] fake Apple listening on "), ContinuousClock.now < deadline {
                     try await Task.sleep(for: .milliseconds(100))
                 }

@@ -3,6 +3,7 @@ import LocalPostgres
 import Locking
 import Logging
 import Postgres
+import TestTiming
 import Testing
 
 @Suite("PostgresConnection against a real server")
@@ -341,7 +342,7 @@ struct PostgresConnectionTests {
             // one the server never sees, and the test would wait out the sleep instead.
             let observer = try await schema.connect()
             defer { observer.close() }
-            let deadline = clock.now + .seconds(10)
+            let deadline = clock.now + TestTimeScale.scaled(.seconds(10))
             while clock.now < deadline {
                 let running = try await observer.query(
                     """

@@ -3,6 +3,7 @@ import Foundation
 import JOSE
 import LocalPostgres
 import Postgres
+import TestTiming
 import Testing
 import Metrics
 
@@ -175,7 +176,7 @@ import Metrics
                 /// no fetch made), until the interval has passed (bounded). Returns the first other answer
                 /// and how many fetches it caused.
                 func postOnceTheIntervalPassed(_ body: Data) async throws -> (status: Int, body: String, fetches: Int) {
-                    let deadline = ContinuousClock.now + .seconds(20)
+                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(20))
                     while true {
                         let before = keys.fetchCount
                         let (status, text) = try await HTTP.request("POST", path, body: body)

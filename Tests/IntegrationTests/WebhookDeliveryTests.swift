@@ -359,6 +359,8 @@ struct WebhookDeliveryTests {
 
 /// A dispatcher running in this process, stopped by the test, or when the test lets go of it (a
 /// test that throws must not leave it delivering against a dropped database).
+/// The delivery timeout is the contract's 10 s times `TestTimeScale` unless a test gives one to
+/// run out.
 final class RunningDispatcher: Sendable {
     let dispatcher: WebhookDispatcher
     let task: Task<Void, Never>
@@ -373,14 +375,14 @@ final class RunningDispatcher: Sendable {
     deinit { dispatcher.stop() }
 
     static func start(
-        _ database: MigratedDatabase, sink: WebhookSink? = nil, url: String? = nil, timeout: Duration = .seconds(10),
+        _ database: MigratedDatabase, sink: WebhookSink? = nil, url: String? = nil, timeout: Duration = TestTimeScale.scaled(.seconds(10)),
         window: Duration = .seconds(86_400), on connection: PostgresConnection
     ) async throws -> RunningDispatcher {
         try await start(databaseURL: database.url, sink: sink, url: url, timeout: timeout, window: window, on: connection)
     }
 
     static func start(
-        databaseURL: String, sink: WebhookSink? = nil, url: String? = nil, timeout: Duration = .seconds(10),
+        databaseURL: String, sink: WebhookSink? = nil, url: String? = nil, timeout: Duration = TestTimeScale.scaled(.seconds(10)),
         window: Duration = .seconds(86_400), on connection: PostgresConnection
     ) async throws -> RunningDispatcher {
         let settings = WebhookSettings(

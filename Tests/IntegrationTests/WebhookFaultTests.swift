@@ -1,6 +1,7 @@
 import Foundation
 import LocalPostgres
 import Postgres
+import TestTiming
 import Testing
 
 #if canImport(Glibc)
@@ -71,7 +72,7 @@ struct WebhookFaultTests {
             // The counters move once the results are written: read /metrics until they do (bounded).
             let port = try await worker.boundHTTPPort()
             var metrics = ""
-            let deadline = ContinuousClock.now + .seconds(15)
+            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(15))
             repeat {
                 metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
                 if metrics.contains("siwa_webhook_delivered_total 4") { break }

@@ -1,15 +1,17 @@
 import Foundation
 import OutboundHTTP
 import ScriptedHTTPServer
+import TestTiming
 import Testing
 
-/// What `https://` calls trust, and what a failed call's description may hold.
-@Suite(.timeLimit(.minutes(2))) struct TrustAndSecretsTests {
+/// What `https://` calls trust, and what a failed call's description may hold. The calls' bounds
+/// and the suite's limit scale by `TestTimeScale` (the sanitizers).
+@Suite(.timeLimit(.minutes(TestTimeScale.scaled(minutes: 2)))) struct TrustAndSecretsTests {
     static let systemStandIn = TLSFixture.directory.appendingPathComponent("system").path
 
     func call(_ client: HTTPClient, _ server: ScriptedHTTPServer) async -> Result<HTTPResponse, HTTPFailure> {
         do {
-            return .success(try await client.send(HTTPRequest(method: "GET", url: "https://127.0.0.1:\(server.port)/", timeout: .seconds(20))))
+            return .success(try await client.send(HTTPRequest(method: "GET", url: "https://127.0.0.1:\(server.port)/", timeout: TestTimeScale.scaled(.seconds(20)))))
         } catch { return .failure(error) }
     }
 
@@ -43,7 +45,8 @@ import Testing
                 let request = HTTPRequest(
                     method: "POST", url: "\(tls == nil ? "http" : "https")://127.0.0.1:\(server.port)/auth/token?code=query-secret-55",
                     headers: [("Authorization", "Bearer \(bearer)"), ("Content-Type", "application/x-www-form-urlencoded")],
-                    body: Array("client_secret=\(clientSecret)&grant_type=refresh_token".utf8), timeout: .seconds(3))
+                    // Each failure its own (not a timeout) also under a sanitizer's slowdown.
+                    body: Array("client_secret=\(clientSecret)&grant_type=refresh_token".utf8), timeout: TestTimeScale.scaled(.seconds(3)))
                 do {
                     _ = try await HTTPClient(extraCertificatesPEM: TLSFixture.caPEM).send(request)
                     Issue.record("a hostile answer was taken for an answer")

@@ -1,12 +1,14 @@
 import Foundation
 import ScriptedHTTPServer
+import TestTiming
 import Testing
 import Webhooks
 
 /// The webhook sender against an endpoint that answers byte for byte as each test scripts it, over
 /// `http://` and over real TLS: each answer shape is a delivery, a failed attempt, or (a 2xx head
-/// followed by a body too large or broken) a delivery as its status says; never a crash.
-@Suite(.timeLimit(.minutes(2))) struct WebhookClientTests {
+/// followed by a body too large or broken) a delivery as its status says; never a crash. The
+/// clients' timeouts, the trickle's length and the suite's limit scale by `TestTimeScale`.
+@Suite(.timeLimit(.minutes(TestTimeScale.scaled(minutes: 2)))) struct WebhookClientTests {
     enum Scheme: String, CaseIterable, Sendable { case http, https }
 
     func server(_ scheme: Scheme, _ script: @escaping @Sendable (Int) -> ScriptedHTTPServer.Reply) throws -> ScriptedHTTPServer {
@@ -15,7 +17,7 @@ import Webhooks
 
     func client(_ server: ScriptedHTTPServer, _ scheme: Scheme, path: String = "/hooks/siwa?key=k%20v",
                 timeout: Duration = .seconds(20)) throws -> WebhookClient {
-        WebhookClient(url: try #require(URL(string: "\(scheme.rawValue)://127.0.0.1:\(server.port)\(path)")), timeout: timeout,
+        WebhookClient(url: try #require(URL(string: "\(scheme.rawValue)://127.0.0.1:\(server.port)\(path)")), timeout: TestTimeScale.scaled(timeout),
                       caCertificates: TLSFixture.caPEM)
     }
 
@@ -47,13 +49,15 @@ import Webhooks
     }
 
     @Test(arguments: Scheme.allCases) func a2xxHeadCountsWhateverTheBody(_ scheme: Scheme) async throws {
-        // Too large, reset mid-body, a broken chunk, trickled past the timeout: the head said 200.
+        // Too large, reset mid-body, a broken chunk, trickled past the timeout: the head said 2xx.
+        // The trickle lasts twice the timeout, both times `TestTimeScale`.
+        let trickled = Int(200 * TestTimeScale.factor)
         let server = try server(scheme) { index in
             switch index {
             case 0: .endless(head: "HTTP/1.1 200 OK\r\nContent-Length: 104857600\r\n\r\n", bodyBytes: 100 << 20)
             case 1: .answerThenReset("HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
             case 2: .answer("HTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", thenClose: true)
-            default: .trickle(String(repeating: "z", count: 200), interval: .milliseconds(80), afterHead: "HTTP/1.1 201 Created\r\nContent-Length: 200\r\n\r\n")
+            default: .trickle(String(repeating: "z", count: trickled), interval: .milliseconds(80), afterHead: "HTTP/1.1 201 Created\r\nContent-Length: \(trickled)\r\n\r\n")
             }
         }
         defer { server.stop() }
@@ -158,7 +162,7 @@ import Webhooks
         let refusing = try RefusingPort()
         defer { refusing.release() }
         let url = try #require(URL(string: "http://127.0.0.1:\(refusing.port)/x"))
-        let result = await WebhookClient(url: url, timeout: .seconds(10)).send(body: [], headers: [])
+        let result = await WebhookClient(url: url, timeout: TestTimeScale.scaled(.seconds(10))).send(body: [], headers: [])
         guard case .connectionFailed = result else {
             Issue.record("expected a connection failure, got \(result)")
             return

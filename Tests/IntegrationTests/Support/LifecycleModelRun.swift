@@ -3,6 +3,7 @@ import Foundation
 import JobQueue
 import Postgres
 import AppleJobs
+import TestTiming
 
 /// One generated sequence, driven against the real SQL and handlers for one account of its own
 /// (a fresh client ID and sub), then to quiescence; `LifecycleModelRun+Checks` judges the result.
@@ -343,7 +344,7 @@ final class ModelRun {
             return try await world.execute(job, answer: .ok, clientID: clientID)
         }
         // Until the call reaches Apple (or the job ends without calling Apple): bounded.
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
         while !finished.value, !holds.contains(where: \.hasArrived) {
             guard ContinuousClock.now < deadline else { throw HarnessError(message: "held call never arrived") }
             try await Task.sleep(for: .milliseconds(2))
@@ -422,7 +423,7 @@ final class ModelRun {
             defer { finished.value = true }
             return try await api.signIn(body)
         }
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
         while !finished.value, !hold.hasArrived {
             guard ContinuousClock.now < deadline else { throw HarnessError(message: "the sign-in's exchange never reached Apple") }
             try await Task.sleep(for: .milliseconds(2))

@@ -2,6 +2,7 @@ import CryptoCore
 import Foundation
 import HTTPServer
 import Locking
+import TestTiming
 
 /// A receiver for webhook tests: records every request, checks its Standard Webhooks signature with
 /// a verifier of its own (below: HMAC built from SHA-256 by hand, not the worker's signer), and
@@ -77,7 +78,7 @@ final class WebhookSink: Sendable {
                     return state.behaviour(received, attempt)
                 }
                 if answer.delay > .zero { try? await Task.sleep(for: answer.delay) }
-                let holdUntil = ContinuousClock.now + .seconds(30)
+                let holdUntil = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
                 while answer.held, gateClosed.withLock({ $0 }), ContinuousClock.now < holdUntil {
                     try? await Task.sleep(for: .milliseconds(20))
                 }
