@@ -105,13 +105,8 @@ package struct AppAPIStore: Sendable {
         spent: Bool, state: SignInState
     ) {
         try await run { connection in
-            // The CTE holds a volatile call, so it is evaluated once, whatever the join finds.
             let row = try await connection.queryPrepared(
-                """
-                WITH spent AS (SELECT siwa.consume_nonce(\(hash)) AS valid)
-                SELECT spent.valid, \(unsafeSQL: Self.signInStateColumns)
-                  FROM spent LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
-                """)[0]
+                "SELECT * FROM siwa.consume_nonce_reading(\(hash), \(clientID), \(sub))")[0]
             return (try row.decode(Bool.self, column: "valid"), try SignInState(row))
         }
     }
@@ -138,7 +133,7 @@ package struct AppAPIStore: Sendable {
         var hasRefreshToken: Bool
         var deletionRequests: Int64
 
-        /// From `signInStateColumns` over `siwa.accounts a` (outer-joined: no account, no status).
+        /// From `siwa.sign_in_state`'s columns (no account: no status, no token, no deletion).
         init(_ row: PostgresRow) throws {
             status = try row.decode(String?.self, column: "status")
             hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
@@ -146,20 +141,9 @@ package struct AppAPIStore: Sendable {
         }
     }
 
-    static let signInStateColumns = """
-        a.status, a.refresh_token_enc IS NOT NULL AS has_refresh_token,
-        coalesce(a.deletion_requests, 0) AS deletion_requests
-        """
-
     func signInState(clientID: String, sub: String) async throws -> SignInState {
         try await run { connection in
-            try SignInState(
-                try await connection.query(
-                    """
-                    SELECT \(unsafeSQL: Self.signInStateColumns)
-                      FROM (SELECT 1) AS one
-                      LEFT JOIN siwa.accounts a ON a.client_id = \(clientID) AND a.sub = \(sub)
-                    """)[0])
+            try SignInState(try await connection.query("SELECT * FROM siwa.sign_in_state(\(clientID), \(sub))")[0])
         }
     }
 

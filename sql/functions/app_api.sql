@@ -35,6 +35,42 @@ BEGIN
 END
 $$;
 
+-- What a sign-in needs to know of an account before Apple is called: its status (NULL: no
+-- account), whether it holds a refresh token, and how many deletions had been requested
+-- (siwa.sign_in lets any request counted after this read win). The app API's one read of
+-- siwa.accounts, so the table's SQL stays in its owner's files.
+CREATE OR REPLACE FUNCTION siwa.sign_in_state(
+    p_client_id text, p_sub text, OUT status text, OUT has_refresh_token boolean, OUT deletion_requests bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    SELECT a.status, a.refresh_token_enc IS NOT NULL, a.deletion_requests
+      INTO status, has_refresh_token, deletion_requests
+      FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    IF NOT FOUND THEN
+        has_refresh_token := false;
+        deletion_requests := 0;
+    END IF;
+END
+$$;
+
+-- Spends the nonce (siwa.consume_nonce) and reads the sign-in state of (client_id, sub) in the
+-- same call: a sign-in's first round trip. The state is read whatever the nonce was; the caller
+-- uses it only once the identity token has proven that sub.
+CREATE OR REPLACE FUNCTION siwa.consume_nonce_reading(
+    p_nonce_hash bytea, p_client_id text, p_sub text,
+    OUT valid boolean, OUT status text, OUT has_refresh_token boolean, OUT deletion_requests bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    valid := siwa.consume_nonce(p_nonce_hash);
+    SELECT s.status, s.has_refresh_token, s.deletion_requests INTO status, has_refresh_token, deletion_requests
+      FROM siwa.sign_in_state(p_client_id, p_sub) s;
+END
+$$;
+
 -- Deletes up to p_limit expired nonces; returns how many.
 CREATE OR REPLACE FUNCTION siwa.prune_nonces(p_limit integer) RETURNS integer
 LANGUAGE sql
@@ -225,6 +261,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+                                  siwa.sign_in_state(text, text), siwa.consume_nonce_reading(bytea, text, text),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint, jsonb, text),
