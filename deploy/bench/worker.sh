@@ -298,6 +298,14 @@ wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or runnin
       echo "bench: $2 did not finish within $1 s; jobs by kind and state: $(sql -F ' ' -c "SELECT kind, state, count(*)
               FROM siwa.jobs GROUP BY 1, 2 ORDER BY 1, 2" | tr '\n' ';')" >&2
       tail -5 "$work/worker.log" >&2
+      # What PostgreSQL's sessions were doing meanwhile (a batch waiting on a lock, or on I/O).
+      sql -F ' | ' -c "SELECT pid, application_name, state, wait_event_type || ':' || wait_event,
+                              round(extract(epoch FROM now() - query_start)::numeric, 1) || ' s',
+                              left(regexp_replace(query, '\s+', ' ', 'g'), 90)
+                         FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                        ORDER BY query_start" >"$work/sessions.log" 2>&1 || true
+      echo "bench: PostgreSQL's sessions (pid | application | state | wait | running for | query):" >&2
+      sed 's/^/  /' "$work/sessions.log" >&2
       # Where each worker's threads are (gdb, when installed): a worker that claims nothing and
       # logs nothing is waiting somewhere, and this says where. Kept with KEEP_LOGS.
       if command -v gdb >/dev/null; then
