@@ -1,8 +1,6 @@
 import AppleClient
 import CryptoCore
 import Foundation
-import JOSE
-import JSON
 import Logging
 import Postgres
 
