@@ -14,11 +14,14 @@ extension Worker {
     /// travels with COMMIT. A rollback leaves them held. If any job raises, the batch runs again
     /// with one subtransaction per job, so the verdicts returned are those of the transaction that
     /// committed. `skipBusyAccounts`: read only held jobs of users no other batch is taking.
+    /// `previous`: how many jobs the loop's last batch took. Before a batch far larger than the
+    /// session's plans were made for, the session makes them again (`SessionPlans`).
     func verifiedNotificationBatch(
-        limit: Int, skipBusyAccounts: Bool
+        limit: Int, skipBusyAccounts: Bool, previous: Int = 0
     ) async throws -> (results: [JobQueue.NotificationResult], held: StoredNotificationGate.HeldVerdicts) {
-        let (gate, metrics, configuration, policy) = (gate, metrics, configuration, policy)
+        let (gate, metrics, configuration, policy, state, logger) = (gate, metrics, configuration, policy, state, logger)
         return try await pool.withConnection { connection in
+            let session = SessionPlans.Session(connection)
             func run(isolate: Bool) async throws -> (results: [JobQueue.NotificationResult], held: StoredNotificationGate.HeldVerdicts) {
                 var verdicts = StoredNotificationGate.HeldVerdicts()
                 let rows = try await connection.withTransaction(
@@ -27,17 +30,29 @@ extension Worker {
                     let started = ContinuousClock.now
                     verdicts = try await gate.verifyHeld(heldRows, on: connection)
                     metrics.verifySeconds.observe((ContinuousClock.now - started).seconds)
+                    let expected = min(limit, max(heldRows.count, previous))
+                    if state.withLock({ $0.sessionPlans.shouldRefresh(session, before: expected, at: .now) }) {
+                        try await connection.simpleQuery(SessionPlans.refreshSQL)
+                        metrics.planRefreshes.increment()
+                        logger.debug(
+                            "siwa-worker: the session's plans are made again for larger batches",
+                            metadata: ["batch": .int(expected), "backend_pid": .int(Int(session.backendPID))])
+                    }
                     return JobQueue.notificationBatchQuery(
                         worker: configuration.workerID, limit: limit, lease: configuration.jobLease, policy: policy,
                         isolate: isolate, verified: verdicts.genuine)
                 }
                 return (try JobQueue.notificationResults(rows), verdicts)
             }
+            let outcome: (results: [JobQueue.NotificationResult], held: StoredNotificationGate.HeldVerdicts)
             do {
-                return try await run(isolate: false)
+                outcome = try await run(isolate: false)
             } catch let error as PostgresError where error.code == .queryFailed {
-                return try await run(isolate: true)
+                outcome = try await run(isolate: true)
             }
+            let taken = outcome.results.count { $0.state != "deferred" }
+            state.withLock { $0.sessionPlans.record(session, taken: taken) }
+            return outcome
         }
     }
 
@@ -49,6 +64,7 @@ extension Worker {
         var limit = NotificationBatchLimit(largest: configuration.notificationBatch)
         var retry = DeferredRetry(pollInterval: configuration.pollInterval)
         var lastBatch = Duration.zero
+        var previousTaken = 0
         var failures = 0
         while !stopping {
             do {
@@ -57,12 +73,13 @@ extension Worker {
                     let started = ContinuousClock.now
                     let skipBusyAccounts = state.withLock { $0.busyAccounts.isActive(at: started) }
                     let (results, held) = try await verifiedNotificationBatch(
-                        limit: limit.value, skipBusyAccounts: skipBusyAccounts)
+                        limit: limit.value, skipBusyAccounts: skipBusyAccounts, previous: previousTaken)
                     lastBatch = ContinuousClock.now - started
                     metrics.batchSeconds.observe(lastBatch.seconds)
                     gate.report(held)
                     let deferred = results.count { $0.state == "deferred" }
                     let taken = results.count - deferred
+                    previousTaken = taken
                     metrics.batchJobs.observe(Double(taken))
                     let full = taken == limit.value
                     if deferred > 0 { metrics.deferred.increment(by: deferred) }

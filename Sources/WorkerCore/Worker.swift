@@ -47,6 +47,8 @@ package final class Worker: Sendable {
         var deferredWaiting = false
         /// Whether batches skip users other batches are taking (shared by this process's loops).
         var busyAccounts = BusyAccountAvoidance()
+        /// When each notification session's plans are made again (shared by this process's loops).
+        var sessionPlans = SessionPlans()
     }
 
     /// - Parameter registry: shared with the handlers so their counters appear on `/metrics`.

@@ -26,6 +26,7 @@ struct WorkerMetrics: Sendable {
     let batchJobs: Histogram
     let deferred: Counter
     let verifySeconds: Histogram
+    let planRefreshes: Counter
 
     init(registry: MetricsRegistry) {
         var kinds: [JobKind: PerKind] = [:]
@@ -72,6 +73,9 @@ struct WorkerMetrics: Sendable {
         verifySeconds = registry.histogram(
             "siwa_worker_notification_verify_seconds",
             help: "Inside one notification batch: verifying the held notifications it read (jws and columns), before their effects.")
+        planRefreshes = registry.counter(
+            "siwa_worker_plan_refreshes_total",
+            help: "Times a notification session's kept plans were made again before a batch far larger than they were made for.")
         deferred = registry.counter(
             "siwa_worker_notifications_deferred_total",
             help: "Notification jobs a batch left queued because another transaction held their account (a later batch takes them).")

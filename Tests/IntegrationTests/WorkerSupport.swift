@@ -63,6 +63,26 @@ extension PostgresConnection {
         return (plan["Shared Hit Blocks"] as? Int ?? 0) + (plan["Shared Read Blocks"] as? Int ?? 0)
     }
 
+    /// Rows `query` read from each siwa table (sequentially or through an index, kept or filtered
+    /// out), by the table's counters for this transaction: call it inside one (BEGIN), where
+    /// nothing flushes them. Unlike buffers, this counts a plan that filters every row of a small,
+    /// dense index.
+    func rowsRead(by query: PostgresQuery) async throws -> (rows: PostgresRows, read: [String: Int]) {
+        let counters: PostgresQuery = """
+            SELECT relname, (seq_tup_read + coalesce(idx_tup_fetch, 0))::int8 AS read
+              FROM pg_stat_xact_user_tables WHERE schemaname = 'siwa'
+            """
+        func read() async throws -> [String: Int] {
+            Dictionary(uniqueKeysWithValues: try await self.query(counters).map {
+                (try $0.decode(String.self, column: "relname"), try $0.decode(Int.self, column: "read"))
+            })
+        }
+        let before = try await read()
+        let rows = try await self.query(query)
+        let after = try await read()
+        return (rows, after.reduce(into: [:]) { $0[$1.key] = $1.value - (before[$1.key] ?? 0) })
+    }
+
     /// Polls `query` (one integer) until `done` says so, or fails after `timeout` with the last value.
     @discardableResult
     func waitFor(

@@ -435,6 +435,73 @@ struct JobQueueLibrary {
         }
     }
 
+    /// The gate's read and the batch it feeds read their batch, not the backlog, in sessions that
+    /// planned them while the queue was near empty (the plans are kept for the session, and
+    /// autovacuum's next ANALYZE can be a minute away). Seen in deploy/bench/worker.sh's steady
+    /// run: every effect 60 s late. The held read is written so that no plan can walk a table per
+    /// job (it joined each job to a walk of the whole notifications index: 819,062 buffers for 250
+    /// jobs); the batch's statements are not all so (unnest joined to a table estimated at one row
+    /// becomes the table scanned once per array element, or the other way round), so the worker
+    /// makes the session's plans again before a batch far larger than they were made for
+    /// (`SessionPlans`): without that, the batch here read 8,502 job rows and 2 million
+    /// notification comparisons for 250 jobs. `reader` plans its read on the empty queue,
+    /// `batcher` both statements with two jobs queued, as a worker's sessions do.
+    @Test func heldReadAndBatchPlannedOnAnEmptyQueueReadTheirBatchAsItFills() async throws {
+        try await withMigratedDatabase { database in
+            let reader = try await database.connect()
+            defer { reader.close() }
+            let batcher = try await database.connect()
+            defer { batcher.close() }
+            let hold: PostgresQuery = "UPDATE siwa.jobs SET run_at = 'infinity' WHERE state = 'available' AND kind = 'notification'"
+            try await reader.simpleQuery("ANALYZE siwa.jobs; ANALYZE siwa.notifications; ANALYZE siwa.accounts")
+            try await reader.simpleQuery("BEGIN")
+            #expect(try await reader.query(JobQueue.heldNotificationsQuery(limit: 250)).count == 0)
+            try await reader.simpleQuery("ROLLBACK")
+
+            try await database.queueNotifications(2, prefix: "small", on: batcher)
+            _ = try await batcher.execute(hold)
+            let policy = RetryPolicy(base: .seconds(1), cap: .seconds(60))
+            var plans = SessionPlans()
+            let session = SessionPlans.Session(batcher)
+            // As Worker.verifiedNotificationBatch does: the read, the refresh when the rule says,
+            // the batch, in one transaction.
+            func heldThenBatch() async throws -> (held: [String: Int], batch: [String: Int], applied: Int, refreshed: Bool) {
+                try await batcher.simpleQuery("BEGIN")
+                let held = try await batcher.rowsRead(by: JobQueue.heldNotificationsQuery(limit: 250))
+                let ids = try held.rows.map { try $0.decode(Int64.self, column: "id") }
+                let refreshed = plans.shouldRefresh(session, before: ids.count, at: .now)
+                if refreshed { try await batcher.simpleQuery(SessionPlans.refreshSQL) }
+                let batch = try await batcher.rowsRead(
+                    by: JobQueue.notificationBatchQuery(
+                        worker: "plan-test", limit: 250, lease: .seconds(60), policy: policy, isolate: false, verified: ids))
+                try await batcher.simpleQuery("COMMIT")
+                plans.record(session, taken: batch.rows.count)
+                return (held.read, batch.read, batch.rows.count, refreshed)
+            }
+            let small = try await heldThenBatch()
+            #expect(small.applied == 2 && !small.refreshed)
+
+            let queued = 8_000
+            try await database.queueNotifications(queued, on: batcher)
+            _ = try await batcher.execute(hold)
+            try await reader.simpleQuery("BEGIN")
+            let read = try await reader.rowsRead(by: JobQueue.heldNotificationsQuery(limit: 250))
+            try await reader.simpleQuery("ROLLBACK")
+            #expect(read.rows.count == 250)
+            #expect(read.read["notifications", default: 0] <= 2 * 250, "the held read planned on an empty queue read \(read.read) with \(queued) held")
+            #expect(read.read["jobs", default: 0] <= 2 * 250, "the held read planned on an empty queue read \(read.read) with \(queued) held")
+
+            let large = try await heldThenBatch()
+            #expect(large.applied == 250 && large.refreshed)
+            #expect(large.held["notifications", default: 0] <= 2 * 250, "the held read read \(large.held) with \(queued) held")
+            // Each job read about twice (by key, then its completion); each notification a few
+            // times (its own, its account's earlier ones); a plan made for two rows reads the
+            // backlog for every batch.
+            #expect(large.batch["jobs", default: 0] <= 3 * 250, "a batch of 250 verified jobs read \(large.batch) with \(queued) held")
+            #expect(large.batch["notifications", default: 0] <= 10 * 250, "a batch of 250 verified jobs read \(large.batch) with \(queued) held")
+        }
+    }
+
     /// Both claims stay on their indexes after the table was analyzed empty and then filled. The
     /// call claim touches 18 buffers after its session's first call (which reads the catalogs);
     /// a sequential scan of the 20,000 notification jobs would touch several hundred.

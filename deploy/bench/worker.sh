@@ -36,7 +36,7 @@
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.
 # Usage: deploy/bench/worker.sh   (env: N=20000 REPEAT=1 MIXES="a b c d" APPLE_JOBS=200 RATE=1000
-#   WORKER_LOG_LEVEL=warn KEEP_LOGS=dir RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" PERF=1 WORKER_BIN=path COMPARE_BIN=path
+#   WORKER_LOG_LEVEL=warn KEEP_LOGS=dir SLOW_PLANS_MS=N RATE_SECONDS=10 WARMUP_SECONDS=2 PEER_JOBS=3000 RAW_CONNECTIONS=4 NO_PEER=1 NO_PROFILE=1 NO_DELAY=1 DELAY_PROFILE=1 PROFILE_RUNS="a:1 c:1 c:2" PERF=1 WORKER_BIN=path COMPARE_BIN=path
 #   MIGRATE_BIN=path SIWA_BENCH_CACHE=dir;
 #   SIWA_* worker settings pass through)
 set -euo pipefail
@@ -71,15 +71,27 @@ source deploy/scripts/throwaway-postgres.sh
 # segment on the commit path: see receiver.sh). track_commit_timestamp dates each effect's commit.
 pg_throwaway_start fsync=on synchronous_commit=on max_wal_size=16GB min_wal_size=1GB checkpoint_timeout=1h \
   shared_buffers=1GB track_commit_timestamp=on shared_preload_libraries=pg_stat_statements
+# SLOW_PLANS_MS=N: every statement (nested ones too) slower than N ms is logged with its plan,
+# row counts and buffers (auto_explain, no per-node timing), for every session opened after this.
+if [[ -n ${SLOW_PLANS_MS:-} ]]; then
+  psql -X -q "$DATABASE_URL" -c "LOAD 'auto_explain'" -c "ALTER SYSTEM SET session_preload_libraries = 'auto_explain'" \
+    -c "ALTER SYSTEM SET auto_explain.log_min_duration = '${SLOW_PLANS_MS}ms'" -c "ALTER SYSTEM SET auto_explain.log_nested_statements = on" \
+    -c "ALTER SYSTEM SET auto_explain.log_analyze = on" -c "ALTER SYSTEM SET auto_explain.log_timing = off" \
+    -c "ALTER SYSTEM SET auto_explain.log_buffers = on" -c "SELECT pg_reload_conf()" >/dev/null
+fi
 children=()
 workers=()
 worker_ports=()
 cleanup() {
   for pid in "${workers[@]}" "${children[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # KEEP_LOGS=dir: the workers', receiver's, fake's and PostgreSQL's logs survive the run (a stall
+  # to look into; with SLOW_PLANS_MS, the server log has the slow statements' plans).
+  if [[ -n ${KEEP_LOGS:-} ]]; then
+    mkdir -p "$KEEP_LOGS" && cp "$work"/*.log "$KEEP_LOGS"/ 2>/dev/null || true
+    [[ -n ${PG_DIR:-} ]] && cp "$PG_DIR/server.log" "$KEEP_LOGS/postgres.log" 2>/dev/null || true
+  fi
   pg_throwaway_stop
-  # KEEP_LOGS=dir: the workers', receiver's and fake's logs survive the run (a stall to look into).
-  if [[ -n ${KEEP_LOGS:-} ]]; then mkdir -p "$KEEP_LOGS" && cp "$work"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -306,6 +318,31 @@ wait_drained() {  # wait_drained SECONDS WHAT: until no job is waiting or runnin
                         ORDER BY query_start" >"$work/sessions.log" 2>&1 || true
       echo "bench: PostgreSQL's sessions (pid | application | state | wait | running for | query):" >&2
       sed 's/^/  /' "$work/sessions.log" >&2
+      # A statement running for seconds with no wait event is on CPU in its backend: where (its
+      # stack, a few times), what the queue's table looks like (dead versions the claim index still
+      # points at), and the held read's plan as it runs now.
+      sql -F ' ' -c "SELECT 'siwa.jobs: live', n_live_tup, 'dead', n_dead_tup, 'autovacuums', autovacuum_count,
+                            'last', coalesce(last_autovacuum::text, 'never')
+                       FROM pg_stat_user_tables WHERE relid = 'siwa.jobs'::regclass" >&2 || true
+      for busy in $(sql -c "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND backend_type = 'client backend'
+                               AND pid <> pg_backend_pid() AND now() - query_start > interval '2 seconds'"); do
+        if command -v gdb >/dev/null; then
+          for _ in 1 2 3; do
+            timeout 30 gdb -p "$busy" -batch -ex "bt 25" 2>/dev/null | grep -E '^#' >>"$work/backend-$busy.stacks.log" || true
+            echo "--" >>"$work/backend-$busy.stacks.log"; sleep 0.5
+          done
+          echo "bench: backend $busy's stacks (3 samples, backend-$busy.stacks.log):" >&2
+          sed 's/^/  /' "$work/backend-$busy.stacks.log" | cut -c1-150 >&2
+        fi
+      done
+      sql -c "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+              EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
+              SELECT j.id FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
+               WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+               ORDER BY j.priority, j.run_at, j.id LIMIT 250 FOR UPDATE OF j SKIP LOCKED; ROLLBACK" \
+        >"$work/held-plan.log" 2>&1 || true
+      echo "bench: the held read's plan now (held-plan.log):" >&2
+      sed 's/^/  /' "$work/held-plan.log" >&2
       # Where each worker's threads are (gdb, when installed): a worker that claims nothing and
       # logs nothing is waiting somewhere, and this says where. Kept with KEEP_LOGS.
       if command -v gdb >/dev/null; then
@@ -471,6 +508,19 @@ SELECT 'worst seconds of the run (second: p99 ms, max ms): ' || string_agg(s || 
                round((max(delay) * 1000)::numeric, 1) AS mx
           FROM (SELECT floor(due - min(due) OVER ())::int AS s, delay FROM parts) x
          GROUP BY s ORDER BY p99 DESC LIMIT 3) w;
+-- The clocks the delay is read from: the driver's (Python, the 200) and PostgreSQL's (the
+-- receiver's insert, received_at). A delay every job shares while the insert is on time is the
+-- worker; a shared offset here is the clock.
+SELECT 'stored (200 -> the receiver''s insert): p50 ' || round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2)
+       || ' ms, p99 ' || round((percentile_cont(0.99) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2) || ' ms'
+  FROM (SELECT extract(epoch FROM n.received_at) - a.answered AS d
+          FROM answered a JOIN siwa.notifications n ON n.jti = a.jti WHERE a.status = 200) x;
+-- When the effects committed, by second since the first measured 200: a stall shows as empty
+-- seconds followed by a burst; a worker that keeps pace but late shows the 200s' own shape, shifted.
+SELECT 'effects committed per second since the first measured 200: ' || string_agg(s || ':' || n, ' ' ORDER BY s)
+  FROM (SELECT floor(extract(epoch FROM pg_xact_commit_timestamp(c.xmin)) - (SELECT min(answered) FROM answered))::int AS s,
+               count(*) AS n
+          FROM answered a JOIN siwa.account_changes c ON c.notification_jti = a.jti GROUP BY 1) x;
 SQL
   local forged; forged=$(sql -c "SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged' OR processed_at IS NULL")
   [[ $forged == 0 ]] || { echo "bench: $forged steady notifications refused or left unprocessed" >&2; exit 1; }

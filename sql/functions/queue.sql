@@ -228,6 +228,13 @@ $$;
 -- `ORDER BY id`, the planner may walk the primary key past every completed job, a cost that grows
 -- with the queue's history (6-10 ms a batch with 18,000 completed, 0.3 ms this way).
 --
+-- Each job's notification is a scalar subquery on purpose, so it is always a lookup by jti: written
+-- as a join, a session that planned it while the tables were analyzed empty kept a nested loop
+-- walking the whole notifications index once per job (the plan is kept for the session; the
+-- next ANALYZE can be a minute away). In deploy/bench/worker.sh's steady run that made each batch
+-- of 250 take 3-9 s (819,062 buffers a read with 2,281 notifications, auto_explain) until
+-- autovacuum's ANALYZE, and every effect of the run 60 s late.
+--
 -- p_skip_busy_accounts: take only jobs of users no other batch is taking. Each job's user (its
 -- sub: a sub names one user across an app group's client IDs) is claimed with a transaction-scoped
 -- advisory lock, class 1936291681 ('siwa'), keyed by hashtext(sub); a job whose user another batch
@@ -248,14 +255,18 @@ SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT j.id, n.jti, n.client_id, n.sub, n.event_type, round(extract(epoch FROM n.event_time) * 1000)::int8,
-           n.email, n.is_private_email, n.jws
-      FROM siwa.jobs j JOIN siwa.notifications n ON n.jti = j.notification_jti
-     WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
-       AND (NOT p_skip_busy_accounts OR pg_try_advisory_xact_lock(1936291681, hashtext(j.sub)))
-     ORDER BY j.priority, j.run_at, j.id
-     LIMIT p_limit
-       FOR UPDATE OF j SKIP LOCKED;
+    SELECT h.id, (h.n).jti, (h.n).client_id, (h.n).sub, (h.n).event_type,
+           round(extract(epoch FROM (h.n).event_time) * 1000)::int8, (h.n).email, (h.n).is_private_email, (h.n).jws
+      FROM (SELECT j.id, j.priority, j.run_at,
+                   (SELECT n FROM siwa.notifications n WHERE n.jti = j.notification_jti) AS n
+              FROM siwa.jobs j
+             WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
+               AND (NOT p_skip_busy_accounts OR pg_try_advisory_xact_lock(1936291681, hashtext(j.sub)))
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT p_limit
+               FOR UPDATE OF j SKIP LOCKED) h
+     WHERE (h.n).jti IS NOT NULL
+     ORDER BY h.priority, h.run_at, h.id;
 END
 $$;
 
@@ -319,9 +330,16 @@ BEGIN
     SELECT array_agg(d.id ORDER BY d.priority, d.run_at, d.id), array_agg(d.notification_jti ORDER BY d.priority, d.run_at, d.id),
            array_agg(d.attempt ORDER BY d.priority, d.run_at, d.id)
       INTO ids, jtis, attempts
-      FROM (SELECT v.* FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
-                               WHERE j.id = ANY(p_verified) AND j.state = 'available' AND j.kind = 'notification'
-                                 FOR UPDATE) v  -- locked already, by the caller's verification
+      -- The verified jobs by primary key: their kind is checked outside the locking subquery
+      -- (OFFSET 0 keeps the check from being pushed into it), so its WHERE does not match the
+      -- claim index's predicate and no plan can walk that index with `id = ANY` as a filter (a
+      -- session that planned it on a queue analyzed empty did, on every batch: 9,750 index
+      -- entries read to find 250 verified jobs with 10,000 queued).
+      FROM (SELECT v.id, v.notification_jti, v.attempt, v.priority, v.run_at
+              FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at, j.kind FROM siwa.jobs j
+                     WHERE j.id = ANY(p_verified) AND j.state = 'available'
+                       FOR UPDATE OFFSET 0) v  -- locked already, by the caller's verification
+             WHERE v.kind = 'notification'
             UNION ALL
             SELECT due.* FROM (SELECT j.id, j.notification_jti, j.attempt, j.priority, j.run_at FROM siwa.jobs j
                                 WHERE j.state = 'available' AND j.kind = 'notification' AND j.run_at <= now()
