@@ -54,6 +54,8 @@ let package = Package(
         .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
         .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "JSON", "OutboundHTTP", "Metrics", "SiwaModel"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
+        // An account as its readers show it (the app API, the console): siwa.account's columns, decoded once.
+        .target(name: "Accounts", dependencies: ["JSON", "Postgres"], exclude: ["README.md"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
@@ -65,7 +67,7 @@ let package = Package(
                 exclude: ["README.md"], swiftSettings: strict),
         // The app API: its server, routes, answers, sign-in and SQL calls.
         .target(name: "AppAPI",
-                dependencies: ["AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
+                dependencies: ["Accounts", "AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
         // Webhooks: the queue, the dispatcher, signatures, the transports (retry and discard: siwa.webhook_retry).
         .target(name: "Webhooks",
@@ -79,7 +81,7 @@ let package = Package(
                 dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel", "Lifecycle"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
-        .target(name: "Console", dependencies: ["CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
+        .target(name: "Console", dependencies: ["Accounts", "CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
                 exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "Metrics"],
                 exclude: ["README.md"], swiftSettings: strict),

@@ -1,3 +1,4 @@
+import Accounts
 import Foundation
 internal import HTTPServer
 import JOSE
@@ -128,7 +129,7 @@ enum AppAPIJSON {
     }
 
     /// The `siwa.account(...)` view.
-    static func account(_ account: AppAPIStore.Account) -> [String: Any] {
+    static func account(_ account: AccountView) -> [String: Any] {
         [
             "client_id": account.clientID, "sub": account.sub, "app_user_id": value(account.appUserID),
             "status": account.status, "email": value(account.email), "is_private_email": value(account.isPrivateEmail),

@@ -1,5 +1,5 @@
+import Accounts
 import Foundation
-import JSON
 package import Postgres
 import Metrics
 
@@ -16,49 +16,6 @@ package struct AppAPIStore: Sendable {
     package init(pool: PostgresPool, timeout: Duration = .seconds(5)) {
         self.pool = pool
         self.timeout = timeout
-    }
-
-    /// An account as `siwa.account(...)` shows it: no token, only whether there is one.
-    struct Account: Sendable {
-        var clientID: String
-        var sub: String
-        var appUserID: String?
-        var status: String
-        var email: String?
-        var isPrivateEmail: Bool?
-        var emailForwarding: String?
-        var sessionsRevokedAt: Date?
-        var linkedAt: Date?
-        var updatedAt: Date?
-        var hasRefreshToken: Bool
-        /// The user's name as the client sent it once (`full_name`), member by member.
-        var fullName: [String: String]?
-        /// `unsupported`, `unknown` or `likely_real`.
-        var realUserStatus: String?
-        /// Set by `signIn` only: no row existed before it.
-        var isNew = false
-
-        init(_ row: PostgresRow) throws {
-            clientID = try row.decode(String.self, column: "client_id")
-            sub = try row.decode(String.self, column: "sub")
-            appUserID = try row.decode(String?.self, column: "app_user_id")
-            status = try row.decode(String.self, column: "status")
-            email = try row.decode(String?.self, column: "email")
-            isPrivateEmail = try row.decode(Bool?.self, column: "is_private_email")
-            emailForwarding = try row.decode(String?.self, column: "email_forwarding")
-            sessionsRevokedAt = try row.decode(Date?.self, column: "sessions_revoked_at")
-            linkedAt = try row.decode(Date?.self, column: "linked_at")
-            updatedAt = try row.decode(Date?.self, column: "updated_at")
-            hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
-            fullName = try row.decode(String?.self, column: "full_name").flatMap(Self.stringMembers)
-            realUserStatus = try row.decode(String?.self, column: "real_user_status")
-        }
-
-        /// A jsonb object of strings, as stored by `siwa.sign_in`.
-        static func stringMembers(_ json: String) -> [String: String]? {
-            guard let object = JSONValue.object(Array(json.utf8)) else { return nil }
-            return object.compactMapValues(\.stringValue)
-        }
     }
 
     struct Change: Sendable {
@@ -120,9 +77,9 @@ package struct AppAPIStore: Sendable {
     }
 
     /// `siwa.account(...)`: the account without its tokens.
-    func account(clientID: String, sub: String) async throws -> Account? {
+    func account(clientID: String, sub: String) async throws -> AccountView? {
         try await run { connection in
-            try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+            try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(AccountView.init)
         }
     }
 
@@ -147,13 +104,13 @@ package struct AppAPIStore: Sendable {
         }
     }
 
-    /// The sign-in event (`siwa.sign_in`): the account after it; its status is not `active` when a
-    /// deletion was requested after the read that counted `deletionRequestsSeen` (the token is then
-    /// kept for that deletion, or revoked if it finished).
+    /// The sign-in event (`siwa.sign_in`): the account after it, and whether no row existed before
+    /// it; its status is not `active` when a deletion was requested after the read that counted
+    /// `deletionRequestsSeen` (the token is then kept for that deletion, or revoked if it finished).
     func signIn(
         clientID: String, sub: String, email: String?, isPrivateEmail: Bool?, sealedToken: [UInt8]?,
         deletionRequestsSeen: Int64, fullName: [String: String]?, realUserStatus: String?
-    ) async throws -> Account {
+    ) async throws -> (account: AccountView, isNew: Bool) {
         let name: String? = fullName.map { members in
             var text: [UInt8] = []
             AppAPIJSON.write(members as [String: Any], to: &text)
@@ -165,9 +122,7 @@ package struct AppAPIStore: Sendable {
                 SELECT * FROM siwa.sign_in(\(clientID), \(sub), \(email), \(isPrivateEmail), \(sealedToken), \(deletionRequestsSeen),
                                            \(name)::jsonb, \(realUserStatus))
                 """)[0]
-            var account = try Account(row)
-            account.isNew = try row.decode(Bool.self, column: "is_new")
-            return account
+            return (try AccountView(row), try row.decode(Bool.self, column: "is_new"))
         }
     }
 
@@ -184,13 +139,13 @@ package struct AppAPIStore: Sendable {
     }
 
     /// Returns the updated account, or nil when there is none.
-    func setAppUserID(clientID: String, sub: String, appUserID: String?) async throws -> Account? {
+    func setAppUserID(clientID: String, sub: String, appUserID: String?) async throws -> AccountView? {
         try await run { connection in
             try await connection.withTransaction { connection in
                 let found = try await connection.query(
                     "SELECT siwa.set_app_user_id(\(clientID), \(sub), \(appUserID))")[0].decode(Bool.self, at: 0)
                 guard found else { return nil }
-                return try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(Account.init)
+                return try await connection.query("SELECT * FROM siwa.account(\(clientID), \(sub))").first.map(AccountView.init)
             }
         }
     }

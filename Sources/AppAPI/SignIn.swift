@@ -1,3 +1,4 @@
+import Accounts
 import AppleClient
 import CryptoCore
 import Foundation
@@ -127,7 +128,7 @@ struct SignIn: Sendable {
         // The account effect.
         do {
             let sealed = try refreshToken.map { try tokenBox.seal($0, clientID: request.clientID, sub: identity.sub) }
-            let account = try await store.signIn(
+            let (account, isNew) = try await store.signIn(
                 clientID: request.clientID, sub: identity.sub, email: identity.email,
                 isPrivateEmail: identity.isPrivateEmail, sealedToken: sealed,
                 deletionRequestsSeen: state.deletionRequests, fullName: request.fullName,
@@ -138,7 +139,7 @@ struct SignIn: Sendable {
                 "client_id": account.clientID, "sub": account.sub, "email": AppAPIJSON.value(account.email),
                 "email_verified": AppAPIJSON.value(identity.emailVerified),
                 "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status,
-                "app_user_id": AppAPIJSON.value(account.appUserID), "new": account.isNew && !transferred,
+                "app_user_id": AppAPIJSON.value(account.appUserID), "new": isNew && !transferred,
                 "has_refresh_token": account.hasRefreshToken, "full_name": AppAPIJSON.value(account.fullName),
                 "real_user_status": AppAPIJSON.value(account.realUserStatus),
             ])

@@ -1,3 +1,4 @@
+import Accounts
 import Foundation
 
 /// `/accounts?q=` (find an account by `sub` or `app_user_id`) and `/accounts/{client_id}/{sub}`
@@ -29,7 +30,7 @@ enum AccountPages {
         let email: HTML = account.email.map { email in
             "\(email)" + (account.isPrivateEmail == true ? " <span class=\"tag\">private relay</span>" : "")
         } ?? "<span class=\"muted\">none</span>"
-        let tokens = (account.holdsRefreshToken ? "one held" : "none held")
+        let tokens = (account.hasRefreshToken ? "one held" : "none held")
             + (account.retiredTokens > 0 ? ", \(account.retiredTokens) earlier kept for a deletion to revoke" : "")
         let body: HTML = """
             <p class="standing\(stuck ? " bad" : "")" id="standing">\(standing.sentence).</p>

@@ -1,3 +1,4 @@
+import Accounts
 import Foundation
 
 /// The one sentence at the top of an account's page: where it stands and, when something is
@@ -41,7 +42,7 @@ struct AccountStanding {
             }
         case "active":
             let linked = account.linkedAt.map { ", linked " + Ages.ago($0, now: now) } ?? ""
-            return "active\(linked); " + (account.holdsRefreshToken ? "a refresh token is held" : "no refresh token held")
+            return "active\(linked); " + (account.hasRefreshToken ? "a refresh token is held" : "no refresh token held")
         case "consent_revoked":
             return "the user stopped using Sign in with Apple for the app "
                 + Ages.ago(account.sessionsRevokedAt ?? account.updatedAt, now: now) + "; sessions ended"

@@ -71,22 +71,11 @@ struct Overview: Sendable {
             waiting[try row.decode(String.self, column: "kind")] = KindWaiting(
                 ready: try row.decode(Int.self, column: "ready"), oldestReadySeconds: try row.decode(Double?.self, column: "oldest"))
         }
-        // A deletion is as old as its revoke job (JobQueue.pendingDeletions says why).
-        let deletions = try await connection.query(
-            """
-            SELECT a.client_id, a.sub,
-                   extract(epoch FROM now() - coalesce(
-                       (SELECT min(j.created_at) FROM siwa.jobs j
-                         WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub AND j.state <> 'cancelled'),
-                       a.updated_at))::float8 AS age
-              FROM siwa.accounts a
-             WHERE a.status = 'pending_deletion'
-             ORDER BY age DESC
-            """
-        ).map { row in
+        // Oldest first; a deletion is as old as its revoke job (the function says why).
+        let deletions = try await connection.query("SELECT client_id, sub, age_seconds FROM siwa.pending_deletions()").map { row in
             PendingDeletion(
                 clientID: try row.decode(String.self, column: "client_id"), sub: try row.decode(String.self, column: "sub"),
-                seconds: try row.decode(Double.self, column: "age"))
+                seconds: try row.decode(Double.self, column: "age_seconds"))
         }
         let paused = try await connection.query(
             """

@@ -20,7 +20,7 @@ LAYERS = [
     ("C wrapper", "CLibpq COpenSSL CMicroHTTPD CCurl CLibssl"),
     ("building block", "Logging Locking Postgres CryptoCore HTTPServer OutboundHTTP JSON JOSE LocalPostgres"
                        " Metrics Settings Lifecycle ScriptedHTTPServer TestTiming"),
-    ("domain", "SiwaModel AppleClient JobQueue Migrations"),
+    ("domain", "SiwaModel AppleClient JobQueue Migrations Accounts"),
     ("application", "AppleJobs AppAPI Webhooks TeamTransfer ReceiverCore WorkerCore Console FakeApple"),
     ("executable", "siwa-receiver siwa-worker siwa SiwaFuzz embed-sql"),
 ]

@@ -219,6 +219,10 @@ allowed wrk siwa "retention: delete processed notifications" "DELETE FROM siwa.n
 allowed wrk siwa "retention: delete finalized jobs" "DELETE FROM siwa.jobs WHERE finalized_at < now() - interval '30 days'"
 allowed wrk siwa "retention: delete old rejection counters" "DELETE FROM siwa.rejections WHERE minute < now() - interval '30 days'"
 allowed wrk siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('com.example.app', 'nosuch')"
+# The console runs with a worker login and reads accounts as its pages do.
+allowed wrk siwa "read accounts as the console does (siwa.find_accounts, siwa.account, siwa.retired_token_count)" \
+    "SELECT a.status, siwa.retired_token_count(a.client_id, a.sub) FROM siwa.find_accounts('s1', 100) f
+       CROSS JOIN LATERAL siwa.account(f.client_id, f.sub) a"
 denied wrk siwa "create objects in schema siwa" "CREATE TABLE siwa.evil (x int)"
 
 echo "== app (siwa_app)"
@@ -250,6 +254,7 @@ denied app siwa "INSERT siwa.account_changes" "INSERT INTO siwa.account_changes 
 denied app siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
 denied app siwa "call siwa.record_change" "SELECT siwa.record_change('c', 's', 'x', NULL, NULL, NULL)"
 denied app siwa "call siwa.erase_personal_data" "SELECT siwa.erase_personal_data('c', 's')"
+denied app siwa "call the console's siwa.find_accounts" "SELECT * FROM siwa.find_accounts('s2', 10)"
 # It takes the sub it is given as proven by Apple: only the worker, which verifies the token, may.
 denied app siwa "call siwa.claim_transfer (no proof from Apple)" \
     "SELECT siwa.claim_transfer('c', 't', 's', NULL, NULL)"

@@ -689,6 +689,26 @@ AS $$
      WHERE a.client_id = $1 AND a.sub = $2
 $$;
 
+-- The operator console (`siwa console`) shows an account as the app sees it: siwa.account's row
+-- (the same function, so the console and the app API cannot show one row differently), and with
+-- it these two. How many earlier refresh tokens the account keeps for a deletion to revoke: a
+-- count, never their bytes; NULL when there is no account.
+CREATE OR REPLACE FUNCTION siwa.retired_token_count(p_client_id text, p_sub text) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(cardinality(a.retired_tokens_enc), 0) FROM siwa.accounts a
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
+-- The accounts whose sub or app_user_id is exactly p_text, most recently changed first, at most
+-- p_limit: the console's search, which shows each through siwa.account.
+CREATE OR REPLACE FUNCTION siwa.find_accounts(p_text text, p_limit integer) RETURNS TABLE (client_id text, sub text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.client_id, a.sub FROM siwa.accounts a
+     WHERE a.sub = p_text OR a.app_user_id = p_text
+     ORDER BY a.updated_at DESC
+     LIMIT p_limit
+$$;
+
 -- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit
 -- accounts due (siwa.reconcile_skip: active, holding a token not checked with Apple in the last 24
 -- hours), least recently checked first, never two open reconciles for one account. Returns how
@@ -719,31 +739,38 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
          WHERE a.client_id = p_client_id AND a.sub = p_sub AND a.status = 'pending_deletion')
 $$;
 
+-- The accounts waiting on a deletion, oldest first, with each one's age: a deletion is as old as
+-- its revoke job (the account row's updated_at moves on later events; it stands in when no revoke
+-- was queued). The console's overview lists them; siwa.deletion_backlog names the oldest.
+CREATE OR REPLACE FUNCTION siwa.pending_deletions() RETURNS TABLE (client_id text, sub text, age_seconds double precision)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.client_id, a.sub,
+           extract(epoch FROM now() - coalesce(
+               (SELECT min(j.created_at) FROM siwa.jobs j
+                 WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
+                   AND j.state <> 'cancelled'),
+               a.updated_at))::float8 AS age
+      FROM siwa.accounts a
+     WHERE a.status = 'pending_deletion'
+     ORDER BY age DESC
+$$;
+
 -- The deletions still waiting, for `siwa status`: how many accounts are `pending_deletion`, the
--- oldest one and its age (a deletion is as old as its revoke job: the account row's updated_at
--- moves on later events), and how many wait on a revoke discarded as `process_died` (its process
--- died running it three times, siwa.rescue_expired_jobs: `siwa jobs retry` runs it again).
+-- oldest one and its age (siwa.pending_deletions), and how many wait on a revoke discarded as
+-- `process_died` (its process died running it three times, siwa.rescue_expired_jobs: `siwa jobs
+-- retry` runs it again).
 CREATE OR REPLACE FUNCTION siwa.deletion_backlog(
     OUT pending bigint, OUT oldest_client_id text, OUT oldest_sub text, OUT oldest_seconds double precision,
     OUT process_died_revokes bigint
 ) LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT (SELECT count(*) FROM siwa.accounts WHERE status = 'pending_deletion'),
-           o.client_id, o.sub, o.age,
+           o.client_id, o.sub, o.age_seconds,
            (SELECT count(*) FROM siwa.jobs j
              WHERE j.state = 'discarded' AND j.errors -> -1 ->> 'error' = 'process_died'
                AND siwa.guards_pending_deletion(j.kind, j.client_id, j.sub))
       FROM (SELECT 1) one
-      LEFT JOIN LATERAL (
-          SELECT a.client_id, a.sub,
-                 extract(epoch FROM now() - coalesce(
-                     (SELECT min(j.created_at) FROM siwa.jobs j
-                       WHERE j.kind = 'revoke' AND j.client_id = a.client_id AND j.sub = a.sub
-                         AND j.state <> 'cancelled'),
-                     a.updated_at))::float8 AS age
-            FROM siwa.accounts a
-           WHERE a.status = 'pending_deletion'
-           ORDER BY age DESC
-           LIMIT 1) o ON true
+      LEFT JOIN LATERAL (SELECT d.client_id, d.sub, d.age_seconds FROM siwa.pending_deletions() d
+                          ORDER BY d.age_seconds DESC LIMIT 1) o ON true
 $$;
 
 -- Retention of the change feed (the worker's pass, SIWA_RETENTION_DAYS): change rows older than
@@ -768,8 +795,8 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pruned
 $$;
 
--- Privileges: the app calls the app-facing functions; the worker everything here (see queue.sql
--- on PUBLIC).
+-- Privileges: the app calls the app-facing functions; the worker everything here, and so does the
+-- console, which runs with a siwa_worker login (see queue.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -787,7 +814,9 @@ BEGIN
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion(text, text), siwa.account(text, text),
-            siwa.queue_reconciles(integer), siwa.guards_pending_deletion(text, text, text), siwa.deletion_backlog(),
+            siwa.retired_token_count(text, text), siwa.find_accounts(text, integer),
+            siwa.queue_reconciles(integer), siwa.guards_pending_deletion(text, text, text), siwa.pending_deletions(),
+            siwa.deletion_backlog(),
             siwa.prune_account_changes(double precision, integer)
            TO siwa_worker;
     END IF;
