@@ -1,6 +1,7 @@
 internal import Foundation
 import CCurl
 import Locking
+import Synchronization
 
 /// One curl multi handle driven by one thread of its own: the shape curl's docs give for a
 /// server. Calls are queued under a lock and the thread is woken (`curl_multi_wakeup`); it adds
@@ -8,6 +9,11 @@ import Locking
 /// until a socket or a timeout needs it) and resumes each caller when its transfer is done. The
 /// multi's connection cache keeps connections alive and reuses them across calls (HTTP/2 streams
 /// share one connection); no caller's thread ever blocks on the network.
+/// The easy handles of one thread that runs calls itself (`CurlPool.perform`), by pool.
+private final class CallerThreadHandles {
+    var byPool: [ObjectIdentifier: UnsafeMutableRawPointer] = [:]
+}
+
 final class CurlPool: @unchecked Sendable {
     // @unchecked: `multi` and `active` are touched only by the pool's thread once it started;
     // everything the callers share with it is behind `queue`.
@@ -72,6 +78,61 @@ final class CurlPool: @unchecked Sendable {
             return true
         }
         if !kept { curl_easy_cleanup(handle) }
+    }
+
+    // MARK: Calls on the caller's thread
+
+    /// Most calls run on their callers' threads at once; past it, calls go through the pool's
+    /// thread. Such threads (`BlockingCallExecutor`'s) also run the app API's database
+    /// statements: an Apple that stops answering holds at most this many of them for its timeout.
+    static let callerThreadLimit = 32
+    private static let callerThreadCalls = Atomic<Int>(0)
+
+    /// True, and a place among `callerThreadLimit` taken (given back by `perform`), when this
+    /// call may run on the current thread: one whose blocking calls are bounded and expected
+    /// (`BlockingCallExecutor.currentThreadAllowsBlocking`).
+    static func mayRunOnCallerThread() -> Bool {
+        guard BlockingCallExecutor.currentThreadAllowsBlocking else { return false }
+        if callerThreadCalls.add(1, ordering: .relaxed).newValue <= callerThreadLimit { return true }
+        callerThreadCalls.subtract(1, ordering: .relaxed)
+        return false
+    }
+
+    /// Gives back the place `mayRunOnCallerThread` took.
+    static func endCallerThreadCall() { callerThreadCalls.subtract(1, ordering: .relaxed) }
+
+    /// This thread's easy handle for this pool: kept for the thread's life (the app API's
+    /// threads live as long as the process), with its own connection cache, so a thread's
+    /// calls to a host reuse its connection.
+    func callerThreadHandle() -> UnsafeMutableRawPointer? {
+        let handles: CallerThreadHandles
+        if let stored = pthread_getspecific(Self.callerThreadKey) {
+            handles = Unmanaged<CallerThreadHandles>.fromOpaque(stored).takeUnretainedValue()
+        } else {
+            handles = CallerThreadHandles()
+            pthread_setspecific(Self.callerThreadKey, Unmanaged.passRetained(handles).toOpaque())
+        }
+        if let handle = handles.byPool[ObjectIdentifier(self)] { return handle }
+        guard let handle = curl_easy_init() else { return nil }
+        handles.byPool[ObjectIdentifier(self)] = handle
+        return handle
+    }
+
+    private static let callerThreadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create failed")
+        return key
+    }()
+
+    /// Runs `transfer` (configured, on `callerThreadHandle()`'s handle) to its end on this
+    /// thread, resumes its caller, and gives back the place `mayRunOnCallerThread` took. Saves the
+    /// two thread hand-offs of the pool's thread (there and back) and its wake-ups: with the
+    /// database statements run the same way, a sign-in's work stays on one thread.
+    func perform(_ transfer: CurlTransfer, code refused: CURLcode, handle: UnsafeMutableRawPointer) {
+        defer { Self.endCallerThreadCall() }
+        transfer.finish(refused == CURLE_OK ? curl_easy_perform(handle) : refused)
+        // Options and the transfer's buffers dropped; the connection stays for the next call.
+        withExtendedLifetime(transfer) { curl_easy_reset(handle) }
     }
 
     private func run() {

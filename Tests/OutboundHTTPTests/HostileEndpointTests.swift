@@ -2,6 +2,7 @@
     import Glibc
 #endif
 import Foundation
+import Locking
 import OutboundHTTP
 import ScriptedHTTPServer
 import Testing
@@ -257,6 +258,21 @@ import TestTiming
         try await server.waitForRequests(1)
         call.cancel()
         #expect(failureOf(await call.value)?.kind == .cancelled)
+    }
+
+    /// On a thread made for bounded blocking calls (the app API's) the call runs on that thread
+    /// (`curl_easy_perform`); cancelling its task still ends it, through curl's progress callback,
+    /// long before the call's own timeout. Both schemes, and a second call on the same thread after it.
+    @Test(arguments: Scheme.allCases) func aCancelledCallOnABlockingCallThreadEnds(_ scheme: Scheme) async throws {
+        let server = try server(scheme) { index in index == 0 ? .silent : .answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") }
+        defer { server.stop() }
+        let executor = BlockingCallExecutor(maximumThreads: 1)
+        let call = Task(executorPreference: executor) { await get(server, scheme, timeout: TestTimeScale.scaled(.seconds(60))) }
+        try await server.waitForRequests(1)
+        call.cancel()
+        #expect(failureOf(await call.value)?.kind == .cancelled)
+        let next = await Task(executorPreference: executor) { await get(server, scheme) }.value
+        #expect((try? next.get())?.body == Array("ok".utf8))
     }
 }
 

@@ -552,7 +552,29 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     deletion_after boolean;
     result record;
+    effect siwa.account_effect;
 BEGIN
+    -- A first sign-in (no row): the row is written once, as siwa.account_linked would leave it
+    -- after lock_account's insert (no deletion can have been requested for a row that did not
+    -- exist, and it holds no token yet), instead of inserted and then updated. Half the heap and
+    -- WAL writes of the sign-in that creates an account; any other case takes the general path.
+    PERFORM 1 FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub FOR UPDATE;
+    IF NOT FOUND THEN
+        effect := siwa.account_effect(NULL, 'linked');
+        IF effect.outcome = 'applied' THEN
+            INSERT INTO siwa.accounts AS a (client_id, sub, status, app_user_id, email, is_private_email,
+                                            refresh_token_enc, linked_at, token_checked_at, updated_at)
+            VALUES (p_client_id, p_sub, effect.next_status, p_app_user_id, p_email, p_is_private_email, p_token_enc,
+                    now(), CASE WHEN p_token_enc IS NOT NULL THEN now() END, now())
+            ON CONFLICT (client_id, sub) DO NOTHING
+            RETURNING true INTO created;
+            IF created THEN
+                PERFORM siwa.record_change(p_client_id, p_sub, effect.change, NULL, NULL, NULL);
+                status := effect.next_status;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
     -- The count is judged under the account's lock, so no request can slip in before the write.
     created := siwa.lock_account(p_client_id, p_sub, 'active');
     SELECT a.deletion_requests > coalesce(p_deletion_requests_seen, 0) INTO deletion_after

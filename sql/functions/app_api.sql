@@ -55,9 +55,11 @@ BEGIN
 END
 $$;
 
--- Spends the nonce (siwa.consume_nonce) and reads the sign-in state of (client_id, sub) in the
--- same call: a sign-in's first round trip. The state is read whatever the nonce was; the caller
--- uses it only once the identity token has proven that sub.
+-- Spends the nonce (as siwa.consume_nonce) and reads the sign-in state of (client_id, sub) (as
+-- siwa.sign_in_state) in the same call: a sign-in's first round trip. The state is read whatever
+-- the nonce was; the caller uses it only once the identity token has proven that sub. Both
+-- statements are written here rather than called: each nested call with its SET clause saved and
+-- restored search_path, and every statement after it looked the path up again.
 CREATE OR REPLACE FUNCTION siwa.consume_nonce_reading(
     p_nonce_hash bytea, p_client_id text, p_sub text,
     OUT valid boolean, OUT status text, OUT has_refresh_token boolean, OUT deletion_requests bigint)
@@ -65,9 +67,15 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    valid := siwa.consume_nonce(p_nonce_hash);
-    SELECT s.status, s.has_refresh_token, s.deletion_requests INTO status, has_refresh_token, deletion_requests
-      FROM siwa.sign_in_state(p_client_id, p_sub) s;
+    DELETE FROM siwa.sign_in_nonces WHERE nonce_hash = p_nonce_hash RETURNING expires_at > now() INTO valid;
+    valid := coalesce(valid, false);
+    SELECT a.status, a.refresh_token_enc IS NOT NULL, a.deletion_requests
+      INTO status, has_refresh_token, deletion_requests
+      FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    IF NOT FOUND THEN
+        has_refresh_token := false;
+        deletion_requests := 0;
+    END IF;
 END
 $$;
 
