@@ -111,7 +111,7 @@ let package = Package(
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP", "TestTiming"], swiftSettings: strict),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "Locking", "OutboundHTTP", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
                     dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],

@@ -14,9 +14,10 @@ import Settings
 /// The app API (CONTRACT.md, "App API"), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
 /// that do not share this database: nonces, sign-in, an account's state, deletion, the change feed.
 ///
-/// Requests run on `BlockingCallExecutor.shared`'s threads, where each database statement runs
-/// inline under its bound (no hop to the connection's queue and back); Apple calls still go
-/// through the one curl thread, suspending the request's task, not its thread.
+/// Each connection has a thread of its own, and a request runs to its end on it (`CallingThread`):
+/// its database statements (under their bounds) and its calls to Apple run inline there, so a
+/// sign-in crosses no thread of ours between its bytes arriving and its answer leaving. A thread
+/// per connection bounds the threads by the connection limit (512).
 ///
 /// Every request is authenticated first (bearer token, constant-time), before routing or any
 /// other work. Bodies are at most 16 KiB (larger: 413 from the HTTP layer, unread). Database
@@ -67,9 +68,10 @@ package final class AppAPIServer: Sendable {
     package func run() async throws {
         let http = HTTPServer(
             configuration: .init(
-                host: configuration.listen.host, port: configuration.listen.port, threadCount: 2, connectionLimit: 512,
-                connectionTimeout: .seconds(30), maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5)),
-            logger: logger, executor: BlockingCallExecutor.shared, asyncRespond: { [self] request in await respond(to: request) })
+                host: configuration.listen.host, port: configuration.listen.port, connectionLimit: 512,
+                connectionTimeout: .seconds(30), maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5),
+                threadPerConnection: true),
+            logger: logger, respondOnConnectionThread: { [self] request in await respond(to: request) })
         try http.start()
         server.withLock { $0 = http }
         logger.info(

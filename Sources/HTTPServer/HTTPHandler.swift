@@ -1,3 +1,5 @@
+import Locking
+
 /// Answers requests. `respond` must be called exactly once, from any thread, now or later (for
 /// example after a database commit). Until it is called the connection is suspended: it holds no
 /// server thread. Calls after the first are ignored.
@@ -37,5 +39,19 @@ package struct AsyncHTTPHandler: HTTPHandler {
 
     package func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
         Task(executorPreference: executor) { respond(await body(request)) }
+    }
+}
+
+/// Runs an `async` handler to its end on the server thread that received the request, blocking it
+/// meanwhile (`CallingThread.run`): only for a server with a thread per connection.
+struct CallingThreadHTTPHandler: HTTPHandler {
+    private let body: @Sendable (HTTPRequest) async -> HTTPResponse
+
+    init(_ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
+        self.body = body
+    }
+
+    func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        respond(CallingThread.run { await body(request) })
     }
 }

@@ -21,8 +21,12 @@ package final class HTTPServer: Sendable {
         package var host: String
         /// 0 picks a free port; read it back from `HTTPServer.port`.
         package var port: Int
-        /// Threads in libmicrohttpd's pool, each with its own epoll set.
+        /// Threads in libmicrohttpd's pool, each with its own epoll set (ignored with `threadPerConnection`).
         package var threadCount: Int
+        /// A thread for each open connection instead of a pool (as many threads as `connectionLimit`
+        /// at most): its handler may block that thread until it answers, so a request can run to its
+        /// end on the thread that read it, with no hand-off (`init(configuration:logger:respondOnConnectionThread:)`).
+        package var threadPerConnection: Bool
         /// Open connections at once; more are refused by libmicrohttpd.
         package var connectionLimit: Int
         /// Open connections at once from one address; `nil` for no limit.
@@ -44,9 +48,10 @@ package final class HTTPServer: Sendable {
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
             connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
             maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil,
-            tls: TLSIdentity? = nil
+            tls: TLSIdentity? = nil, threadPerConnection: Bool = false
         ) {
             self.tls = tls
+            self.threadPerConnection = threadPerConnection
             self.requestDeadline = requestDeadline
             self.host = host
             self.port = port
@@ -101,6 +106,18 @@ package final class HTTPServer: Sendable {
         self.init(configuration: configuration, handler: AsyncHTTPHandler(executor: executor, asyncRespond), logger: logger)
     }
 
+    /// A server whose `async` handler runs to its end on the thread of the connection that
+    /// received the request (`CallingThread`): its database statements and HTTP calls run inline
+    /// there, and a request makes no thread switch of its own. Needs `threadPerConnection`, as
+    /// each request holds its connection's thread until it answers.
+    package convenience init(
+        configuration: Configuration, logger: Logger = Logger(label: "http-server"),
+        respondOnConnectionThread: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
+    ) {
+        precondition(configuration.threadPerConnection, "a handler that holds its thread needs a thread per connection")
+        self.init(configuration: configuration, handler: CallingThreadHTTPHandler(respondOnConnectionThread), logger: logger)
+    }
+
     deinit { stop() }
 
     /// The bound port (the real one when configured with 0); 0 when not running.
@@ -138,7 +155,7 @@ package final class HTTPServer: Sendable {
             let timeout = configuration.connectionTimeout.components
             let timeoutSeconds = max(1, timeout.seconds + (timeout.attoseconds > 0 ? 1 : 0))
             let daemon = CMicroHTTPD_start(
-                listenSocket, 0,
+                listenSocket, 0, configuration.threadPerConnection ? 1 : 0,
                 UInt32(clamping: max(1, configuration.threadCount)),
                 UInt32(clamping: max(1, configuration.connectionLimit)),
                 UInt32(clamping: max(0, configuration.perIPConnectionLimit ?? 0)),
@@ -178,7 +195,8 @@ package final class HTTPServer: Sendable {
             logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
                                                           "http.port": .int(port),
                                                           "http.scheme": .string(configuration.tls == nil ? "http" : "https"),
-                                                          "http.threads": .int(configuration.threadCount)])
+                                                          "http.threads": configuration.threadPerConnection
+                                                              ? "per_connection" : .int(configuration.threadCount)])
         }
     }
 

@@ -13,7 +13,8 @@
 /// wait in one queue, first in first out; an idle thread takes the next, and a new thread is
 /// started when none is idle, up to `maximumThreads` (then jobs wait for a thread to come free, so
 /// a blocked thread holds up only jobs queued behind it while every other thread is busy too).
-/// Threads live as long as the process; the shared instance is made once.
+/// Threads live as long as the process. (The app API runs each request on its connection's thread
+/// instead, `CallingThread`: no hand-off at all.)
 package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
     // @unchecked: every field below `mutex` is touched only with it held.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
@@ -23,9 +24,6 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
     private var threads = 0
     private var idle = 0
     package let maximumThreads: Int
-
-    /// The app API's executor (one per process: servers made by tests share it).
-    package static let shared = BlockingCallExecutor(maximumThreads: 64)
 
     package init(maximumThreads: Int) {
         precondition(maximumThreads > 0, "an executor needs a thread")
@@ -37,10 +35,12 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
         precondition(pthread_mutex_init(mutex, nil) == 0 && pthread_cond_init(wake, nil) == 0, "pthread init failed")
     }
 
-    /// True on one of any `BlockingCallExecutor`'s threads: a bounded blocking call may run here.
+    /// True on one of any `BlockingCallExecutor`'s threads, or inside `CallingThread.run`: a
+    /// bounded blocking call may run here.
     package static var currentThreadAllowsBlocking: Bool { pthread_getspecific(threadKey) != nil }
 
-    private static let threadKey: pthread_key_t = {
+    /// Set (to 1) on a thread where a bounded blocking call may run; `CallingThread` sets it too.
+    static let threadKey: pthread_key_t = {
         var key = pthread_key_t()
         precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create failed")
         return key

@@ -9,11 +9,6 @@ import Synchronization
 /// until a socket or a timeout needs it) and resumes each caller when its transfer is done. The
 /// multi's connection cache keeps connections alive and reuses them across calls (HTTP/2 streams
 /// share one connection); no caller's thread ever blocks on the network.
-/// The easy handles of one thread that runs calls itself (`CurlPool.perform`), by pool.
-private final class CallerThreadHandles {
-    var byPool: [ObjectIdentifier: UnsafeMutableRawPointer] = [:]
-}
-
 final class CurlPool: @unchecked Sendable {
     // @unchecked: `multi` and `active` are touched only by the pool's thread once it started;
     // everything the callers share with it is behind `queue`.
@@ -28,6 +23,8 @@ final class CurlPool: @unchecked Sendable {
     private let multi: UnsafeMutableRawPointer
     private let queue = Locked(Queue())
     private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
+    /// Handles of calls made on their callers' threads, idle (`takeCallerHandle`).
+    private let callerHandles = Locked<[UnsafeMutableRawPointer]>([])
     private static let spareLimit = 64
     /// The connections the cache keeps, idle or not. curl's default is 4 × the transfers in the
     /// multi when a connection comes back: after a burst of calls, every call made while few are
@@ -83,14 +80,15 @@ final class CurlPool: @unchecked Sendable {
     // MARK: Calls on the caller's thread
 
     /// Most calls run on their callers' threads at once; past it, calls go through the pool's
-    /// thread. Such threads (`BlockingCallExecutor`'s) also run the app API's database
+    /// thread. Such threads (the app API's connection threads) also run the app API's database
     /// statements: an Apple that stops answering holds at most this many of them for its timeout.
     static let callerThreadLimit = 32
     private static let callerThreadCalls = Atomic<Int>(0)
 
     /// True, and a place among `callerThreadLimit` taken (given back by `perform`), when this
     /// call may run on the current thread: one whose blocking calls are bounded and expected
-    /// (`BlockingCallExecutor.currentThreadAllowsBlocking`).
+    /// (`BlockingCallExecutor.currentThreadAllowsBlocking`: inside `CallingThread.run`, or on a
+    /// `BlockingCallExecutor` thread).
     static func mayRunOnCallerThread() -> Bool {
         guard BlockingCallExecutor.currentThreadAllowsBlocking else { return false }
         if callerThreadCalls.add(1, ordering: .relaxed).newValue <= callerThreadLimit { return true }
@@ -101,31 +99,17 @@ final class CurlPool: @unchecked Sendable {
     /// Gives back the place `mayRunOnCallerThread` took.
     static func endCallerThreadCall() { callerThreadCalls.subtract(1, ordering: .relaxed) }
 
-    /// This thread's easy handle for this pool: kept for the thread's life (the app API's
-    /// threads live as long as the process), with its own connection cache, so a thread's
-    /// calls to a host reuse its connection.
-    func callerThreadHandle() -> UnsafeMutableRawPointer? {
-        let handles: CallerThreadHandles
-        if let stored = pthread_getspecific(Self.callerThreadKey) {
-            handles = Unmanaged<CallerThreadHandles>.fromOpaque(stored).takeUnretainedValue()
-        } else {
-            handles = CallerThreadHandles()
-            pthread_setspecific(Self.callerThreadKey, Unmanaged.passRetained(handles).toOpaque())
-        }
-        if let handle = handles.byPool[ObjectIdentifier(self)] { return handle }
-        guard let handle = curl_easy_init() else { return nil }
-        handles.byPool[ObjectIdentifier(self)] = handle
-        return handle
+    /// A handle for a call on the caller's thread: the one given back last (its connection is the
+    /// likeliest still open), else a new one. Each keeps its own connection cache, so calls made on
+    /// one thread after another (the app API has a thread per connection, born and gone with it)
+    /// reuse the connections of those before them. At most `callerThreadLimit` are in use at once,
+    /// so at most that many are kept.
+    func takeCallerHandle() -> UnsafeMutableRawPointer? {
+        callerHandles.withLock { $0.popLast() } ?? curl_easy_init()
     }
 
-    private static let callerThreadKey: pthread_key_t = {
-        var key = pthread_key_t()
-        precondition(pthread_key_create(&key, nil) == 0, "pthread_key_create failed")
-        return key
-    }()
-
-    /// Runs `transfer` (configured, on `callerThreadHandle()`'s handle) to its end on this
-    /// thread, resumes its caller, and gives back the place `mayRunOnCallerThread` took. Saves the
+    /// Runs `transfer` (configured, on `takeCallerHandle()`'s handle) to its end on this
+    /// thread, resumes its caller, and gives back the handle and the place `mayRunOnCallerThread` took. Saves the
     /// two thread hand-offs of the pool's thread (there and back) and its wake-ups: with the
     /// database statements run the same way, a sign-in's work stays on one thread.
     func perform(_ transfer: CurlTransfer, code refused: CURLcode, handle: UnsafeMutableRawPointer) {
@@ -133,6 +117,7 @@ final class CurlPool: @unchecked Sendable {
         transfer.finish(refused == CURLE_OK ? curl_easy_perform(handle) : refused)
         // Options and the transfer's buffers dropped; the connection stays for the next call.
         withExtendedLifetime(transfer) { curl_easy_reset(handle) }
+        callerHandles.withLock { $0.append(handle) }
     }
 
     private func run() {

@@ -51,8 +51,8 @@ package final class HTTPClient: Sendable {
 
     /// Sends `request` and returns the answer, whatever its status; throws when there was no
     /// whole answer (see `HTTPFailure`). Suspends without holding a thread, except on a thread made
-    /// for bounded blocking calls (the app API's, `BlockingCallExecutor`), which it holds for the
-    /// call (at most its timeout; see `CurlPool.perform`).
+    /// for bounded blocking calls (the app API's, `CallingThread`), which it holds for the call (at
+    /// most its timeout; see `CurlPool.perform`).
     package func send(_ request: HTTPRequest) async throws(HTTPFailure) -> HTTPResponse {
         if let refusal = Self.refusal(of: request.url) { throw HTTPFailure(kind: .refusedURL, detail: refusal) }
         let started = CancelGate()
@@ -61,7 +61,7 @@ package final class HTTPClient: Sendable {
                 // On a thread meant for bounded blocking calls the call runs right here (resumed
                 // before this closure returns, so the task goes on without a hop).
                 let here = CurlPool.mayRunOnCallerThread()
-                guard let handle = here ? pool.callerThreadHandle() : pool.makeHandle() else {
+                guard let handle = here ? pool.takeCallerHandle() : pool.makeHandle() else {
                     if here { CurlPool.endCallerThreadCall() }
                     continuation.resume(returning: .failure(HTTPFailure(kind: .other, detail: "curl_easy_init failed")))
                     return
