@@ -21,7 +21,8 @@
 #     cpu-migrations; /proc's ctxt_switches where perf is missing) and the worker's heap allocations
 #     (malloc-count.c preloaded into it; ALLOCS=0 leaves it out), and prints the statements that cost
 #     PostgreSQL most on each side (pg_stat_statements, per sign-in).
-# With PERF=1, a perf profile of the worker during the http run (by library, then by function):
+# With PERF=1, a perf profile of the worker during each scheme's run (by library, then by function;
+# with two schemes, then where the second costs more than the first, samples per sign-in by library):
 # its sampling costs the worker CPU, so the figures of that run are not comparable.
 # Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", ALLOCS=1, PERF=0, PERF_FREQ=499,
 #        SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
@@ -189,8 +190,8 @@ run_scheme() {  # run_scheme http|https: the app API, then the peer, against a f
   local allocs_before cpu_before fake_before pg_before ticks_before
   allocs_before=$(allocations "$worker_pid")
   window_start "worker-$scheme"
-  if [[ "$PERF" == 1 && $scheme == http ]]; then
-    perf record -F "${PERF_FREQ:-499}" -g -p "$worker_pid" -o "$work/perf.data" >/dev/null 2>&1 &
+  if [[ "$PERF" == 1 ]]; then
+    perf record -F "${PERF_FREQ:-499}" -g -p "$worker_pid" -o "$work/perf-$scheme.data" >/dev/null 2>&1 &
     perf_record_pid=$!
   fi
   cpu_before=$(cpu_s "$worker_pid"); fake_before=$(cpu_s "$fake_pid"); pg_before=$(cpu_s $(pg_pids)); ticks_before=$(ticks)
@@ -200,7 +201,7 @@ run_scheme() {  # run_scheme http|https: the app API, then the peer, against a f
   swift_cpu=$(per_sign_in "$cpu_before" "$(cpu_s "$worker_pid")")
   swift_fake_cpu=$(per_sign_in "$fake_before" "$(cpu_s "$fake_pid")")
   swift_pg_cpu=$(per_sign_in "$pg_before" "$(cpu_s $(pg_pids))")
-  if [[ "$PERF" == 1 && $scheme == http ]]; then kill -INT "$perf_record_pid"; wait "$perf_record_pid" 2>/dev/null || true; fi
+  if [[ "$PERF" == 1 ]]; then kill -INT "$perf_record_pid"; wait "$perf_record_pid" 2>/dev/null || true; fi
   window_end "worker-$scheme"
   local switches allocs_after
   switches=$(switches_in "worker-$scheme")
@@ -270,9 +271,35 @@ printf 'switches: the server'"'"'s context switches / CPU migrations per sign-in
 printf 'accounts with an encrypted refresh token: app API %s, Python peer %s\n' "$accounts" "$py_accounts"
 printf 'load average at the end: %s (%s cores: every figure here shares them with the driver, the fake and PostgreSQL)\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$(nproc)"
 if [[ "$PERF" == 1 ]]; then
-  cp "$work/perf.data" /tmp/siwa-bench-sign-in.perf.data 2>/dev/null || true
-  printf '\nWhere the worker'"'"'s CPU went during the http run (perf, by library; kept in /tmp/siwa-bench-sign-in.perf.data):\n'
-  perf report -i "$work/perf.data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -15
-  printf '\nHottest functions of the worker (perf, self time):\n'
-  perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
+  for scheme in $SCHEMES; do
+    cp "$work/perf-$scheme.data" "/tmp/siwa-bench-sign-in-$scheme.perf.data" 2>/dev/null || true
+    printf '\nWhere the worker'"'"'s CPU went during the %s run (perf, by library; kept in /tmp/siwa-bench-sign-in-%s.perf.data):\n' "$scheme" "$scheme"
+    # `|| true`: head closes the pipe early (SIGPIPE under pipefail).
+    perf report -i "$work/perf-$scheme.data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -15 || true
+    printf '\nHottest functions of the worker (perf, self time):\n'
+    perf report -i "$work/perf-$scheme.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40 || true
+  done
+  read -r first second _ <<<"$SCHEMES"
+  if [[ -n "${second:-}" ]]; then
+    # Samples per sign-in by library in each run (the same N, the same frequency): what the second
+    # scheme adds, library by library, without comparing shares of two different totals.
+    printf '\nSamples per 1,000 sign-ins by library, %s vs %s (same frequency):\n' "$first" "$second"
+    python3 - "$work/perf-$first.data" "$work/perf-$second.data" "$N" <<'PY' || true
+import subprocess, sys
+def by_dso(path):
+    out = subprocess.run(["perf", "report", "-i", path, "--no-children", "--sort", "dso", "--stdio", "-g", "none", "-n"],
+                         capture_output=True, text=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].endswith("%") and parts[1].isdigit():
+            counts[" ".join(parts[2:])] = int(parts[1])
+    return counts
+a, b, n = by_dso(sys.argv[1]), by_dso(sys.argv[2]), int(sys.argv[3])
+rows = sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0)))
+for name in rows[:12]:
+    print(f"    {a.get(name, 0) * 1000 / n:8.1f} {b.get(name, 0) * 1000 / n:8.1f} {(b.get(name, 0) - a.get(name, 0)) * 1000 / n:+8.1f}  {name}")
+print(f"    {sum(a.values()) * 1000 / n:8.1f} {sum(b.values()) * 1000 / n:8.1f} {(sum(b.values()) - sum(a.values())) * 1000 / n:+8.1f}  (all)")
+PY
+  fi
 fi
