@@ -81,22 +81,31 @@ struct ConnectionThreadTests {
 
     @Test func stopLetsARequestInFlightAnswer() async throws {
         let arrived = Counter()
+        let stopping = Counter()
         let server = HTTPServer(
             configuration: .init(host: "127.0.0.1", port: 0, shutdownGracePeriod: TestTimeScale.scaled(.seconds(5)), threadPerConnection: true),
             respondOnConnectionThread: { _ in
                 arrived.increment()
-                try? await Task.sleep(for: .milliseconds(300))
+                // Answers only once `stop()` is under way (and has had time to ask for closing),
+                // however slowly the test reaches it.
+                let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
+                while stopping.value == 0, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(5)) }
+                try? await Task.sleep(for: TestTimeScale.scaled(.milliseconds(300)))
                 return .text("finished")
             })
         try server.start()
         let client = try RawHTTPClient(port: server.port, receiveTimeout: 30)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-        while !(arrived.value > 0), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
-        #expect((arrived.value > 0))
-        await onOwnThread { server.stop() }
+        while arrived.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(arrived.value == 1)
+        await onOwnThread {
+            stopping.increment()
+            server.stop()
+        }
         let (text, _) = await client.read { $0.hasSuffix("finished") }
         #expect(text.hasPrefix("HTTP/1.1 200"))
+        #expect(text.hasSuffix("finished"))
         #expect(text.lowercased().contains("connection: close"))
         #expect(server.port == 0)
     }
