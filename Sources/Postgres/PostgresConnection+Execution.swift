@@ -68,7 +68,8 @@ extension PostgresConnection {
     /// Runs `work` on the queue and resumes the caller; task cancellation cancels the running
     /// statement, and so does `statementTimeout` running out (the call then throws `timeout`).
     ///
-    /// On a `BlockingCallExecutor` thread the work runs right there instead (through `queue.sync`,
+    /// Where a bounded blocking call may run (inside `CallingThread.run`, as the app API's requests
+    /// are, or on a `BlockingCallExecutor` thread) the work runs right there instead (through `queue.sync`,
     /// which runs it on the calling thread when the queue is idle, as a leased connection's is): no
     /// hop to the queue's thread and back. The thread blocks for the statement, which its deadline
     /// bounds; such threads are there for that, never the Swift concurrency pool's.
