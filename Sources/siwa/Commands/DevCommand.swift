@@ -1,4 +1,5 @@
 import Console
+import HTTPServer
 import CryptoCore
 import Foundation
 import LocalPostgres
@@ -316,15 +317,24 @@ final class DevStack: @unchecked Sendable {
             appleBase: appleBase, console: console, caFile: certificates?.caFile)
     }
 
-    /// The operator console, in this process: 127.0.0.1:9400, or a free port when that is busy.
+    /// The operator console, in this process: 127.0.0.1:9400, or a port the system picks when that
+    /// is busy. Busy is learnt by binding it: a check before binding lost the port to another
+    /// `siwa dev` starting at the same moment (two test processes did), which then failed to start.
     private func startConsole(databaseURL: String) async throws -> String {
-        var listen = ListenAddress(host: "127.0.0.1", port: 9400)
-        if !DevPorts.isFree(host: listen.host, port: listen.port) { listen.port = DevPorts.free() ?? 0 }
-        let server = ConsoleServer(
-            settings: ConsoleSettings(databaseURL: databaseURL, listen: listen, logLevel: settings.logLevel), logger: logger)
-        let url = try await server.start()
-        console = server
-        return url
+        for port in [9400, 0] {
+            let server = ConsoleServer(
+                settings: ConsoleSettings(
+                    databaseURL: databaseURL, listen: ListenAddress(host: "127.0.0.1", port: port), logLevel: settings.logLevel),
+                logger: logger)
+            do {
+                let url = try await server.start()
+                console = server
+                return url
+            } catch let error as HTTPServerError where error.code == .addressInUse && port != 0 {
+                server.stop()  // its database connection
+            }
+        }
+        preconditionFailure("port 0 is never in use")
     }
 
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
