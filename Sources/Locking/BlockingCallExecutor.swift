@@ -16,9 +16,8 @@
 /// Threads live as long as the process. (The app API runs each request on its connection's thread
 /// instead, `CallingThread`: no hand-off at all.)
 package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: every field below `mutex` is touched only with it held.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let wake: UnsafeMutablePointer<pthread_cond_t>
+    // @unchecked: every field below `queue` is touched only with its mutex held.
+    private let queue = ThreadCondition()
     private var jobs: [UnownedJob] = []
     private var head = 0
     private var threads = 0
@@ -28,11 +27,6 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
     package init(maximumThreads: Int) {
         precondition(maximumThreads > 0, "an executor needs a thread")
         self.maximumThreads = maximumThreads
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        wake = .allocate(capacity: 1)
-        wake.initialize(to: pthread_cond_t())
-        precondition(pthread_mutex_init(mutex, nil) == 0 && pthread_cond_init(wake, nil) == 0, "pthread init failed")
     }
 
     /// True on one of any `BlockingCallExecutor`'s threads, or inside `CallingThread.run`: a
@@ -48,13 +42,13 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
 
     package func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
-        pthread_mutex_lock(mutex)
+        queue.lock()
         jobs.append(unowned)
         let startThread = idle == 0 && threads < maximumThreads
         if startThread { threads += 1 }
         let signal = idle > 0
-        pthread_mutex_unlock(mutex)
-        if signal { pthread_cond_signal(wake) }
+        queue.unlock()
+        if signal { queue.signal() }
         if startThread { spawn() }
     }
 
@@ -74,10 +68,10 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
         pthread_setspecific(Self.threadKey, UnsafeRawPointer(bitPattern: 1))
         let executor = asUnownedTaskExecutor()
         while true {
-            pthread_mutex_lock(mutex)
+            queue.lock()
             while head == jobs.count {
                 idle += 1
-                pthread_cond_wait(wake, mutex)
+                queue.wait()
                 idle -= 1
             }
             let job = jobs[head]
@@ -86,7 +80,7 @@ package final class BlockingCallExecutor: TaskExecutor, @unchecked Sendable {
                 jobs.removeFirst(head)
                 head = 0
             }
-            pthread_mutex_unlock(mutex)
+            queue.unlock()
             job.runSynchronously(on: executor)
         }
     }

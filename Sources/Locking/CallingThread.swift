@@ -43,9 +43,8 @@ package enum CallingThread {
 /// its `run` (an unstructured task inheriting the preference) may still be queued on it later. Such
 /// a job, arriving while no thread runs this executor's jobs, goes to the global concurrent executor.
 final class CallingThreadExecutor: TaskExecutor, @unchecked Sendable {
-    // @unchecked: every field below `mutex` is touched only with it held.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let wake: UnsafeMutablePointer<pthread_cond_t>
+    // @unchecked: every field below `queue` is touched only with its mutex held.
+    private let queue = ThreadCondition()
     private var jobs: [UnownedJob] = []
     private var running = false
     private var finished = false
@@ -61,40 +60,35 @@ final class CallingThreadExecutor: TaskExecutor, @unchecked Sendable {
     }
 
     private init() {
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        wake = .allocate(capacity: 1)
-        wake.initialize(to: pthread_cond_t())
-        precondition(pthread_mutex_init(mutex, nil) == 0 && pthread_cond_init(wake, nil) == 0, "pthread init failed")
         jobs.reserveCapacity(8)
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
-        pthread_mutex_lock(mutex)
+        queue.lock()
         let kept = running
         if kept { jobs.append(unowned) }
-        pthread_mutex_unlock(mutex)
+        queue.unlock()
         if kept {
-            pthread_cond_signal(wake)
+            queue.signal()
         } else {
             globalConcurrentExecutor.enqueue(ExecutorJob(unowned))
         }
     }
 
     func begin() {
-        pthread_mutex_lock(mutex)
+        queue.lock()
         running = true
         finished = false
-        pthread_mutex_unlock(mutex)
+        queue.unlock()
     }
 
     /// Called by the body's task once its result is written.
     func finish() {
-        pthread_mutex_lock(mutex)
+        queue.lock()
         finished = true
-        pthread_mutex_unlock(mutex)
-        pthread_cond_signal(wake)
+        queue.unlock()
+        queue.signal()
     }
 
     /// Runs queued jobs, in order, until `finish()` has been called and none is left; from then on
@@ -103,17 +97,17 @@ final class CallingThreadExecutor: TaskExecutor, @unchecked Sendable {
         let executor = asUnownedTaskExecutor()
         var next = 0
         while true {
-            pthread_mutex_lock(mutex)
-            while next == jobs.count && !finished { pthread_cond_wait(wake, mutex) }
+            queue.lock()
+            while next == jobs.count && !finished { queue.wait() }
             if next == jobs.count {
                 jobs.removeAll(keepingCapacity: true)
                 running = false
-                pthread_mutex_unlock(mutex)
+                queue.unlock()
                 return
             }
             let job = jobs[next]
             next += 1
-            pthread_mutex_unlock(mutex)
+            queue.unlock()
             job.runSynchronously(on: executor)
         }
     }

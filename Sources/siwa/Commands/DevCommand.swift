@@ -321,7 +321,7 @@ final class DevStack: @unchecked Sendable {
     /// is busy. Busy is learnt by binding it: a check before binding lost the port to another
     /// `siwa dev` starting at the same moment (two test processes did), which then failed to start.
     private func startConsole(databaseURL: String) async throws -> String {
-        for port in [9400, 0] {
+        func start(port: Int) async throws -> String {
             let server = ConsoleServer(
                 settings: ConsoleSettings(
                     databaseURL: databaseURL, listen: ListenAddress(host: "127.0.0.1", port: port), logLevel: settings.logLevel),
@@ -330,11 +330,16 @@ final class DevStack: @unchecked Sendable {
                 let url = try await server.start()
                 console = server
                 return url
-            } catch let error as HTTPServerError where error.code == .addressInUse && port != 0 {
+            } catch {
                 server.stop()  // its database connection
+                throw error
             }
         }
-        preconditionFailure("port 0 is never in use")
+        do {
+            return try await start(port: 9400)
+        } catch let error as HTTPServerError where error.code == .addressInUse {
+            return try await start(port: 0)
+        }
     }
 
     /// `siwa fake-apple --listen 127.0.0.1:0`; returns its base URL from the
