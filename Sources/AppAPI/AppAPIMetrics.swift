@@ -9,13 +9,19 @@ struct AppAPIMetrics: Sendable {
     private let requests = Locked<[String: Counter]>([:])
     private let exchangeFailures = Locked<[String: Counter]>([:])
     let signInSeconds: Histogram
+    private let unkeptTokensQueued: Counter
 
     init(registry: MetricsRegistry) {
         self.registry = registry
         signInSeconds = registry.histogram(
             "siwa_app_api_sign_in_seconds", help: "POST /v1/sign-in, from the request to the answer (any status).",
             buckets: Histogram.requestBuckets)
+        unkeptTokensQueued = registry.counter(
+            "siwa_app_api_unkept_tokens_queued_total",
+            help: "Refresh tokens a failed sign-in obtained and handed to a revoke job instead of keeping.")
     }
+
+    func unkeptTokenQueued() { unkeptTokensQueued.increment() }
 
     func request(endpoint: String, status: Int) {
         let registry = registry

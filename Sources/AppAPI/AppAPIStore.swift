@@ -126,6 +126,16 @@ package struct AppAPIStore: Sendable {
         }
     }
 
+    /// A refresh token this request obtained and will not store, revoked by a durable job
+    /// (`siwa.revoke_token_later`, retried until Apple answers 200); `sealed` is sealed for
+    /// `(clientID, sub)`. Returns the job's id.
+    func revokeLater(clientID: String, sub: String, sealed: [UInt8], reason: String) async throws -> Int64 {
+        try await run { connection in
+            try await connection.query("SELECT siwa.revoke_token_later(\(clientID), \(sub), \(sealed), \(reason))")[0]
+                .decode(Int64.self, at: 0)
+        }
+    }
+
     /// Team transfer (`sql/functions/transfer.sql`): a sign-in whose token carries `transfer_sub` of an
     /// imported line lands on that line's `app_user_id`; nil when no line matches.
     func claimTransfer(clientID: String, transferSub: String, sub: String, email: String?, isPrivateEmail: Bool?)

@@ -145,7 +145,7 @@ struct SignIn: Sendable {
             ])
         } catch {
             logger.warning("sign-in: could not record the sign-in", metadata: ["error": "\(error)"])
-            await revokeUnkept(refreshToken, clientID: request.clientID)
+            await revokeUnkept(refreshToken, clientID: request.clientID, sub: identity.sub, reason: "sign_in_not_recorded")
             return .failure(.database(error))
         }
     }
@@ -168,7 +168,7 @@ struct SignIn: Sendable {
                 !idToken.isEmpty
             else {
                 metrics.exchangeFailed("incomplete_response")
-                await revokeUnkept(response.refreshToken, clientID: clientID)
+                await revokeUnkept(response.refreshToken, clientID: clientID, sub: sub, reason: "incomplete_response")
                 return .failure(.tokenExchangeFailed)
             }
             do {
@@ -178,7 +178,7 @@ struct SignIn: Sendable {
                 // Never kept, so revoked: a grant for another user (or an unverifiable one) stays closed.
                 metrics.exchangeFailed(error == .subMismatch ? "sub_mismatch" : "id_token_invalid")
                 logger.warning("sign-in: the exchange's id_token was refused", metadata: ["client_id": .string(clientID), "reason": .string(error.rawValue)])
-                await revokeUnkept(refreshToken, clientID: clientID)
+                await revokeUnkept(refreshToken, clientID: clientID, sub: sub, reason: "id_token_refused")
                 return .failure(error == .keysUnavailable ? .tokenExchangeFailed : .codeInvalid)
             }
         case .invalidGrant:
@@ -204,10 +204,33 @@ struct SignIn: Sendable {
         }
     }
 
-    /// Best effort, bounded by the client's 5 s: a token this sign-in obtained but will not store.
-    private func revokeUnkept(_ refreshToken: String?, clientID: String) async {
+    /// A token this sign-in obtained but will not store: never dropped. It goes to a revoke job
+    /// (`siwa.revoke_token_later`), retried like any revoke until Apple answers 200, before the
+    /// sign-in answers. Only when the database cannot take the job (a fault, which may be why the
+    /// sign-in failed) is it revoked here, once, bounded by the client's 5 s; both failing is logged.
+    private func revokeUnkept(_ refreshToken: String?, clientID: String, sub: String, reason: String) async {
         guard let refreshToken, !refreshToken.isEmpty else { return }
+        var queueError: (any Error)?
+        do {
+            let sealed = try tokenBox.seal(refreshToken, clientID: clientID, sub: sub)
+            // A fault that just failed the sign-in may be brief: three tries, 200 ms apart.
+            for attempt in 1...3 {
+                do {
+                    _ = try await store.revokeLater(clientID: clientID, sub: sub, sealed: sealed, reason: reason)
+                    metrics.unkeptTokenQueued()
+                    return
+                } catch {
+                    queueError = error
+                    if attempt < 3 { try? await Task.sleep(for: .milliseconds(200)) }
+                }
+            }
+        } catch {
+            queueError = error
+        }
+        logger.warning(
+            "sign-in: could not queue the revoke of a refresh token it did not keep; revoking it now",
+            metadata: ["client_id": .string(clientID), "reason": .string(reason), "error": "\(queueError.map { "\($0)" } ?? "")"])
         if case .success = await client.revoke(refreshToken: refreshToken, clientID: clientID) { return }
-        logger.error("sign-in: could not revoke a refresh token it did not keep", metadata: ["client_id": .string(clientID)])
+        logger.error("sign-in: could not revoke a refresh token it did not keep", metadata: ["client_id": .string(clientID), "reason": .string(reason)])
     }
 }

@@ -3,6 +3,7 @@ import CryptoCore
 import FakeApple
 import Foundation
 import JOSE
+import JobQueue
 import Postgres
 import TestTiming
 import Testing
@@ -237,15 +238,31 @@ import AppAPI
             #expect(invalid.status == 400 && invalid.error == "code_invalid")
             #expect(try await api.lifecycle.status("001.ex") == nil, "no account without a token to revoke")
 
-            // The exchange's id_token is about another sub: refused, and the token revoked at Apple.
+            // The exchange's id_token is about another sub: refused, and the token it obtained
+            // handed to a revoke job before the answer (never dropped), which is retried through
+            // Apple's 503s until it answers 200.
             let second = try await api.nonce()
             let mine = api.appleSignIn(sub: "001.ex", nonce: second)
             let theirs = api.fake.registerCode(clientID: Self.clientID, sub: "001.someone-else")
             let mismatch = try await api.signIn(identityToken: mine.identityToken, nonce: second, code: theirs)
             #expect(mismatch.status == 400 && mismatch.error == "code_invalid")
-            #expect(try await api.lifecycle.status("001.ex") == nil)
+            #expect(try await api.lifecycle.status("001.ex") == nil, "no account for a refused sign-in")
             let obtained = api.fake.refreshTokens(clientID: Self.clientID, sub: "001.someone-else")
-            #expect(obtained.count == 1 && api.fake.isRevoked(refreshToken: obtained[0]) == true)
+            #expect(obtained.count == 1, "one token issued for the code")
+            let token = obtained.first ?? ""
+            let queued = try await api.lifecycle.scalar(
+                Int64.self, "SELECT id FROM siwa.jobs WHERE kind = 'revoke' AND sub = '001.ex' AND args ? 'token_enc'")
+            #expect(queued != nil, "the sign-in queued the revoke of the token it did not keep")
+            let revokeJob = queued ?? -1
+            api.fake.injectFailures(endpoint: "revoke", responses: [.status(503), .status(503)])
+            for _ in 0..<2 {
+                let attempt = try await api.lifecycle.run(revokeJob)
+                #expect(Self.isFailure(attempt), "a 503 fails the attempt, and the job retries")
+                #expect(api.fake.isRevoked(refreshToken: token) == false)
+            }
+            _ = try await api.lifecycle.run(revokeJob)
+            #expect(api.fake.isRevoked(refreshToken: token) == true, "revoked once Apple answered 200")
+            #expect(try await api.lifecycle.jobRow(revokeJob).state == "completed")
 
             // A fresh code: 200, new, the token Apple issued stored encrypted for this row.
             let third = try await api.nonce()
@@ -298,6 +315,10 @@ import AppAPI
         }
     }
 
+    static func isFailure(_ result: JobResult) -> Bool {
+        if case .failed = result { true } else { false }
+    }
+
     @Test func aSignInAfterDeletionStartsANewLife() async throws {
         try await withAppAPI { api in
             try await api.signedIn(sub: "001.life")
@@ -307,9 +328,14 @@ import AppAPI
             #expect(try await api.lifecycle.status("001.life") == "deleted")
             let answer = try await api.signIn(sub: "001.life")
             #expect(answer.status == 200 && answer.json["status"] as? String == "active")
-            #expect(answer.json["new"] as? Bool == false, "the row existed")
-            #expect(answer.json["app_user_id"] as? String == "u-1", "the state machine keeps the app's user id")
+            // Deletion means gone: the same Apple user is somebody new to the app, never handed the
+            // deleted person's identity; the `deleted` change still said whom to delete.
+            #expect(answer.json["new"] as? Bool == true, "a returning user after a deletion is new")
+            #expect(answer.json["app_user_id"] is NSNull, "the deleted life's app_user_id is forgotten")
             #expect(answer.json["has_refresh_token"] as? Bool == true)
+            let deleted = try await api.connection.query(
+                "SELECT app_user_id FROM siwa.account_changes WHERE sub = '001.life' AND change = 'deleted'")
+            #expect(try deleted.first?.decode(String?.self, at: 0) == "u-1", "the deleted change names whom to delete")
         }
     }
 

@@ -47,6 +47,70 @@ import Testing
         }
     }
 
+    /// Sequences the model once found broken, shrunk, and kept as cases that always run: seeds map
+    /// to sequences through the generator, which changes as the model learns new steps, so a seed
+    /// alone would stop replaying them.
+    static let namedSequences: [NamedModelSequence] = [
+        // Run seed 0xfb1ad7f7b4c491c0 (SIWA_MODEL_REPLAY=0x38bfcc43083cbc7a before the generator
+        // learned group links and refused sign-ins). A deletion finished with no token; a second
+        // deletion's code is exchanged late, after a sign-in began a new life, and that token was
+        // kept by the new life; Apple's consent-revoked, dated after the sign-in but before that
+        // token, then dropped it unrevoked.
+        NamedModelSequence(
+            name: "a deletion's late code token survives a new life's consent-revoked", grouped: false,
+            steps: [
+                .app([.requestDeletion(withCode: false)]), .work(pick: 0, answer: .ok), .app([.requestDeletion(withCode: true)]),
+                .slowWork(pick: 0, answer: .ok), .signIn(withCode: false, answer: .ok), .release,
+                .notify(.consentRevoked, stepsBack: 1),
+            ]),
+        // SIWA_MODEL_REPLAY=0xd22b3eed0e10d36f of the same run: after Apple's account-deleted, a
+        // sign-in with a code and a deletion (its token revoked), a sign-in without a code began a
+        // new life with no token, and `siwa accounts import` made the old store's token (ended by
+        // that account-deleted) the new life's current one.
+        NamedModelSequence(
+            name: "an import after a deletion does not revive an ended token", grouped: false,
+            steps: [
+                .notify(.accountDeleted, stepsBack: nil), .signIn(withCode: true, answer: .ok),
+                .app([.requestDeletion(withCode: false)]), .work(pick: 0, answer: .ok), .signIn(withCode: false, answer: .ok),
+                .importToken,
+            ]),
+        // A sign-in whose exchange gave a token it then refused revoked it once, best effort: Apple
+        // answering that revoke 503 left the token live, and nothing retried it.
+        NamedModelSequence(
+            name: "a token a failed sign-in obtained is revoked through a 503", grouped: false,
+            steps: [.signInRefusedAfterExchange(revoke: .unavailable)]),
+        // The user has accounts under both client IDs of a group; a deletion requested under the
+        // Services ID left the App ID's account active with its token live.
+        NamedModelSequence(
+            name: "a deletion covers the group's other client ID", grouped: true,
+            steps: [
+                .app([.link(longUserID: false)]), .app([.linkInGroup]), .work(pick: 0, answer: .ok), .work(pick: 0, answer: .ok),
+                .app([.requestDeletion(withCode: false)]),
+            ]),
+        // A deleted user signing in again was handed the old life's app_user_id, `new: false`.
+        NamedModelSequence(
+            name: "a deleted user comes back as a new one", grouped: false,
+            steps: [
+                .app([.link(longUserID: false)]), .work(pick: 0, answer: .ok), .app([.requestDeletion(withCode: false)]),
+                .work(pick: 0, answer: .ok), .signIn(withCode: false, answer: .ok),
+            ]),
+    ]
+
+    @Test func namedSequencesEndRight() async throws {
+        let world = try await ModelWorld(lanes: 1)
+        do {
+            for named in Self.namedSequences {
+                let outcome = try await ModelSequence.run(
+                    named.steps, grouped: named.grouped, world: world, name: "named-\(UInt32.random(in: 0...UInt32.max))")
+                #expect(outcome.violations.isEmpty, "\(named.name):\n\(ModelReport.describe(steps: named.steps, outcome: outcome))")
+            }
+            await world.shutDown()
+        } catch {
+            await world.shutDown()
+            throw error
+        }
+    }
+
     static func run(_ settings: ModelSettings, world: ModelWorld) async throws {
         let generator = ModelGenerator(deletionWithCode: world.deletionWithCode)
         if !world.deletionWithCode {
@@ -127,6 +191,13 @@ struct ModelSettings: Sendable {
     static func parse(_ text: String) -> UInt64? {
         text.hasPrefix("0x") ? UInt64(text.dropFirst(2), radix: 16) : UInt64(text)
     }
+}
+
+/// A shrunk sequence kept by name (`LifecycleModelTests.namedSequences`).
+struct NamedModelSequence: Sendable {
+    var name: String
+    var grouped: Bool
+    var steps: [ModelStep]
 }
 
 /// One sequence that broke a rule.

@@ -145,6 +145,40 @@ BEGIN
 END
 $$;
 
+-- Every refresh token Apple gives us is held by an account or revoked: this is the revoke of one
+-- that no account keeps (a deletion's code after a new life began, an import older than a grant
+-- end, the older tokens an ending event discards, a sign-in that failed after its exchange). A
+-- `revoke` job of its own, retried like any revoke until Apple answers 200 (siwa.revoke_step:
+-- `late_token`, so no deletion takes it for its own). p_token_enc is sealed for (p_client_id,
+-- p_sub) and travels in the job's args (ciphertext: the console and the CLI never show args).
+CREATE OR REPLACE FUNCTION siwa.revoke_token_later(p_client_id text, p_sub text, p_token_enc bytea, p_reason text)
+RETURNS bigint
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+    VALUES ('revoke', 1, p_client_id, p_sub, 2147483647,
+            jsonb_build_object('late_token', true, 'token_enc', encode(p_token_enc, 'base64'), 'reason', p_reason))
+    RETURNING id
+$$;
+
+-- The client IDs whose accounts share users with p_client_id (SIWA_APP_GROUPS, written to
+-- siwa.app_groups by the worker at start), itself included, in a fixed order (callers lock in it).
+CREATE OR REPLACE FUNCTION siwa.group_client_ids(p_client_id text) RETURNS SETOF text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c FROM (SELECT m.client_id AS c FROM siwa.app_groups g JOIN siwa.app_groups m ON m.group_id = g.group_id
+                    WHERE g.client_id = p_client_id
+                   UNION SELECT p_client_id) u
+     ORDER BY c
+$$;
+
+-- Whether a deletion is pending for p_sub under any client ID of p_client_id's group (itself
+-- included): it blocks a sign-in and a link under every one of them.
+CREATE OR REPLACE FUNCTION siwa.group_deletion_pending(p_client_id text, p_sub text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM siwa.accounts a
+                    WHERE a.sub = p_sub AND a.status = 'pending_deletion'
+                      AND a.client_id IN (SELECT siwa.group_client_ids(p_client_id)))
+$$;
+
 -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
 -- nothing the app stores. client_id and sub are Apple's (a few dozen bytes). STABLE, as
 -- json_build_object is: declared IMMUTABLE it was not inlined, and ran as a function call of its
@@ -216,9 +250,17 @@ BEGIN
     result_status := coalesce(effect.next_status, a.status);  -- a row created for a late link: as created
 
     IF effect.outcome = 'applied' THEN
+        -- A user whose account was deleted (by the app or at Apple) comes back as somebody new: the
+        -- caller answers `new`, and no app_user_id of the old life is handed back (it was erased
+        -- when the account got there; a row from before that rule may still carry one).
+        result_created := result_created OR a.status IN ('deleted', 'apple_account_deleted');
         UPDATE siwa.accounts
            SET status = effect.next_status,
-               app_user_id = coalesce(p_app_user_id, accounts.app_user_id),
+               -- A link queued before a deletion carries the app_user_id of the life that deletion
+               -- ended: a life begun since keeps its own.
+               app_user_id = CASE WHEN a.status IN ('deleted', 'apple_account_deleted') THEN p_app_user_id
+                                  WHEN p_queued_before_deletion THEN accounts.app_user_id
+                                  ELSE coalesce(p_app_user_id, accounts.app_user_id) END,
                email = coalesce(p_email, accounts.email),
                is_private_email = coalesce(p_is_private_email, accounts.is_private_email),
                refresh_token_enc = coalesce(p_token_enc, accounts.refresh_token_enc),
@@ -235,10 +277,17 @@ BEGIN
          WHERE client_id = p_client_id AND sub = p_sub;
         result_change := effect.change;
         PERFORM siwa.record_change(p_client_id, p_sub, result_change, NULL, NULL, p_job_id);
+    ELSIF p_token_enc IS NOT NULL AND result_status NOT IN ('pending_deletion', 'deleted') THEN
+        -- A deletion's own code whose deletion has finished and a new life begun since: its token
+        -- was obtained to be revoked, and is, by a job of its own (never kept by the new life,
+        -- where an ending event would drop it).
+        PERFORM siwa.revoke_token_later(p_client_id, p_sub, p_token_enc, 'deletion_code');
     ELSIF p_token_enc IS NOT NULL THEN
-        -- Kept for a deletion: the pending one, or a revoke queued now for a finished one.
+        -- Kept for a deletion: the pending one, or a revoke queued now for a finished one. The
+        -- app_user_id only while pending: a deleted account has forgotten who it was.
         UPDATE siwa.accounts
-           SET app_user_id = coalesce(accounts.app_user_id, p_app_user_id),
+           SET app_user_id = CASE WHEN accounts.status = 'pending_deletion'
+                                  THEN coalesce(accounts.app_user_id, p_app_user_id) END,
                refresh_token_enc = CASE WHEN accounts.status = 'pending_deletion' AND accounts.refresh_token_enc IS NULL
                                         THEN p_token_enc ELSE accounts.refresh_token_enc END,
                retired_tokens_enc = CASE WHEN accounts.status = 'pending_deletion' AND accounts.refresh_token_enc IS NULL
@@ -278,6 +327,15 @@ BEGIN
         RETURN false;
     END IF;
     effect := siwa.account_effect(CASE WHEN created THEN NULL ELSE a.status END, 'imported');
+    -- A token from before this system is older than every grant end this account has seen: a
+    -- deletion (requested, or done), an ending event (sessions_revoked_at), Apple's own. Its life
+    -- is over: it is revoked by a job of its own, never made current nor dropped (a deletion in
+    -- progress takes it below).
+    IF NOT created AND a.status NOT IN ('pending_deletion', 'deleted')
+       AND (a.deletion_requests > 0 OR a.sessions_revoked_at IS NOT NULL OR effect.outcome <> 'applied') THEN
+        PERFORM siwa.revoke_token_later(p_client_id, p_sub, p_token_enc, 'imported_after_grant_ended');
+        RETURN false;
+    END IF;
     IF effect.outcome = 'applied' AND a.refresh_token_enc IS NULL THEN
         UPDATE siwa.accounts
            SET status = effect.next_status,
@@ -391,6 +449,17 @@ BEGIN
         RETURN QUERY SELECT 'lost'::text, NULL::bytea, NULL::double precision;
         RETURN;
     END IF;
+    -- A token of its own (siwa.revoke_token_later): revoked once, then done; the account is not
+    -- this job's business.
+    IF j.args ? 'token_enc' THEN
+        IF coalesce((j.args->>'revoked')::integer, 0) = 0 THEN
+            RETURN QUERY SELECT 'revoke'::text, decode(j.args->>'token_enc', 'base64'), NULL::double precision;
+        ELSE
+            PERFORM siwa.complete_job(j.id, p_attempt, 'token_revoked');
+            RETURN QUERY SELECT 'done'::text, NULL::bytea, NULL::double precision;
+        END IF;
+        RETURN;
+    END IF;
     SELECT * INTO a FROM siwa.accounts WHERE client_id = j.client_id AND sub = j.sub FOR UPDATE;
 
     IF a.status = 'pending_deletion' THEN
@@ -423,10 +492,12 @@ BEGIN
                                           ELSE sessions_revoked_at END,
                updated_at = now()
          WHERE client_id = a.client_id AND sub = a.sub;
+        -- The change row first: it carries the app_user_id, so the app knows whom to delete;
+        -- the account forgets it right after.
+        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
         IF effect.erases_personal_data THEN
             PERFORM siwa.erase_personal_data(a.client_id, a.sub);
         END IF;
-        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
         PERFORM siwa.complete_job(j.id, p_attempt, CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END);
         RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
         RETURN;
@@ -517,6 +588,11 @@ BEGIN
         UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = a.client_id AND sub = a.sub;
         result_outcome := 'token_valid';
     ELSIF p_answer = 'invalid_grant' THEN
+        -- The tested token is dead (Apple says so); the older ones it kept are revoked, not dropped.
+        IF effect.ends_grant THEN
+            PERFORM siwa.revoke_token_later(a.client_id, a.sub, t, 'reconcile_invalid_grant')
+               FROM unnest(a.retired_tokens_enc) AS t;
+        END IF;
         UPDATE siwa.accounts
            SET status = effect.next_status,
                refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE refresh_token_enc END,
@@ -607,7 +683,7 @@ BEGIN
     -- sees (and waits for) the exchange queued here.
     SELECT a.status INTO current_status FROM siwa.accounts a
      WHERE a.client_id = link_account.client_id AND a.sub = link_account.sub FOR SHARE;
-    IF current_status = 'pending_deletion' THEN
+    IF current_status = 'pending_deletion' OR siwa.group_deletion_pending(link_account.client_id, link_account.sub) THEN
         RAISE EXCEPTION 'siwa.link_account: deletion pending for this account; link again once it is deleted'
             USING ERRCODE = '55000';
     END IF;
@@ -620,15 +696,50 @@ BEGIN
 END
 $$;
 
--- App-facing: mark the account for deletion and queue the revoke at Apple. With a code (an account
--- with no stored token, e.g. linked before this system), the code is exchanged first and the token
--- it yields is revoked with any stored one. Calling it again returns the same job while that
--- deletion is pending or done (a code given again is exchanged while it is pending), unless a link
--- was queued after it finished: then that link is deleted too, by a new job.
+-- App-facing: the deletion of a user, under every client ID of the group (SIWA_APP_GROUPS) where
+-- the user has an account not yet deleted: each goes through siwa.request_deletion_one (its own
+-- revoke job with its own client ID, its own change rows), in the group's fixed client ID order so
+-- two deletions requested under two members cannot deadlock. The code, if any, is the requested
+-- client ID's (a code is issued for one client ID); the answer is that client ID's job.
 CREATE OR REPLACE FUNCTION siwa.request_deletion(client_id text, sub text, authorization_code text)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    member text;
+    job_id bigint;
+    requested bigint;
+BEGIN
+    IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
+        RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
+    END IF;
+    FOR member IN SELECT siwa.group_client_ids(request_deletion.client_id) LOOP
+        IF member = request_deletion.client_id THEN
+            requested := siwa.request_deletion_one(member, request_deletion.sub, authorization_code);
+        -- An account there not yet deleted, or a link queued there (its exchange may not have
+        -- created the row yet): a deletion is never undone by work queued before it.
+        ELSIF EXISTS (SELECT 1 FROM siwa.accounts a
+                       WHERE a.client_id = member AND a.sub = request_deletion.sub AND a.status <> 'deleted')
+           OR EXISTS (SELECT 1 FROM siwa.jobs e
+                       WHERE e.client_id = member AND e.sub = request_deletion.sub AND e.kind = 'exchange'
+                         AND e.state IN ('available', 'running')) THEN
+            job_id := siwa.request_deletion_one(member, request_deletion.sub, NULL);
+        END IF;
+    END LOOP;
+    RETURN requested;
+END
+$$;
+
+-- Marks one account for deletion and queues the revoke at Apple. With a code (an account
+-- with no stored token, e.g. linked before this system), the code is exchanged first and the token
+-- it yields is revoked with any stored one. Calling it again returns the same job while that
+-- deletion is pending or done (a code given again is exchanged while it is pending), unless a link
+-- was queued after it finished: then that link is deleted too, by a new job.
+CREATE OR REPLACE FUNCTION siwa.request_deletion_one(client_id text, sub text, authorization_code text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a siwa.accounts;
@@ -636,14 +747,11 @@ DECLARE
     exchange_id bigint;
     effect siwa.account_effect;
 BEGIN
-    IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
-        RAISE EXCEPTION 'siwa.request_deletion: client_id and sub are required' USING ERRCODE = '22023';
-    END IF;
-    PERFORM siwa.lock_account(request_deletion.client_id, request_deletion.sub, 'pending_deletion');
+    PERFORM siwa.lock_account(request_deletion_one.client_id, request_deletion_one.sub, 'pending_deletion');
     -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
     -- siwa.sign_in_succeeded) and must lose to any request made after its read.
     UPDATE siwa.accounts SET deletion_requests = accounts.deletion_requests + 1
-     WHERE accounts.client_id = request_deletion.client_id AND accounts.sub = request_deletion.sub
+     WHERE accounts.client_id = request_deletion_one.client_id AND accounts.sub = request_deletion_one.sub
     RETURNING * INTO a;
 
     IF a.status IN ('pending_deletion', 'deleted') THEN
@@ -835,7 +943,9 @@ BEGIN
             siwa.reconcile_result(bigint, integer, bytea, text),
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
-            siwa.request_deletion(text, text), siwa.account(text, text),
+            siwa.request_deletion_one(text, text, text), siwa.request_deletion(text, text), siwa.account(text, text),
+            siwa.revoke_token_later(text, text, bytea, text), siwa.group_client_ids(text),
+            siwa.group_deletion_pending(text, text),
             siwa.retired_token_count(text, text), siwa.find_accounts(text, integer),
             siwa.queue_reconciles(integer), siwa.guards_pending_deletion(text, text, text), siwa.pending_deletions(),
             siwa.deletion_backlog(),

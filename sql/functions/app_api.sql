@@ -52,6 +52,10 @@ BEGIN
         has_refresh_token := false;
         deletion_requests := 0;
     END IF;
+    -- A deletion pending under another client ID of the user's app group blocks this one too.
+    IF status IS DISTINCT FROM 'pending_deletion' AND siwa.group_deletion_pending(p_client_id, p_sub) THEN
+        status := 'pending_deletion';
+    END IF;
 END
 $$;
 
@@ -75,6 +79,10 @@ BEGIN
     IF NOT FOUND THEN
         has_refresh_token := false;
         deletion_requests := 0;
+    END IF;
+    -- A deletion pending under another client ID of the user's app group blocks this one too.
+    IF status IS DISTINCT FROM 'pending_deletion' AND siwa.group_deletion_pending(p_client_id, p_sub) THEN
+        status := 'pending_deletion';
     END IF;
 END
 $$;

@@ -234,6 +234,8 @@ BEGIN
         WITH x AS MATERIALIZED (
             SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
                    n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+                   a.app_user_id AS app_user_id_before, a.refresh_token_enc AS token_before,
+                   a.retired_tokens_enc AS retired_before,
                    a.linked_at, a.last_email_event_at, a.email_forwarding,
                    siwa.account_effect(a.status, n.event_type) AS effect
               FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
@@ -266,6 +268,12 @@ BEGIN
             SELECT * FROM n
             UNION ALL
             SELECT * FROM d WHERE NOT d.is_primary
+        ), revoked AS (
+            -- The tokens an ending event discards are revoked by jobs of their own, never dropped:
+            -- one issued after the event (a late exchange, an import) may still be live at Apple.
+            SELECT count(siwa.revoke_token_later(n.target, n.sub, tok, 'grant_ended')) AS queued
+              FROM t n, unnest(array_prepend(n.token_before, n.retired_before)) AS tok
+             WHERE n.outcome = 'applied' AND (n.effect).ends_grant AND tok IS NOT NULL
         ), a AS (
             UPDATE siwa.accounts a
                SET status = (n.effect).next_status,
@@ -282,12 +290,14 @@ BEGIN
                                            ELSE a.is_private_email END,
                    full_name = CASE WHEN n.erase THEN NULL ELSE a.full_name END,
                    real_user_status = CASE WHEN n.erase THEN NULL ELSE a.real_user_status END,
+                   app_user_id = CASE WHEN n.erase THEN NULL ELSE a.app_user_id END,
                    last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
                                               THEN n.event_time ELSE a.last_email_event_at END,
                    updated_at = now()
               FROM t n
              WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
-            RETURNING a.client_id, a.sub, a.app_user_id, a.status, n.jti, n.job_id, n.ord, (n.effect).change AS change
+            RETURNING a.client_id, a.sub, n.app_user_id_before AS app_user_id, a.status, n.jti, n.job_id, n.ord,
+                      (n.effect).change AS change
         ), c AS (
             INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
             SELECT a.client_id, a.sub, a.app_user_id, a.change, a.status, a.jti, a.job_id FROM a ORDER BY a.ord
@@ -305,7 +315,7 @@ BEGIN
                array_agg(n.target) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied'),
                array_agg(n.sub) FILTER (WHERE n.erase AND n.account_has_email AND n.outcome <> 'applied')
           INTO round_clients, round_subs, round_email_clients, round_email_subs
-          FROM t n, told;
+          FROM t n, told, revoked;
         erase_clients := erase_clients || coalesce(round_clients, '{}');
         erase_subs := erase_subs || coalesce(round_subs, '{}');
         email_clients := email_clients || coalesce(round_email_clients, '{}');
@@ -352,9 +362,12 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
        SET email = NULL, jws = NULL, claims = claims - 'events'
      WHERE client_id = p_client_id AND sub = p_sub
        AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
-    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL
+    -- The app_user_id too: a deleted account forgets who it was (its change rows, written before
+    -- this, still say whom the app should delete).
+    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL,
+                             app_user_id = NULL
      WHERE client_id = p_client_id AND sub = p_sub
-       AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL);
+       AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL OR app_user_id IS NOT NULL);
 $$;
 
 -- The receiver's one write: a batch of verified notifications in one statement (its group commit:

@@ -43,6 +43,10 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     /// The operator runs `siwa accounts import` with a refresh token from the app's old store,
     /// issued before the sequence began (so every grant the user ended since has ended it too).
     case importToken
+    /// A sign-in with a code whose exchange Apple answers with a token but an `id_token` Apple never
+    /// signed: the sign-in refuses it (400 `code_invalid`) after the exchange, and must not drop the
+    /// token: Apple answers its revoke with `revoke` (a 503 leaves it to a retried job).
+    case signInRefusedAfterExchange(revoke: AppleAnswer)
 
     var description: String {
         switch self {
@@ -62,6 +66,8 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
             "app API sign-in " + (withCode ? "with a fresh code; Apple answers the exchange \(answer)" : "without a code")
         case .slowSignIn(let answer): "app API sign-in with a fresh code; Apple's answer to the exchange (\(answer)) stays in flight"
         case .importToken: "operator imports a refresh token from the app's old store (siwa accounts import)"
+        case .signInRefusedAfterExchange(let revoke):
+            "app API sign-in with a fresh code; Apple answers the exchange with an unverifiable id_token and the revoke \(revoke)"
         }
     }
 }
@@ -75,12 +81,16 @@ enum AppCall: Hashable, Sendable, CustomStringConvertible {
     /// Not an app transaction: a sign-in through the app API, placed among the app's calls where
     /// it read the account (a deletion committed after that read wins). `accepted`: it answered 200.
     case signIn(accepted: Bool)
+    /// `siwa.link_account` under the other client ID of the user's app group (the primary App ID
+    /// Apple notifies, when the sequence is grouped; the same client ID otherwise).
+    case linkInGroup
 
     var description: String {
         switch self {
         case .link(let long): long ? "link_account(fresh code, 8000-character app_user_id)" : "link_account(fresh code)"
         case .requestDeletion(let withCode): withCode ? "request_deletion(fresh code)" : "request_deletion()"
         case .signIn(let accepted): accepted ? "app API sign-in (200)" : "app API sign-in (refused)"
+        case .linkInGroup: "link_account(fresh code) under the group's other client ID"
         }
     }
 }
@@ -131,7 +141,7 @@ struct ModelGenerator {
     }
 
     private func nextStep(_ random: inout SeededGenerator, inFlight: Bool, stalled: Bool) -> ModelStep {
-        let roll = Int.random(in: 0..<113, using: &random)
+        let roll = Int.random(in: 0..<116, using: &random)
         switch roll {
         case 0..<20:
             let count = Int.random(in: 0..<10, using: &random) < 7 ? 1 : 2
@@ -161,13 +171,17 @@ struct ModelGenerator {
             return .signIn(withCode: Int.random(in: 0..<10, using: &random) < 8, answer: answer(&random))
         case 106..<110:
             return inFlight ? .release : .slowSignIn(answer: answer(&random))
-        default:
+        case 110..<113:
             return .importToken
+        default:
+            return .signInRefusedAfterExchange(revoke: Int.random(in: 0..<2, using: &random) == 0 ? .ok : .unavailable)
         }
     }
 
     private func appCall(_ random: inout SeededGenerator) -> AppCall {
-        if Int.random(in: 0..<100, using: &random) < 62 { return .link(longUserID: Int.random(in: 0..<100, using: &random) < 8) }
+        let roll = Int.random(in: 0..<100, using: &random)
+        if roll < 10 { return .linkInGroup }
+        if roll < 62 { return .link(longUserID: Int.random(in: 0..<100, using: &random) < 8) }
         return .requestDeletion(withCode: deletionWithCode && Int.random(in: 0..<10, using: &random) < 3)
     }
 
@@ -279,6 +293,8 @@ struct ModelShrinker {
             [.signIn(withCode: true, answer: answer), .signIn(withCode: withCode, answer: .ok)].filter { $0 != step }
         case .slowSignIn(let answer):
             [.signIn(withCode: true, answer: answer)] + (answer != .ok ? [.slowSignIn(answer: .ok)] : [])
+        case .signInRefusedAfterExchange(let revoke) where revoke != .ok: [.signInRefusedAfterExchange(revoke: .ok)]
+        case .app([.linkInGroup]): [.app([.link(longUserID: false)])]
         default: []
         }
     }
@@ -302,6 +318,7 @@ extension ModelStep {
         case .signIn(let withCode, let answer): withCode ? "sign-in, Apple answers \(answer)" : "sign-in without a code"
         case .slowSignIn(let answer): "sign-in, Apple slow then \(answer)"
         case .importToken: "token imported"
+        case .signInRefusedAfterExchange(let revoke): "sign-in refused after its exchange, revoke answers \(revoke)"
         }
     }
 }
@@ -310,7 +327,7 @@ extension AppCall {
     /// A call after which the account lives again: `link_account`, or a sign-in that was accepted.
     var isLink: Bool {
         switch self {
-        case .link, .signIn(accepted: true): true
+        case .link, .linkInGroup, .signIn(accepted: true): true
         default: false
         }
     }
@@ -319,7 +336,7 @@ extension AppCall {
 
     func takesCode(deletionWithCode: Bool) -> Bool {
         switch self {
-        case .link: true
+        case .link, .linkInGroup: true
         case .requestDeletion(let withCode): withCode && deletionWithCode
         case .signIn: false  // its code comes with the identity token (ModelRun.signIn)
         }

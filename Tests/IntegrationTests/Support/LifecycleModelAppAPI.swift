@@ -60,9 +60,22 @@ final class ModelAppAPI: Sendable {
 
     /// `POST /v1/sign-in`, described for the trace: "sign-in <status> <error or account status>".
     func signIn(_ body: [String: Any]) async throws -> String {
+        try await signInAnswer(body).what
+    }
+
+    struct SignInAnswer: Sendable {
+        var what: String
+        var isNew: Bool?
+        var appUserID: String?
+    }
+
+    /// As `signIn`, with the answer's `new` and `app_user_id`.
+    func signInAnswer(_ body: [String: Any]) async throws -> SignInAnswer {
         let answer = try await post("/v1/sign-in", body: body)
         let detail = answer.error ?? (answer.json["status"] as? String) ?? answer.body
-        return "sign-in \(answer.status) \(detail)"
+        return SignInAnswer(
+            what: "sign-in \(answer.status) \(detail)", isNew: answer.json["new"] as? Bool,
+            appUserID: answer.json["app_user_id"] as? String)
     }
 
     private func post(_ path: String, body: [String: Any]?) async throws -> AppAPIHarness.Answer {

@@ -11,6 +11,7 @@ extension ModelRun {
         var status: String?
         var reason: String?
         var notificationJTI: String?
+        var appUserID: String?
     }
 
     private struct StoredNotification {
@@ -35,14 +36,15 @@ extension ModelRun {
         }
         let changes = try await connection.query(
             """
-            SELECT id, change, status, reason, notification_jti FROM siwa.account_changes
+            SELECT id, change, status, reason, notification_jti, app_user_id FROM siwa.account_changes
              WHERE client_id = \(clientID) AND sub = \(sub) ORDER BY id
             """
         ).map {
             Change(
                 id: try $0.decode(Int64.self, column: "id"), change: try $0.decode(String.self, column: "change"),
                 status: try $0.decode(String?.self, column: "status"), reason: try $0.decode(String?.self, column: "reason"),
-                notificationJTI: try $0.decode(String?.self, column: "notification_jti"))
+                notificationJTI: try $0.decode(String?.self, column: "notification_jti"),
+                appUserID: try $0.decode(String?.self, column: "app_user_id"))
         }
         let notifications = try await connection.query(
             """
@@ -159,6 +161,34 @@ extension ModelRun {
         }
 
         checkChanges(changes, notifications: notifications, finalStatus: status)
+
+        // After `deleted` or `apple_account_deleted` the account forgets who it was: no later change
+        // row, and not the account itself, carries an app_user_id of a life that ended so.
+        var forgotten: Set<String> = []
+        var lives: Set<String> = []
+        for change in changes {
+            if let id = change.appUserID, forgotten.contains(id) {
+                violations.append(
+                    .init(.forgotten, "\(change.change) after a deletion carries the old app_user_id", "change \(change.id)"))
+            }
+            if let id = change.appUserID { lives.insert(id) }
+            // The account reached it (an account-deleted while a deletion is pending leaves it pending).
+            if change.status == "deleted" || change.status == "apple_account_deleted" {
+                forgotten.formUnion(lives)
+                lives = []
+            }
+        }
+        let appUserID = try await connection.query(
+            "SELECT app_user_id FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
+        ).first?.decode(String?.self, at: 0)
+        if let appUserID, forgotten.contains(appUserID) {
+            violations.append(.init(.forgotten, "the account holds an app_user_id of a deleted life", "status \(status ?? "-")"))
+        }
+        if status == "deleted" || status == "apple_account_deleted", appUserID != nil {
+            violations.append(.init(.forgotten, "\(status ?? "") account keeps its app_user_id", "app_user_id is set"))
+        }
+
+        if grouped { try await checkGroupDeletion() }
 
         // No notification applied twice, and every one processed by exactly one completed job.
         for (jti, count) in Dictionary(grouping: changes.compactMap(\.notificationJTI), by: { $0 }).mapValues(\.count) where count > 1 {
@@ -293,6 +323,39 @@ extension ModelRun {
 }
 
 extension ModelRun {
+    /// A deletion requested under one client ID of the group covers the account under the other:
+    /// the one the user had there when the deletion committed ends deleted unless linked again
+    /// since, and no token of a code given under it before that deletion is live at Apple.
+    func checkGroupDeletion() async throws {
+        let other = notificationClientID
+        let status = try await self.status(of: other)
+        let tokens = world.fake.issuedTokens(clientID: other, sub: sub)
+        let held = try await heldTokens(of: other)
+        for (position, call) in committed.enumerated() where call.call.isDeletion {
+            let linkedAgain = committed[(position + 1)...].contains(where: \.call.isLink)
+            if let before = call.otherStatusBefore, before != "deleted", !linkedAgain, status != "deleted" {
+                violations.append(
+                    .init(
+                        .groupDeletion, "the group's other account ends \(status ?? "absent")",
+                        "it was \(before) when the deletion committed under \(clientID)"))
+            }
+            let codes = Set(committed[...position].filter { $0.call == .linkInGroup }.compactMap(\.code))
+            for token in tokens where token.code.map(codes.contains) == true && !token.dead {
+                if linkedAgain && status != "deleted" && held.contains(token.token) { continue }
+                violations.append(
+                    .init(
+                        .groupDeletion, "a token of the group's other client ID outlives the deletion",
+                        "a token issued \(token.issuedAt) under \(other) is live; that account ends \(status ?? "absent")"))
+            }
+        }
+        if status == "deleted" {
+            for token in tokens where !token.dead {
+                violations.append(
+                    .init(.groupDeletion, "the group's other account is deleted with a live token", "issued \(token.issuedAt)"))
+            }
+        }
+    }
+
     /// The account's current refresh token, decrypted.
     func currentToken() async throws -> String? {
         let sealed = try await connection.query(
@@ -303,7 +366,8 @@ extension ModelRun {
 
     /// The refresh tokens the account holds now, decrypted: the current one, and any the schema
     /// keeps for a later deletion to revoke (`retired_tokens_enc`, when the column exists).
-    func heldTokens() async throws -> Set<String> {
+    func heldTokens(of client: String? = nil) async throws -> Set<String> {
+        let clientID = client ?? self.clientID
         let rows = try await connection.query(
             """
             SELECT refresh_token_enc, coalesce((to_jsonb(a) -> 'retired_tokens_enc')::text, '[]') AS retired
@@ -353,6 +417,8 @@ enum ModelRule: String, Hashable, Sendable, CaseIterable {
     case causalChanges = "the app's change rows come in causal order"
     case exchangeNeverLost = "a successful exchange is never lost"
     case grantHeld = "a returning user's grant is held"
+    case forgotten = "after a deletion the account forgets who it was"
+    case groupDeletion = "a deletion covers the user's whole app group"
     case linkBlockedWhilePending = "a pending deletion blocks a new link"
     case appCall = "app calls succeed"
     case quiescence = "every job finishes"

@@ -56,6 +56,9 @@ final class ModelRun {
         var changeMark: Int64
         /// The job the call returned.
         var jobID: Int64
+        /// The status of the account under the group's other client ID just before the call (grouped
+        /// sequences only): a deletion covers it too.
+        var otherStatusBefore: String? = nil
     }
 
     private struct InFlight {
@@ -143,7 +146,7 @@ final class ModelRun {
         case .applyNotifications(let oldest): return try await applyNotifications(onlyOldest: oldest)
         case .work(let pick, let answer):
             guard let job = try await claim(pick: pick) else { return "no Apple job" }
-            return try await world.execute(job, answer: answer, clientID: clientID)
+            return try await world.execute(job, answer: answer, clientID: job.clientID)
         case .slowWork(let pick, let answer): return try await startSlowWork(pick: pick, answer: answer)
         case .release: return try await releaseInFlight(answering: nil)
         case .crash(let pick):
@@ -164,6 +167,7 @@ final class ModelRun {
         case .signIn(let withCode, let answer): return try await signIn(withCode: withCode, answer: answer)
         case .slowSignIn(let answer): return try await startSlowSignIn(answer: answer)
         case .importToken: return try await importToken()
+        case .signInRefusedAfterExchange(let revoke): return try await signInRefusedAfterExchange(revoke: revoke)
         }
     }
 
@@ -173,11 +177,15 @@ final class ModelRun {
         do {
             try await connection.withTransaction { connection in
                 for call in calls {
-                    let before = try await self.status(on: connection)
+                    let own = try await self.status(on: connection)
+                    let other = grouped ? try await self.status(of: notificationClientID, on: connection) : nil
+                    // A deletion pending under either client ID of the group blocks a link under both.
+                    let before = call.isLink && other == "pending_deletion" ? "pending_deletion" : own
                     var code: String?
                     if call.takesCode(deletionWithCode: world.deletionWithCode) {
                         code = world.fake.registerCode(
-                            clientID: clientID, sub: sub, email: "\(sub)@privaterelay.appleid.com", isPrivateEmail: true)
+                            clientID: call == .linkInGroup ? notificationClientID : clientID, sub: sub,
+                            email: "\(sub)@privaterelay.appleid.com", isPrivateEmail: true)
                     }
                     let job: Int64
                     do {
@@ -202,7 +210,8 @@ final class ModelRun {
                         }
                         throw error
                     }
-                    attempted.append(CommittedCall(call: call, code: code, statusBefore: before, changeMark: 0, jobID: job))
+                    attempted.append(
+                        CommittedCall(call: call, code: code, statusBefore: own, changeMark: 0, jobID: job, otherStatusBefore: other))
                 }
             }
         } catch is PostgresError {
@@ -223,6 +232,10 @@ final class ModelRun {
             let appUserID = long ? String(repeating: "u", count: 8000) : "user-\(linkCount)"
             return try await connection.query(
                 "SELECT siwa.link_account(\(clientID), \(sub), \(appUserID), \(code))")[0].decode(Int64.self, at: 0)
+        case .linkInGroup:
+            linkCount += 1
+            return try await connection.query(
+                "SELECT siwa.link_account(\(notificationClientID), \(sub), \("user-\(linkCount)"), \(code))")[0].decode(Int64.self, at: 0)
         case .signIn:
             throw HarnessError(message: "a sign-in is not an app transaction's call")
         case .requestDeletion:
@@ -313,7 +326,8 @@ final class ModelRun {
         let ids = try await connection.query(
             """
             SELECT id FROM siwa.jobs
-             WHERE client_id = \(clientID) AND kind = ANY (\(world.handlers.keys.map(\.rawValue))::text[])
+             WHERE client_id IN (\(clientID), \(notificationClientID))
+               AND kind = ANY (\(world.handlers.keys.map(\.rawValue))::text[])
                AND state = 'available'
              ORDER BY priority, run_at, id
             """
@@ -336,7 +350,7 @@ final class ModelRun {
     private func startSlowWork(pick: Int, answer: AppleAnswer) async throws -> String {
         guard inFlight == nil else { return "a call is already in flight" }
         guard let job = try await claim(pick: pick) else { return "no Apple job" }
-        let (world, clientID) = (world, clientID)
+        let (world, clientID) = (world, job.clientID)
         let holds = ModelWorld.endpoints(of: job.kind).map { world.fake.holdNextCall(endpoint: $0, clientID: clientID) }
         let finished = LockedBox(false)
         let task = Task {
@@ -402,11 +416,45 @@ final class ModelRun {
         if withCode, let failure = Self.exchangeFailure(answer) {
             world.fake.injectFailures(endpoint: "token", clientID: clientID, responses: [failure])
         }
+        let before = try await status()
         let index = placeSignIn(code: code)
-        let what = try await api.signIn(body)
+        let signedIn = try await api.signInAnswer(body)
         // An answer no exchange took (the account held a token) must not reach a later job.
         world.fake.clearFailures(clientID: clientID)
-        settleSignIn(at: index, what, withCode: withCode, answer: answer)
+        settleSignIn(at: index, signedIn.what, withCode: withCode, answer: answer)
+        // Nothing else ran between the read and the sign-in: a user whose account was deleted comes
+        // back as somebody new, never handed the old life's app_user_id.
+        if ModelSignInRule.accepted(signedIn.what), before == "deleted" || before == "apple_account_deleted",
+            signedIn.isNew != true || signedIn.appUserID != nil
+        {
+            violations.append(
+                .init(
+                    .forgotten, "sign-in after \(before ?? "") not a new user",
+                    "the sign-in answered new \(signedIn.isNew.map(String.init) ?? "absent"), app_user_id \(signedIn.appUserID ?? "null")"))
+        }
+        return signedIn.what
+    }
+
+    /// A sign-in whose exchange gives a token with an `id_token` Apple never signed: refused after
+    /// the exchange; the token it obtained must be revoked (Apple answering the first revoke `revoke`).
+    private func signInRefusedAfterExchange(revoke: AppleAnswer) async throws -> String {
+        let api = try await startedAppAPI()
+        let (body, code) = try await api.prepare(withCode: true)
+        world.fake.injectFailures(endpoint: "token", clientID: clientID, responses: [.badSignature])
+        if let failure = ModelWorld.failure(for: revoke) {
+            world.fake.injectFailures(endpoint: "revoke", clientID: clientID, responses: [failure])
+        }
+        let index = placeSignIn(code: code)
+        let what = try await api.signIn(body)
+        world.fake.clearFailures(clientID: clientID)
+        // Apple's answer to the first revoke of that token, wherever it is made (a job, later).
+        if let failure = ModelWorld.failure(for: revoke) {
+            world.fake.injectFailures(endpoint: "revoke", clientID: clientID, responses: [failure])
+        }
+        committed[index].call = .signIn(accepted: ModelSignInRule.accepted(what))
+        if what != "sign-in 400 code_invalid" && what != "sign-in 403 account_deleting" {
+            violations.append(.init(.appCall, "sign-in with an unverifiable exchange answered \(what)", what))
+        }
         return what
     }
 
@@ -469,7 +517,7 @@ final class ModelRun {
     private func resumeStalled(answer: AppleAnswer) async throws -> String {
         guard let job = stalled else { return "no stalled worker" }
         stalled = nil
-        return try await world.execute(job, answer: answer, clientID: clientID)
+        return try await world.execute(job, answer: answer, clientID: job.clientID)
     }
 
     // MARK: Quiescence
@@ -498,14 +546,15 @@ final class ModelRun {
                 UPDATE siwa.jobs SET run_at = now()
                  WHERE client_id = \(clientID) AND kind <> 'notification' AND state = 'available' AND run_at > now()
                 """)
-            _ = try await connection.execute("UPDATE siwa.paused_clients SET next_probe_at = now() WHERE client_id = \(clientID)")
+            _ = try await connection.execute(
+                "UPDATE siwa.paused_clients SET next_probe_at = now() WHERE client_id IN (\(clientID), \(notificationClientID))")
             let notifications = try await applyNotifications(onlyOldest: false)
             if notifications != "nothing pending" {
                 trace.append("end: notifications: \(notifications)")
                 try await observeStoredToken(after: "notification worker")
             }
             if let job = try await claim(pick: 0) {
-                let what = try await world.execute(job, answer: .ok, clientID: clientID)
+                let what = try await world.execute(job, answer: .ok, clientID: job.clientID)
                 trace.append("end: " + what)
                 try await observeStoredToken(after: Self.doer(of: what) ?? "a job")
                 continue
@@ -538,11 +587,14 @@ final class ModelRun {
 
     // MARK: Observations
 
-    func status(on connection: PostgresConnection? = nil) async throws -> String? {
+    func status(of client: String? = nil, on connection: PostgresConnection? = nil) async throws -> String? {
         try await (connection ?? self.connection).query(
-            "SELECT status FROM siwa.accounts WHERE client_id = \(clientID) AND sub = \(sub)"
+            "SELECT status FROM siwa.accounts WHERE client_id = \(client ?? clientID) AND sub = \(sub)"
         ).first?.decode(String.self, at: 0)
     }
+
+    /// Whether the account is linked under a Services ID grouped with the App ID Apple notifies.
+    var grouped: Bool { clientID != notificationClientID }
 
     private func latestChangeID() async throws -> Int64 {
         try await connection.query(
