@@ -57,10 +57,13 @@ if rest.contains("--help") || rest.contains("-h") {
 }
 let source: ConfigurationSource
 do {
-    source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches)
-    if let unknown = source.unknownFlags(known: command.usage.knownVariables).first {
-        throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option (siwa help \(name) lists them)")
+    source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches, knownFlags: command.usage.valueFlags)
+    if let stray = command.usage.arguments.stray(in: source.positional) {
+        throw ConfigurationError(variable: "\"\(stray)\"", problem: "unexpected argument (siwa help \(name) shows what it takes)")
     }
+} catch let error as ConfigurationError where error.problem == "unknown option" {
+    FileHandle.standardError.write(Data("siwa \(name): \(error) (siwa help \(name) lists them)\n".utf8))
+    exit(2)
 } catch {
     FileHandle.standardError.write(Data("siwa \(name): \(error)\n".utf8))
     exit(2)
