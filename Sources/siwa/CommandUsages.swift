@@ -177,7 +177,8 @@ extension ConsoleCommand {
     static let usage = CommandUsage(
         synopsis: ["siwa console [--listen 127.0.0.1:9400]"],
         about: "A web page for the people who run the service: the queue, pending deletions, paused client IDs, webhooks, "
-            + "each account's timeline, retry and cancel (POSTs with a per-session anti-forgery token). Reads with a login "
+            + "replication, each account's timeline, each job's page (/jobs/ID), every page stamped with when it was read "
+            + "and reloading every 30 s unless paused, retry and cancel (POSTs with a per-session anti-forgery token). Reads with a login "
             + "in siwa_worker (DATABASE_URL). Loopback by default; another address needs SIWA_CONSOLE_TOKENS and a login "
             + "page. Prints `console on http://HOST:PORT/`; runs until SIGINT or SIGTERM.",
         options: [.init("listen", "HOST:PORT", "where to listen (port 0: one the system picks)", default: "127.0.0.1:9400")],

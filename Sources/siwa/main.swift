@@ -17,7 +17,7 @@ let commands: [any CLICommand.Type] = [
 let hiddenCommands: [any CLICommand.Type] = [ConfigReferenceCommand.self]
 
 func overview() -> String {
-    var text = "usage: siwa <command> [--flag value ...]\n\ncommands:\n"
+    var text = "usage: siwa <command> [--flag value | --flag=value ...]\n\ncommands:\n"
     for command in commands { text += "  \(command.name.padding(toLength: 14, withPad: " ", startingAt: 0)) \(command.summary)\n" }
     text += "\n`siwa help COMMAND` (or `siwa COMMAND --help`) lists a command's flags and settings.\n"
     text += "Every setting is an environment variable (DATABASE_URL, ...) or the same name as a --kebab-case flag.\n"
