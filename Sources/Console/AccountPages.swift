@@ -29,7 +29,7 @@ enum AccountPages {
             && timeline.jobs.contains { $0.kind == "revoke" && (!$0.attempts.isEmpty || $0.state == "discarded") }
         let email: HTML = account.email.map { email in
             "\(email)" + (account.isPrivateEmail == true ? " <span class=\"tag\">private relay</span>" : "")
-        } ?? "<span class=\"muted\">none</span>"
+        } ?? Layout.none
         let tokens = (account.hasRefreshToken ? "one held" : "none held")
             + (account.retiredTokens > 0 ? ", \(account.retiredTokens) earlier kept for a deletion to revoke" : "")
         let body: HTML = """
@@ -37,13 +37,13 @@ enum AccountPages {
             <dl class="account">
             <dt>client ID</dt><dd>\(account.clientID)</dd>
             <dt>sub</dt><dd class="mono">\(account.sub)</dd>
-            <dt>app_user_id</dt><dd class="mono">\(account.appUserID ?? "—")</dd>
+            <dt>app_user_id</dt><dd class="mono">\(account.appUserID.map { "\($0)" } ?? Layout.none)</dd>
             <dt>status</dt><dd>\(status(account.status))</dd>
             <dt>email</dt><dd>\(email)</dd>
-            <dt>email forwarding</dt><dd>\(account.emailForwarding ?? "—")</dd>
+            <dt>email forwarding</dt><dd>\(account.emailForwarding.map { "\($0)" } ?? Layout.none)</dd>
             <dt>refresh token</dt><dd>\(tokens)</dd>
-            <dt>linked</dt><dd>\(account.linkedAt.map(Ages.timestamp) ?? "—")</dd>
-            <dt>sessions revoked</dt><dd>\(account.sessionsRevokedAt.map(Ages.timestamp) ?? "—")</dd>
+            <dt>linked</dt><dd>\(account.linkedAt.map { "\(Ages.timestamp($0))" } ?? Layout.none)</dd>
+            <dt>sessions revoked</dt><dd>\(account.sessionsRevokedAt.map { "\(Ages.timestamp($0))" } ?? Layout.none)</dd>
             <dt>updated</dt><dd>\(Ages.timestamp(account.updatedAt))</dd>
             </dl>
             <p><a href="\(URLPart.path("/jobs", query: [("sub", account.sub)]))">this sub's jobs</a></p>
@@ -65,7 +65,7 @@ enum AccountPages {
                 """
         case .change(let change):
             let reason: HTML = change.reason.map { ", reason <strong>\($0)</strong>" } ?? ""
-            let job: HTML = change.jobID.map { ", by job #\($0)" } ?? ""
+            let job: HTML = change.jobID.map { ", by job " + JobPage.link($0) } ?? ""
             return """
                 <li class="change"><span class="when">\(Ages.timestamp(change.createdAt))</span><span class="tag">change #\(change.id)</span>\
                 <strong>\(change.change)</strong>\(change.status.map { " → \($0)" } ?? "")\(reason)\(job)</li>
@@ -74,14 +74,14 @@ enum AccountPages {
         case .job(let job):
             let isWebhook = job.kind == "webhook"
             let title: HTML = isWebhook
-                ? "webhook delivery\(job.changeID.map { " of change #\($0)" } ?? "") (job #\(job.id))"
-                : "\(job.kind) job #\(job.id)"
+                ? "webhook delivery\(job.changeID.map { " of change #\($0)" } ?? "") (job " + JobPage.link(job.id) + ")"
+                : "\(job.kind) job " + JobPage.link(job.id)
             var result: HTML = "<span class=\"state-\(job.state)\">\(job.state)</span>"
             if let outcome = job.outcome { result += ": \(isWebhook ? "answered " + outcome.replacingOccurrences(of: "delivered ", with: "") : outcome)" }
             if job.state == "available" { result += job.runsInSeconds > 0 ? ", next try in \(Ages.span(job.runsInSeconds))" : ", due now" }
             let attempts: HTML = job.attempts.isEmpty ? "" : """
                 <ul class="attempts">\(job.attempts.reversed().map { attempt in
-                    "<li><span class=\"when\">\(attempt.at.map(Ages.timestamp) ?? "—")</span>attempt \(attempt.attempt.map(String.init) ?? "?"): \(isWebhook ? attempt.error : "\(attempt.error) (\(AccountStanding.describe(attempt.error)))")</li>"
+                    "<li><span class=\"when\">\(attempt.at.map { "\(Ages.timestamp($0))" } ?? Layout.none)</span>attempt \(attempt.attempt.map(String.init) ?? "?"): \(isWebhook ? attempt.error : "\(attempt.error) (\(AccountStanding.describe(attempt.error)))")</li>"
                 })</ul>
                 """
             return """

@@ -103,21 +103,7 @@ struct AccountTimeline: Sendable {
                 status: try row.decode(String?.self, column: "status"), reason: try row.decode(String?.self, column: "reason"),
                 jobID: try row.decode(Int64?.self, column: "job_id"), createdAt: try row.decode(Date.self, column: "created_at"))
         }
-        var attempts: [Int64: [Attempt]] = [:]
-        for row in try await connection.query(
-            """
-            SELECT j.id, (e.value ->> 'attempt')::integer AS attempt, (e.value ->> 'at')::timestamptz AS at,
-                   coalesce(e.value ->> 'error', 'unknown') AS error
-              FROM siwa.jobs j, jsonb_array_elements(j.errors) WITH ORDINALITY AS e(value, n)
-             WHERE j.client_id = \(clientID) AND j.sub = \(sub) AND jsonb_typeof(e.value) = 'object'
-             ORDER BY j.id, e.n
-            """)
-        {
-            attempts[try row.decode(Int64.self, column: "id"), default: []].append(
-                Attempt(
-                    attempt: try row.decode(Int?.self, column: "attempt"), at: try row.decode(Date?.self, column: "at"),
-                    error: try row.decode(String.self, column: "error")))
-        }
+        let attempts = try await failedAttempts(clientID: clientID, sub: sub, on: connection)
         let jobs = try await connection.query(
             """
             SELECT id, kind, state, attempt, outcome, created_at, run_at, finalized_at,
@@ -136,5 +122,29 @@ struct AccountTimeline: Sendable {
                 changeID: try row.decode(Int64?.self, column: "change_id"), attempts: attempts[id] ?? [])
         }
         return AccountTimeline(notifications: notifications, changes: changes, jobs: jobs)
+    }
+
+    /// Each job's failed attempts, oldest first: of one account's jobs, or of the job `jobID`.
+    static func failedAttempts(
+        jobID: Int64? = nil, clientID: String? = nil, sub: String? = nil, on connection: PostgresConnection
+    ) async throws -> [Int64: [Attempt]] {
+        var attempts: [Int64: [Attempt]] = [:]
+        for row in try await connection.query(
+            """
+            SELECT j.id, (e.value ->> 'attempt')::integer AS attempt, (e.value ->> 'at')::timestamptz AS at,
+                   coalesce(e.value ->> 'error', 'unknown') AS error
+              FROM siwa.jobs j, jsonb_array_elements(j.errors) WITH ORDINALITY AS e(value, n)
+             WHERE (\(jobID)::bigint IS NULL OR j.id = \(jobID)::bigint)
+               AND (\(clientID)::text IS NULL OR (j.client_id = \(clientID)::text AND j.sub = \(sub)::text))
+               AND jsonb_typeof(e.value) = 'object'
+             ORDER BY j.id, e.n
+            """)
+        {
+            attempts[try row.decode(Int64.self, column: "id"), default: []].append(
+                Attempt(
+                    attempt: try row.decode(Int?.self, column: "attempt"), at: try row.decode(Date?.self, column: "at"),
+                    error: try row.decode(String.self, column: "error")))
+        }
+        return attempts
     }
 }

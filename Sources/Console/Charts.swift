@@ -4,7 +4,8 @@ import Foundation
 /// page's Content-Security-Policy allows no inline style and no script, and each bar carries a
 /// `<title>` a browser shows on hover.
 enum Charts {
-    /// The last 24 hours, one pair of bars an hour: notifications received, deliveries rejected.
+    /// The last 24 hours, one pair of bars an hour: notifications received, requests rejected. The
+    /// hours are UTC, as every time the console shows, and the axis says so.
     static func hourly(_ hours: [Overview.Hour]) -> HTML {
         let width = 720.0, height = 170.0, left = 36.0, bottom = 24.0, top = 22.0
         let plotHeight = height - bottom - top
@@ -22,13 +23,14 @@ enum Charts {
                     """
             }
             if index % 6 == 0 || index == hours.count - 1 {
-                bars += "<text x=\"\(x)\" y=\"\(height - 6)\" font-size=\"10\" fill=\"#667085\">\(String(label.suffix(5)))</text>"
+                let utc = index == 0 ? " UTC" : ""
+                bars += "<text x=\"\(x)\" y=\"\(height - 6)\" font-size=\"10\" fill=\"#667085\">\(String(label.suffix(5)))\(utc)</text>"
             }
         }
         return """
             <svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 \(Int(width)) \(Int(height))" width="\(Int(width))" height="\(Int(height))" role="img" \
             aria-label="notifications received and rejected per hour, last 24 hours">\
-            <text x="\(left)" y="14" font-size="11" fill="#1d2330">per hour, last 24 h: <tspan fill="#2e5aac">■ received</tspan> \
+            <text x="\(left)" y="14" font-size="11" fill="#1d2330">per hour (UTC), last 24 h: <tspan fill="#2e5aac">■ received</tspan> \
             <tspan fill="#b42318">■ rejected</tspan> (highest \(highest))</text>\
             <line x1="\(left)" y1="\(top + plotHeight)" x2="\(width - 8)" y2="\(top + plotHeight)" stroke="#d9dee7"/>\
             <text x="4" y="\(top + 8)" font-size="10" fill="#667085">\(highest)</text>\

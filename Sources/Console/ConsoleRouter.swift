@@ -53,7 +53,11 @@ struct ConsoleRouter: Sendable {
             setCookie = ConsoleSessions.cookie(opened)
         }
         guard let session else { return Self.forbidden("no session") }
-        let context = Layout.Context(formToken: sessions.formToken(for: session), offersLogout: sessions.requiresLogin)
+        var context = Layout.Context(formToken: sessions.formToken(for: session), offersLogout: sessions.requiresLogin)
+        if isRead {
+            let query = request.query.filter { $0.key != "refresh" }.sorted { $0.key < $1.key }.map { ($0.key, Optional($0.value)) }
+            context.refresh = Layout.Refresh(path: request.path, query: query, paused: request.query["refresh"] == "off")
+        }
 
         var response: HTTPResponse
         if isRead {
@@ -97,6 +101,7 @@ struct ConsoleRouter: Sendable {
                 return page(JobsPage.render(rows, filter: filter, context: context))
             default:
                 if path.hasPrefix("/accounts/") { return try await accountPage(path, context: context) }
+                if path.hasPrefix("/jobs/") { return try await jobPage(path, context: context) }
                 return .text(status: 404, "no such page\n")
             }
         } catch {
@@ -130,6 +135,15 @@ struct ConsoleRouter: Sendable {
         }
         let standing = AccountStanding(account: found.account, timeline: found.timeline, pause: found.pause, now: Date())
         return page(AccountPages.account(found.account, timeline: found.timeline, standing: standing, context: context))
+    }
+
+    /// `/jobs/{id}`: one job, its attempts and its actions.
+    private func jobPage(_ path: String, context: Layout.Context) async throws -> HTTPResponse {
+        guard let id = Int64(path.dropFirst("/jobs/".count)), id > 0 else { return .text(status: 404, "expected /jobs/{id}\n") }
+        guard let detail = try await pool.withConnection({ try await JobDetail.load(id, on: $0) }) else {
+            return page(Layout.page("No such job", section: "Jobs", context: context, "<p>There is no job #\(id).</p>"), status: 404)
+        }
+        return page(JobPage.render(detail, context: context))
     }
 
     private struct AccountPageData: Sendable {

@@ -24,7 +24,7 @@ enum JobsPage {
             var note = row.lastError ?? row.outcome ?? ""
             if note.count > 90 { note = String(note.prefix(87)) + "..." }
             return [
-                "\(row.id)", "\(row.kind)", "<span class=\"state-\(row.state)\">\(row.state)</span>",
+                JobPage.link(row.id, "\(row.id)"), "\(row.kind)", "<span class=\"state-\(row.state)\">\(row.state)</span>",
                 "<a href=\"\(URLPart.account(clientID: row.clientID, sub: row.sub))\">\(row.clientID) <span class=\"mono\">\(row.sub)</span></a>",
                 "\(row.attempt)", "\(row.errorCount)", "\(Ages.timestamp(row.runAt))",
                 (row.guardsPendingDeletion ? "<span class=\"tag\">pending deletion</span>" : "") + "\(note)",
@@ -44,7 +44,7 @@ enum JobsPage {
         return Layout.page("Jobs", section: "Jobs", context: context, body)
     }
 
-    private static func actions(_ row: JobAdministration.Row, context: Layout.Context) -> HTML {
+    static func actions(_ row: JobAdministration.Row, context: Layout.Context) -> HTML {
         guard let token = context.formToken else { return "" }
         func button(_ action: String, _ label: String, danger: Bool = false) -> HTML {
             """

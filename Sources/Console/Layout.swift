@@ -1,3 +1,5 @@
+import Foundation
+
 /// The frame every page shares, and the one style sheet (served from `/console.css`, so the
 /// Content-Security-Policy needs no inline style).
 enum Layout {
@@ -7,6 +9,37 @@ enum Layout {
         var formToken: String?
         /// The console asks for a token: offer to log out.
         var offersLogout: Bool
+        /// When the page's figures were read: every page says so ("as of", UTC).
+        var readAt: Date = Date()
+        /// A page that reloads itself every `refreshSeconds` (nil: the answer to a POST, which must
+        /// not be repeated): the page's own address, and whether the reader paused it.
+        var refresh: Refresh?
+    }
+
+    struct Refresh: Sendable {
+        /// The page's path and query, `refresh` left out.
+        var path: String
+        var query: [(String, String?)]
+        var paused: Bool
+
+        /// The same page with the refresh paused or resumed.
+        var toggled: String { URLPart.path(path, query: query + (paused ? [] : [("refresh", "off")])) }
+    }
+
+    static let refreshSeconds = 30
+
+    /// How every page shows an empty value.
+    static let none: HTML = "<span class=\"muted\">none</span>"
+
+    /// "as of 2026-12-05 10:40:00 UTC · refreshes every 30 s · pause", under each page's title.
+    static func freshness(_ context: Context) -> HTML {
+        var line: HTML = "as of <time>\(Ages.timestamp(context.readAt))</time>"
+        if let refresh = context.refresh {
+            line += refresh.paused
+                ? " · refresh paused · <a href=\"\(refresh.toggled)\">resume (every \(refreshSeconds) s)</a>"
+                : " · refreshes every \(refreshSeconds) s · <a href=\"\(refresh.toggled)\">pause</a>"
+        }
+        return "<p class=\"asof muted\">\(line)</p>"
     }
 
     static func page(_ title: String, section: String, context: Context, _ body: HTML) -> HTML {
@@ -26,19 +59,26 @@ enum Layout {
         return """
             <!doctype html>
             <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-            <meta name="referrer" content="no-referrer">
+            <meta name="referrer" content="no-referrer">\(refreshTag(context))
             <title>\(title) · siwa console</title><link rel="stylesheet" href="/console.css"></head>
             <body><header><strong>siwa console</strong><nav>\(navigation)</nav>
             <form method="get" action="/accounts" class="search"><input type="search" name="q" placeholder="sub or app_user_id" aria-label="sub or app_user_id">\
             <button type="submit">Find</button></form>\(logout)</header>
             <main><h1>\(title)</h1>
+            \(freshness(context))
             \(body)</main></body></html>
 
             """
     }
 
+    /// A meta refresh (allowed by the Content-Security-Policy, which governs fetches, not reloads).
+    private static func refreshTag(_ context: Context) -> HTML {
+        guard let refresh = context.refresh, !refresh.paused else { return "" }
+        return "\n<meta http-equiv=\"refresh\" content=\"\(refreshSeconds)\">"
+    }
+
     /// A table with a header row; `numeric` columns are right-aligned.
-    static func table(_ headers: [String], _ rows: [[HTML]], numeric: Set<Int> = [], empty: String = "none") -> HTML {
+    static func table(_ headers: [String], _ rows: [[HTML]], numeric: Set<Int> = [], empty: String = "None.") -> HTML {
         guard !rows.isEmpty else { return "<p class=\"muted\">\(empty)</p>" }
         let head = HTML.join(headers.enumerated().map { index, header in
             numeric.contains(index) ? "<th class=\"num\">\(header)</th>" : "<th>\(header)</th>"
@@ -99,5 +139,6 @@ enum Layout {
         .filters a[aria-current] { font-weight: 600; }
         .notice { padding: .6em .9em; background: #fff; border: 1px solid var(--line); border-left: 4px solid var(--good); }
         .notice.refused { border-left-color: var(--bad); }
+        p.asof { margin: -.6em 0 1em; font-size: .9em; }
         """
 }

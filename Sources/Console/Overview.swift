@@ -44,6 +44,14 @@ struct Overview: Sendable {
     var outcomesLastHour: [(outcome: String, count: Int)]
     var rejectionsLastHour: [(reason: String, count: Int)]
     var hours: [Hour]
+    /// What `siwa status` adds: replication, the change feed's holdback, jobs discarded because
+    /// their process died (and the deletions whose revoke is one of them).
+    var replication: ReplicationStatus
+    var changeFeedHoldback: ChangeFeedHoldback?
+    var processDiedJobs: Int
+    var processDiedRevokes: Int
+    /// When the snapshot was read (the database's clock).
+    var readAt: Date
 
     static let listedDeletions = 20
 
@@ -117,11 +125,16 @@ struct Overview: Sendable {
                 start: try row.decode(Date.self, column: "start"), received: try row.decode(Int.self, column: "received"),
                 rejected: try row.decode(Int.self, column: "rejected"))
         }
+        let processDiedRevokes = try await connection.query("SELECT process_died_revokes FROM siwa.deletion_backlog()")[0]
+            .decode(Int.self, column: "process_died_revokes")
         return Overview(
             jobs: jobs, waiting: waiting, pendingDeletionCount: deletions.count,
             pendingDeletions: Array(deletions.prefix(listedDeletions)), deletionAges: deletions.map(\.seconds),
             pausedClients: paused, webhookRegistration: try await WebhookQueue.registration(on: connection),
             webhookBacklog: try await WebhookQueue.backlog(on: connection), outcomesLastHour: outcomes,
-            rejectionsLastHour: rejections, hours: hours)
+            rejectionsLastHour: rejections, hours: hours, replication: try await ReplicationStatus.load(connection),
+            changeFeedHoldback: try await ChangeFeedHoldback.load(connection),
+            processDiedJobs: try await JobQueue.processDied(on: connection), processDiedRevokes: processDiedRevokes,
+            readAt: try await connection.query("SELECT now() AS now")[0].decode(Date.self, column: "now"))
     }
 }

@@ -1,3 +1,4 @@
+import Foundation
 import JobQueue
 import Webhooks
 
@@ -14,11 +15,16 @@ enum OverviewPage {
                 count == 0 ? "<span class=\"muted\">0</span>"
                     : "<a href=\"\(URLPart.path("/jobs", query: [("kind", kind), ("state", states[index])]))\">\(count)</a>"
             }
-            let oldest: HTML = waiting.map { "\($0.ready), oldest \(Ages.span($0.oldestReadySeconds ?? 0))" } ?? "<span class=\"muted\">none</span>"
+            let oldest: HTML = waiting.map { "\($0.ready), oldest \(Ages.span($0.oldestReadySeconds ?? 0))" } ?? Layout.none
             return ["<a href=\"\(URLPart.path("/jobs", query: [("kind", kind)]))\">\(kind)</a>"] + cells + [oldest]
         }
         let discarded = overview.jobs.values.reduce(0) { $0 + ($1["discarded"] ?? 0) }
-        let oldestDeletion = overview.pendingDeletions.first.map { "oldest \(Ages.span($0.seconds))" } ?? "none waiting"
+        var oldestDeletion = overview.pendingDeletions.first.map { "oldest \(Ages.span($0.seconds))" } ?? "none waiting"
+        if overview.processDiedRevokes > 0 {
+            oldestDeletion += "; \(overview.processDiedRevokes) waiting on a revoke discarded as process_died (retry it)"
+        }
+        let discardedNote = (discarded == 0 ? "nothing to retry" : "retry them from Jobs")
+            + (overview.processDiedJobs > 0 ? "; \(overview.processDiedJobs) process_died: the process running each died three times" : "")
         let backlog = overview.webhookBacklog
         let received = overview.outcomesLastHour.reduce(0) { $0 + $1.count }
         let rejected = overview.rejectionsLastHour.reduce(0) { $0 + $1.count }
@@ -26,11 +32,13 @@ enum OverviewPage {
         var body: HTML = """
             <section class="cards">
             \(card("pending deletions", "\(overview.pendingDeletionCount)", oldestDeletion, alert: overview.pendingDeletions.first.map { $0.seconds > 3600 } ?? false))
-            \(card("discarded jobs", "\(discarded)", discarded == 0 ? "nothing to retry" : "retry them from Jobs", alert: discarded > 0, link: "/jobs?state=discarded"))
+            \(card("discarded jobs", "\(discarded)", discardedNote, alert: discarded > 0, link: "/jobs?state=discarded"))
             \(card("paused client IDs", "\(overview.pausedClients.count)", overview.pausedClients.isEmpty ? "Apple accepts our credentials" : "Apple refused our credentials", alert: !overview.pausedClients.isEmpty))
             \(card("webhook backlog", "\(backlog.undelivered)", webhookNote(overview), alert: backlog.discarded > 0))
             \(card("notifications, last hour", "\(received)", rejected == 0 ? "none rejected" : "\(rejected) rejected", alert: rejected > 0))
             </section>
+            <h2>Workers and database</h2>
+            \(health(overview))
             <h2>Last 24 hours</h2>
             \(Charts.hourly(overview.hours))
             <h2>Jobs by kind and state</h2>
@@ -53,10 +61,38 @@ enum OverviewPage {
             <h2>Last hour</h2>
             <h3>Notifications by outcome</h3>
             \(Layout.table(["outcome", "notifications"], overview.outcomesLastHour.map { ["\($0.outcome)", "\($0.count)"] }, numeric: [1], empty: "No notification received."))
-            <h3>Rejected deliveries by reason</h3>
-            \(Layout.table(["reason", "rejected"], overview.rejectionsLastHour.map { ["\($0.reason)", "\($0.count)"] }, numeric: [1], empty: "None rejected."))
+            <h3>Notifications rejected by the receiver, by reason</h3>
+            \(Layout.table(["reason", "requests rejected"], overview.rejectionsLastHour.map { ["\($0.reason)", "\($0.count)"] }, numeric: [1], empty: "None rejected."))
             """
         return Layout.page("Overview", section: "Overview", context: context, body)
+    }
+
+    /// What `siwa status` says beyond the queue: whether a worker is alive (one that sends webhooks
+    /// refreshes the registration it last saw), replication, and the change feed.
+    private static func health(_ overview: Overview) -> HTML {
+        let workers: HTML
+        if let registration = overview.webhookRegistration {
+            let seen = overview.readAt.timeIntervalSince(registration.seenAt)
+            workers = "a worker sending webhooks to <span class=\"mono\">\(registration.endpoint)</span> was last seen "
+                + "<strong>\(Ages.span(seen)) ago</strong> (registered \(Ages.timestamp(registration.registeredAt)))"
+        } else {
+            workers = "not known: no worker has registered SIWA_WEBHOOK_URL (a worker's own /healthz and /readyz say whether it runs)"
+        }
+        let feed: HTML = overview.changeFeedHoldback.map { holdback in
+            let who = holdback.pid.map { "pid \($0)" } ?? "a prepared transaction"
+            let open = holdback.seconds.map { "open \(Ages.span($0))" } ?? "open over \(Ages.span(ChangeFeedHoldback.threshold))"
+            return "<span class=\"state-discarded\">held back</span> by a transaction writing changes (\(who)"
+                + "\(holdback.application.flatMap { $0.isEmpty ? nil : ", application \($0)" } ?? ""), \(open)): "
+                + "/v1/changes serves nothing past it until it ends"
+        } ?? "not held back"
+        let replication = overview.replication
+        return """
+            <dl class="account">
+            <dt>workers</dt><dd>\(workers)</dd>
+            <dt>replication</dt><dd class="\(replication.hasSynchronousStandby ? "" : "state-available")">\(replication.summary)</dd>
+            <dt>change feed</dt><dd>\(feed)</dd>
+            </dl>
+            """
     }
 
     private static func card(_ name: String, _ figure: String, _ note: String, alert: Bool, link: String? = nil) -> HTML {

@@ -25,12 +25,15 @@ package struct JobAdministration: Sendable {
     }
 
     package struct Filter: Sendable {
+        /// One job only (`siwa jobs retry ID` checks it exists; the console's `/jobs/{id}`).
+        package var id: Int64?
         package var state: String?
         package var kind: String?
         package var sub: String?
         package var limit: Int
 
-        package init(state: String? = nil, kind: String? = nil, sub: String? = nil, limit: Int = 50) {
+        package init(id: Int64? = nil, state: String? = nil, kind: String? = nil, sub: String? = nil, limit: Int = 50) {
+            self.id = id
             self.state = state
             self.kind = kind
             self.sub = sub
@@ -83,7 +86,8 @@ package struct JobAdministration: Sendable {
                    j.outcome, j.run_at, j.created_at, j.finalized_at,
                    \(unsafeSQL: Self.pendingDeletionRevokeSQL) AS guards_pending_deletion
               FROM siwa.jobs j
-             WHERE (\(filter.state)::text IS NULL OR j.state = \(filter.state)::text)
+             WHERE (\(filter.id)::bigint IS NULL OR j.id = \(filter.id)::bigint)
+               AND (\(filter.state)::text IS NULL OR j.state = \(filter.state)::text)
                AND (\(filter.kind)::text IS NULL OR j.kind = \(filter.kind)::text)
                AND (\(filter.sub)::text IS NULL OR j.sub = \(filter.sub)::text)
              ORDER BY j.id DESC
@@ -106,6 +110,11 @@ package struct JobAdministration: Sendable {
                 finalizedAt: try row.decode(Date?.self, column: "finalized_at"),
                 guardsPendingDeletion: try row.decode(Bool.self, column: "guards_pending_deletion"))
         }
+    }
+
+    /// The job with this id, if there is one.
+    package func job(_ id: Int64) async throws -> Row? {
+        try await list(Filter(id: id, limit: 1)).first
     }
 
     /// Makes discarded jobs, and available jobs waiting out a retry backoff, available now. Errors

@@ -27,10 +27,14 @@ package struct ConfigurationSource: Sendable {
     /// Set by `withoutEnvironment()`: errors then name the flag (`--client-id`), the only way in.
     private var namesFlags = false
 
-    /// - Parameter booleanFlags: flags that take no value (`--json`).
+    /// - Parameters:
+    ///   - booleanFlags: flags that take no value (`--json`).
+    ///   - knownFlags: when given, every flag the program takes (without dashes, `booleanFlags`
+    ///     included): any other is refused here, before it could swallow the next word as its value
+    ///     (`--jsn` would otherwise read as "expects a value").
     package init(
         arguments: [String], environment: [String: String] = ProcessInfo.processInfo.environment,
-        booleanFlags: Set<String> = []
+        booleanFlags: Set<String> = [], knownFlags: Set<String>? = nil
     ) throws(ConfigurationError) {
         self.environment = environment
         var index = 0
@@ -42,8 +46,15 @@ package struct ConfigurationSource: Sendable {
                 continue
             }
             let body = argument.dropFirst(2)
+            let name = String(body.prefix { $0 != "=" })
+            if let knownFlags, !knownFlags.contains(name), !booleanFlags.contains(name) {
+                throw ConfigurationError(variable: "--" + name, problem: "unknown option")
+            }
             if let equals = body.firstIndex(of: "=") {
-                flags[String(body[..<equals])] = String(body[body.index(after: equals)...])
+                if booleanFlags.contains(name) {
+                    throw ConfigurationError(variable: "--" + name, problem: "takes no value (write --\(name) alone)")
+                }
+                flags[name] = String(body[body.index(after: equals)...])
             } else if booleanFlags.contains(String(body)) {
                 switches.insert(String(body))
             } else {

@@ -40,9 +40,21 @@ enum CLI {
         do {
             return try await PostgresConnection.connect(to: url, applicationName: "siwa-\(command)", logger: logger)
         } catch {
-            self.error(command, "database unreachable (DATABASE_URL): \(oneLine(error))")
+            self.error(command, databaseProblem(error))
             return nil
         }
+    }
+
+    /// A database error as one sentence for a person: an unreachable server is said so, with
+    /// libpq's reason (`connection to server at "db", port 5432 failed: Connection refused`) and
+    /// without the error type's dump; anything else is its first line.
+    static func databaseProblem(_ error: any Error) -> String {
+        guard let error = error as? PostgresError, error.code == .connectionFailed || error.code == .connectionLost else {
+            return oneLine(error)
+        }
+        let reason = error.message.split(separator: "\n", omittingEmptySubsequences: true).first
+            .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+        return "cannot reach the database DATABASE_URL names" + (reason.isEmpty ? "" : " (\(reason))")
     }
 
     static func oneLine(_ error: any Error) -> String {

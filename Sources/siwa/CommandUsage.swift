@@ -30,19 +30,58 @@ struct CommandUsage: Sendable {
     var synopsis: [String]
     var about: String
     var options: [Option] = []
-    /// The settings it reads: those of `reader`, plus `extraSettings`.
+    /// The settings it reads: those of `reader`, plus `extraSettings`, less `unusedSettings`.
     var reader: Setting.Reader?
     var extraSettings: [String] = []
+    /// Settings every program reads that this command does not (`siwa simulate` opens no database).
+    var unusedSettings: [String] = []
+    /// What the default column says for this command where it differs from the catalog's: `siwa
+    /// dev` makes the Apple credentials, so they are not "required" there.
+    var defaultsHere: [String: String] = [:]
     /// Anything else worth saying (examples, endpoints), printed last.
     var notes: String?
+    /// How many words may follow the command (`siwa jobs retry 12` has two); a further one is a
+    /// stray argument, refused with exit status 2 before the command runs.
+    var arguments: Arguments = .none
+
+    /// The words after the command name that are not flags.
+    enum Arguments: Sendable {
+        case none
+        /// At most this many (`siwa simulate TYPE`).
+        case upTo(Int)
+        /// The first word is an action; each allows this many words in all, itself included. An
+        /// unknown action is the command's own to refuse (it names the actions).
+        case actions([String: Int])
+
+        /// The first word past what is allowed, if any.
+        func stray(in words: [String]) -> String? {
+            let allowed: Int
+            switch self {
+            case .none: allowed = 0
+            case .upTo(let count): allowed = count
+            case .actions(let counts): allowed = words.first.flatMap { counts[$0] } ?? words.count
+            }
+            return words.count > allowed ? words[allowed] : nil
+        }
+    }
 
     var settings: [Setting] {
         SettingCatalog.all.filter { setting in
-            reader.map { setting.isRead(by: $0) } == true || extraSettings.contains(setting.name)
+            (reader.map { setting.isRead(by: $0) } == true || extraSettings.contains(setting.name))
+                && !unusedSettings.contains(setting.name)
+        }.map { setting in
+            guard let text = defaultsHere[setting.name] else { return setting }
+            var here = setting
+            (here.defaultValue, here.defaultNote) = (nil, text)
+            return here
         }
     }
 
     var switches: Set<String> { Set(options.filter { $0.value == nil }.map(\.name)) }
+
+    /// Every flag it takes that carries a value, without the dashes: its options and its settings
+    /// (and their `_FILE` forms), each also accepted as `--flag=value`.
+    var valueFlags: Set<String> { Set(knownVariables.map(ConfigurationSource.flagName(for:))).subtracting(switches) }
 
     /// Names `ConfigurationSource.unknownFlags(known:)` takes: each option and setting, and the
     /// settings' `_FILE` forms.

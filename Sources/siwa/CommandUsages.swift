@@ -44,7 +44,7 @@ extension JobsCommand {
             .init("force", nil, "cancel: also the revoke of a pending deletion (the account then waits for a new "
                 + "siwa.request_deletion call)"),
         ],
-        reader: .databaseCommands)
+        reader: .databaseCommands, arguments: .actions(["list": 1, "retry": 2, "cancel": 2]))
 }
 
 extension DevCommand {
@@ -61,7 +61,13 @@ extension DevCommand {
             .init("no-fake-apple", nil, "do not start the fake Apple (then the worker calls the real one, or none)"),
             .init("no-worker", nil, "start no worker: jobs wait in siwa.jobs"),
         ],
-        reader: .dev)
+        reader: .dev,
+        defaultsHere: Dictionary(uniqueKeysWithValues: ["SIWA_TEAM_ID", "SIWA_KEY_ID", "SIWA_PRIVATE_KEY_FILE", "SIWA_TOKEN_KEYS"].map {
+            ($0, "not needed: siwa dev makes throwaway ones the fake Apple accepts; set all four to use your own")
+        }).merging([
+            "DATABASE_URL": "unset: siwa dev starts a throwaway PostgreSQL",
+            "SIWA_CLIENT_IDS": "com.example.app",
+        ]) { $1 })
 }
 
 extension FakeAppleCommand {
@@ -122,7 +128,7 @@ extension SimulateCommand {
             .init("concurrency", "C", "sign-in with --count: sign-ins at a time", default: "1"),
             .init("no-code", nil, "sign-in: send no authorization code"),
         ],
-        reader: .simulate)
+        reader: .simulate, unusedSettings: ["DATABASE_URL"], arguments: .upTo(1))
 }
 
 extension AccountsCommand {
@@ -142,7 +148,7 @@ extension AccountsCommand {
             .init("rate", "N", "transfer: calls to Apple per second at most", default: "\(MigrationCallSettings().rate)"),
             .init("concurrency", "N", "transfer: calls to Apple at a time", default: "\(MigrationCallSettings().concurrency)"),
         ],
-        reader: .accounts)
+        reader: .accounts, arguments: .actions(["import": 1, "rotate-keys": 1, "transfer": 2]))
 }
 
 extension WebhooksCommand {
@@ -163,14 +169,16 @@ extension WebhooksCommand {
             .init("tls-cert-file", "CERT.pem", "sink: serve https:// with this certificate (PEM)", default: "plain http"),
             .init("tls-key-file", "KEY.pem", "sink: the certificate's private key (PEM)"),
         ],
-        reader: .webhooks, extraSettings: ["DATABASE_URL", "SIWA_LOG_LEVEL"])
+        reader: .webhooks, extraSettings: ["DATABASE_URL", "SIWA_LOG_LEVEL"],
+        arguments: .actions(["test": 1, "disable": 1, "sink": 1]))
 }
 
 extension ConsoleCommand {
     static let usage = CommandUsage(
         synopsis: ["siwa console [--listen 127.0.0.1:9400]"],
         about: "A web page for the people who run the service: the queue, pending deletions, paused client IDs, webhooks, "
-            + "each account's timeline, retry and cancel (POSTs with a per-session anti-forgery token). Reads with a login "
+            + "replication, each account's timeline, each job's page (/jobs/ID), every page stamped with when it was read "
+            + "and reloading every 30 s unless paused, retry and cancel (POSTs with a per-session anti-forgery token). Reads with a login "
             + "in siwa_worker (DATABASE_URL). Loopback by default; another address needs SIWA_CONSOLE_TOKENS and a login "
             + "page. Prints `console on http://HOST:PORT/`; runs until SIGINT or SIGTERM.",
         options: [.init("listen", "HOST:PORT", "where to listen (port 0: one the system picks)", default: "127.0.0.1:9400")],

@@ -17,7 +17,7 @@ let commands: [any CLICommand.Type] = [
 let hiddenCommands: [any CLICommand.Type] = [ConfigReferenceCommand.self]
 
 func overview() -> String {
-    var text = "usage: siwa <command> [--flag value ...]\n\ncommands:\n"
+    var text = "usage: siwa <command> [--flag value | --flag=value ...]\n\ncommands:\n"
     for command in commands { text += "  \(command.name.padding(toLength: 14, withPad: " ", startingAt: 0)) \(command.summary)\n" }
     text += "\n`siwa help COMMAND` (or `siwa COMMAND --help`) lists a command's flags and settings.\n"
     text += "Every setting is an environment variable (DATABASE_URL, ...) or the same name as a --kebab-case flag.\n"
@@ -57,10 +57,13 @@ if rest.contains("--help") || rest.contains("-h") {
 }
 let source: ConfigurationSource
 do {
-    source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches)
-    if let unknown = source.unknownFlags(known: command.usage.knownVariables).first {
-        throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option (siwa help \(name) lists them)")
+    source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches, knownFlags: command.usage.valueFlags)
+    if let stray = command.usage.arguments.stray(in: source.positional) {
+        throw ConfigurationError(variable: "\"\(stray)\"", problem: "unexpected argument (siwa help \(name) shows what it takes)")
     }
+} catch let error as ConfigurationError where error.problem == "unknown option" {
+    FileHandle.standardError.write(Data("siwa \(name): \(error) (siwa help \(name) lists them)\n".utf8))
+    exit(2)
 } catch {
     FileHandle.standardError.write(Data("siwa \(name): \(error)\n".utf8))
     exit(2)

@@ -38,7 +38,7 @@ import Testing
     @Test func fakeAppleHelpShowsEachTestEndpointWithAnExample() async throws {
         let run = try await Siwa.run(["help", "fake-apple"], environment: [:], timeout: .seconds(30))
         for endpoint in ["/fake/codes", "/fake/identity-tokens", "/fake/failures"] {
-            #expect(run.stdout.contains("curl -s -X POST BASE\(endpoint)"), "\(endpoint)")
+            #expect(run.stdout.contains(#"-X POST "$SIWA_APPLE_BASE_URL"\#(endpoint)"#), "\(endpoint)")
         }
     }
 

@@ -68,10 +68,10 @@ import Testing
             + (retired > 0 ? ", \(retired) earlier kept for a deletion to revoke" : "")
         return [
             ("client ID", json["client_id"] as? String ?? "?"), ("sub", json["sub"] as? String ?? "?"),
-            ("app_user_id", json["app_user_id"] as? String ?? "—"), ("status", json["status"] as? String ?? "?"),
-            ("email", email ?? "none"), ("email forwarding", json["email_forwarding"] as? String ?? "—"),
-            ("refresh token", tokens), ("linked", json["linked_at"] is String ? consoleTime(json["linked_at"]) : "—"),
-            ("sessions revoked", json["sessions_revoked_at"] is String ? consoleTime(json["sessions_revoked_at"]) : "—"),
+            ("app_user_id", json["app_user_id"] as? String ?? "none"), ("status", json["status"] as? String ?? "?"),
+            ("email", email ?? "none"), ("email forwarding", json["email_forwarding"] as? String ?? "none"),
+            ("refresh token", tokens), ("linked", json["linked_at"] is String ? consoleTime(json["linked_at"]) : "none"),
+            ("sessions revoked", json["sessions_revoked_at"] is String ? consoleTime(json["sessions_revoked_at"]) : "none"),
             ("updated", consoleTime(json["updated_at"])),
         ]
     }

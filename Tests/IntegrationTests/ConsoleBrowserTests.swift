@@ -2,8 +2,8 @@ import Foundation
 import TestTiming
 import Testing
 
-/// The console in a real browser: headless Chromium (Debian's `chromium`) loads the overview and an
-/// account's timeline; the test checks the DOM the browser built and keeps a screenshot of each.
+/// The console in a real browser: headless Chromium (Debian's `chromium`) loads the overview, an
+/// account's timeline and a job's page; the test checks the DOM the browser built and keeps a screenshot of each.
 @Suite(.serialized) struct ConsoleBrowserTests {
     static let chromium = "/usr/bin/chromium"
 
@@ -23,14 +23,20 @@ import Testing
             let timelinePage = console.base + URLPart(ConsoleFixture.clientID, ConsoleFixture.scriptSub)
             let timeline = try await browse(timelinePage, in: folder)
             #expect(timeline.contains("<ol class=\"timeline\">"), "\(timeline.prefix(2000))")
-            #expect(timeline.contains("exchange job #\(fixture.discardedExchange)"))
+            #expect(timeline.contains("exchange job <a href=\"/jobs/\(fixture.discardedExchange)\">#\(fixture.discardedExchange)</a>"))
             // The DOM holds the sub as text: the browser made no element of it.
             #expect(timeline.contains("000111.&lt;script&gt;alert(1)&lt;/script&gt;"))
             #expect(!timeline.lowercased().contains("<script"))
             let deleting = try await browse(console.base + URLPart(ConsoleFixture.clientID, ConsoleFixture.deletingSub), in: folder)
             #expect(deleting.contains("revoke failing: Apple answered 503 five times"))
 
-            for (name, url) in [("overview", console.base + "/"), ("timeline", timelinePage)] {
+            #expect(overview.contains("as of <time>") && overview.contains("<dt>replication</dt>"), "the overview's freshness and health")
+            let jobPage = console.base + "/jobs/\(fixture.discardedExchange)"
+            let job = try await browse(jobPage, in: folder)
+            #expect(job.contains("<h1>Job #\(fixture.discardedExchange)</h1>") && job.contains("invalid_grant") && job.contains("as of <time>"),
+                    "\(job.prefix(2000))")
+
+            for (name, url) in [("overview", console.base + "/"), ("timeline", timelinePage), ("job", jobPage)] {
                 let path = folder.appendingPathComponent("\(name).png").path
                 try await screenshot(url, to: path, in: folder)
                 let png = try Data(contentsOf: URL(fileURLWithPath: path))

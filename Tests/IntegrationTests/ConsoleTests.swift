@@ -77,7 +77,7 @@ import Testing
             Self.expectSafe(account, "the script account")
             let page = account.body
             #expect(page.contains("active, linked 2 h ago; a refresh token is held"), "\(page)")
-            let order = ["email-disabled", "exchange job #\(fixture.discardedExchange)", "email-enabled", "<strong>linked</strong>"]
+            let order = ["email-disabled", "exchange job <a href=\"/jobs/\(fixture.discardedExchange)\">#\(fixture.discardedExchange)</a>", "email-enabled", "<strong>linked</strong>"]
             let positions = order.map { page.range(of: $0)?.lowerBound }
             #expect(positions.allSatisfy { $0 != nil }, "timeline lacks one of \(order)")
             #expect(positions.compactMap { $0 } == positions.compactMap { $0 }.sorted(), "timeline not newest first")

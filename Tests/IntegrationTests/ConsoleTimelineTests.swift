@@ -83,7 +83,7 @@ import Testing
         #expect(body.contains("deleted") && body.contains("Apple accepted the revoke"), "\(body)")
         let errors = try await db.int("SELECT jsonb_array_length(errors) FROM siwa.jobs WHERE id = \(revoke)")
         #expect(body.components(separatedBy: "http_503 (Apple answered 503)").count - 1 == errors, "each failed attempt listed")
-        #expect(body.contains("revoke job #\(revoke)</strong>: <span class=\"state-completed\">completed</span>"), "\(body)")
+        #expect(body.contains("revoke job <a href=\"/jobs/\(revoke)\">#\(revoke)</a></strong>: <span class=\"state-completed\">completed</span>"), "\(body)")
         // Newest first: the follow-up, the deletion, the request, the link.
         let order = [
             "<strong>consent-revoked</strong> from Apple", "<strong>deleted</strong>", "<strong>deletion_requested</strong>",

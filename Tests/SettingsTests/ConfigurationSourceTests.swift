@@ -117,6 +117,28 @@ import Metrics
         #expect(source.unknownFlags(known: ["SIWA_LISTEN"]) == ["siwa-lisen"])
     }
 
+    /// With the program's flags known, a misspelt flag is named as unknown even when nothing follows
+    /// it (not "expects a value"), a switch given a value is refused, and `--flag=value` reads as
+    /// `--flag value`.
+    @Test func knownFlagsNameTheUnknownOneAndRefuseAValueForASwitch() throws {
+        let known: Set<String> = ["state", "database-url"]
+        #expect(throws: ConfigurationError(variable: "--jsn", problem: "unknown option")) {
+            try ConfigurationSource(arguments: ["--jsn"], environment: [:], booleanFlags: ["json"], knownFlags: known)
+        }
+        #expect(throws: ConfigurationError(variable: "--stat", problem: "unknown option")) {
+            try ConfigurationSource(arguments: ["--stat=x"], environment: [:], booleanFlags: ["json"], knownFlags: known)
+        }
+        #expect(throws: ConfigurationError(variable: "--json", problem: "takes no value (write --json alone)")) {
+            try ConfigurationSource(arguments: ["--json=yes"], environment: [:], booleanFlags: ["json"], knownFlags: known)
+        }
+        let source = try ConfigurationSource(
+            arguments: ["--state=discarded", "--database-url=postgresql://h/d?a=b", "--json", "list"], environment: [:],
+            booleanFlags: ["json"], knownFlags: known)
+        #expect(source.option("state") == "discarded")
+        #expect(try source.string("DATABASE_URL") == "postgresql://h/d?a=b", "only the first = splits")
+        #expect(source.isSet(switch: "json") && source.positional == ["list"])
+    }
+
     @Test func databaseURLShapeIsChecked() throws {
         let bad = try ConfigurationSource(arguments: [], environment: ["DATABASE_URL": "mysql-ish"])
         #expect(throws: ConfigurationError.self) { try CommonSettings.databaseURL(bad) }

@@ -56,7 +56,7 @@ free_port() {
 # ---------------------------------------------------------------------------------------------
 echo "== systemd units (deploy/systemd)"
 sd=$deploy/systemd
-units=(siwa-migrate.service siwa-receiver.service siwa-worker@.service)
+units=(siwa-migrate.service siwa-receiver.service siwa-worker@.service siwa-console.service)
 for u in "${units[@]}"; do [[ -f $sd/$u ]] && ok "$u exists" || fail "$u missing"; done
 
 if ! command -v systemd-analyze >/dev/null; then apt_install systemd || true; fi
@@ -67,12 +67,12 @@ if command -v systemd-analyze >/dev/null; then
     for b in siwa siwa-receiver siwa-worker; do printf '#!/bin/sh\nexit 0\n' >"$tmp/bin/$b"; chmod +x "$tmp/bin/$b"; done
     for u in "${units[@]}"; do sed "s#/usr/local/bin/#$tmp/bin/#g" "$sd/$u" >"$tmp/units/$u"; done
     ln -s siwa-worker@.service "$tmp/units/siwa-worker@1.service"
-    for u in siwa-migrate.service siwa-receiver.service siwa-worker@1.service; do
+    for u in siwa-migrate.service siwa-receiver.service siwa-worker@1.service siwa-console.service; do
         # Messages about the host (no systemd running as PID 1 in a container, other units) are
         # not ours: keep only lines naming our unit files.
         out=$(cd "$tmp/units" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "$tmp/units/$u" 2>&1)
         rc=$?
-        ours=$(grep -E "siwa-(migrate|receiver|worker)" <<<"$out" | grep -v 'Failed to open /etc/siwa' || true)
+        ours=$(grep -E "siwa-(migrate|receiver|worker|console)" <<<"$out" | grep -v 'Failed to open /etc/siwa' || true)
         if [[ $rc -eq 0 && -z $ours ]]; then
             ok "systemd-analyze verify $u"
         elif [[ -z $ours ]]; then

@@ -55,7 +55,7 @@ enum AccountsCommand: CLICommand {
                 return summary.failed == 0 ? 0 : 1
             }
         } catch {
-            FileHandle.standardError.write(Data("siwa accounts: \(error)\n".utf8))
+            CLI.error(name, CLI.databaseProblem(error))
             return 1
         }
     }

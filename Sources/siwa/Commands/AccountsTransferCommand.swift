@@ -45,7 +45,7 @@ enum AccountsTransferCommand {
             connection = try await PostgresConnection.connect(
                 to: settings.databaseURL, applicationName: "siwa-accounts-transfer", logger: settings.logger)
         } catch {
-            CLI.error(command, "database unreachable (DATABASE_URL): \(CLI.oneLine(error))")
+            CLI.error(command, CLI.databaseProblem(error))
             return 1
         }
         defer { connection.close() }

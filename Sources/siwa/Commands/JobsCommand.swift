@@ -126,6 +126,11 @@ enum JobsCommand: CLICommand {
         defer { connection.close() }
         let administration = JobAdministration(connection: connection)
         do {
+            // A job that is not there is a mistake worth saying, not "retried 0 jobs".
+            if case .id(let id) = target, try await administration.job(id) == nil {
+                CLI.error(name, "\(action): no job #\(id) (siwa jobs list shows the jobs there are)")
+                return 1
+            }
             if action == "retry" {
                 let retried = try await administration.retryReturningKinds(target, kind: kind)
                 print("retried \(retried.count) job\(retried.count == 1 ? "" : "s")")

@@ -21,15 +21,15 @@ enum MigrateCommand: CLICommand {
             return 2
         }
         let logger = Logger(label: "siwa-migrate", level: settings.logLevel)
+        guard let connection = await CLI.connect(name, url: databaseURL, logger: logger) else { return 1 }
+        defer { connection.close() }
         do {
-            let connection = try await PostgresConnection.connect(to: databaseURL, applicationName: "siwa-migrate", logger: logger)
-            defer { connection.close() }
             let applied = try await Migrator(logger: logger).migrate(connection)
             print(applied.summary)
             return 0
         } catch {
             logger.error("migration failed", metadata: ["error": "\(error)"])
-            FileHandle.standardError.write(Data("siwa migrate: \(error)\n".utf8))
+            CLI.error(name, CLI.databaseProblem(error))
             return 1
         }
     }

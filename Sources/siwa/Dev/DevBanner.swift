@@ -35,6 +35,10 @@ struct DevBanner {
         text += "  console                \(urls.console)  (the queue, deletions, each account's timeline)\n"
 
         text += "\nIn another terminal, paste these; then every siwa command finds this stack:\n"
+        // `siwa` typed as is: its folder goes first on PATH when the shell would not find this binary.
+        if siwa != "siwa", let slash = siwa.lastIndex(of: "/") {
+            text += "  export PATH=\"\(siwa[..<slash]):$PATH\"\n"
+        }
         text += "  export DATABASE_URL='\(urls.database)'\n"
         text += "  export SIWA_CLIENT_IDS=\(clientID)\n"
         text += "  export SIWA_RECEIVER_URL=\(urls.endpoint)\n"
@@ -65,7 +69,7 @@ struct DevBanner {
                     """
             }
         }
-        text += "\nWhat is in the database:\n  \(siwa) status\n"
+        text += "\nWhat is in the database (after pasting the lines above):\n  siwa status\n"
         return text
     }
 }

@@ -1,23 +1,23 @@
 import Foundation
-import Postgres
+package import Postgres
 
-/// Whether the database `siwa status` talks to has a synchronous standby: with one, a commit (and so
+/// Whether the database `siwa status` and the console's overview talk to has a synchronous standby: with one, a commit (and so
 /// a notification answered 200) is on the standby before it returns, and a failover loses nothing;
 /// without, the last commits before a crash of the primary can be lost.
-struct ReplicationStatus {
+package struct ReplicationStatus: Sendable {
     /// `synchronous_standby_names` (empty: commits wait for no standby).
-    var synchronousStandbyNames: String
+    package var synchronousStandbyNames: String
     /// `synchronous_commit` for this session's role and database (`off` / `local`: no wait either).
-    var synchronousCommit: String
+    package var synchronousCommit: String
     /// Standbys streaming from this server (`pg_stat_replication` rows).
-    var standbys: Int
+    package var standbys: Int
     /// Of those, the ones in `sync` or `quorum` state; nil when this role may not see the state
     /// (it needs `pg_read_all_stats` or superuser).
-    var synchronousStandbys: Int?
+    package var synchronousStandbys: Int?
     /// True on a standby (then the URL reached a read-only server, not the primary).
-    var inRecovery: Bool
+    package var inRecovery: Bool
 
-    static func load(_ connection: PostgresConnection) async throws -> ReplicationStatus {
+    package static func load(_ connection: PostgresConnection) async throws -> ReplicationStatus {
         let row = try await connection.query(
             """
             SELECT current_setting('synchronous_standby_names') AS names,
@@ -38,12 +38,12 @@ struct ReplicationStatus {
 
     /// Commits wait for a standby's flush: names are configured, the commit level waits for them, and
     /// one is attached in sync (or its state is hidden from this role, so assume the configuration holds).
-    var hasSynchronousStandby: Bool {
+    package var hasSynchronousStandby: Bool {
         !synchronousStandbyNames.isEmpty && !["off", "local"].contains(synchronousCommit)
             && (synchronousStandbys ?? 1) > 0
     }
 
-    var summary: String {
+    package var summary: String {
         if inRecovery { return "this server is a standby (read-only): DATABASE_URL should reach the primary" }
         if synchronousStandbyNames.isEmpty && standbys == 0 {
             return "no standby: losing this server loses the database (see High availability in deploy/README.md)"
@@ -63,7 +63,7 @@ struct ReplicationStatus {
         return "synchronous (\(synchronousStandbys) of \(standbys) streaming standbys in sync; synchronous_standby_names = \(synchronousStandbyNames))"
     }
 
-    var jsonObject: [String: Any] {
+    package var jsonObject: [String: Any] {
         [
             "synchronous_standby": hasSynchronousStandby,
             "synchronous_standby_names": synchronousStandbyNames,
