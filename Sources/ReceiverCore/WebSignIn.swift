@@ -211,7 +211,7 @@ package struct WebSignIn: Sendable {
 
     /// Apple's `error` as a code we pass on: letters, digits and `_` only, at most 64; else
     /// `authorization_failed` (a return URL never carries text an attacker chose).
-    static func errorCode(_ text: String) -> String {
+    package static func errorCode(_ text: String) -> String {
         let allowed = !text.isEmpty && text.utf8.count <= 64
             && text.unicodeScalars.allSatisfy { ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "_" }
         return allowed ? text : "authorization_failed"
@@ -219,7 +219,7 @@ package struct WebSignIn: Sendable {
 
     /// The name from Apple's `user` field (`{"name":{"firstName","lastName"},"email"}`, first
     /// authorization only) as the app API's `full_name` JSON; nil when there is none.
-    static func fullName(fromUser text: String?) -> String? {
+    package static func fullName(fromUser text: String?) -> String? {
         guard let text, let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
             let name = object["name"] as? [String: Any]
         else { return nil }
@@ -237,7 +237,7 @@ package struct WebSignIn: Sendable {
     }
 
     /// `url` with `parameters` added to its query, before any fragment.
-    static func adding(_ parameters: [(String, String)], to url: String) -> String {
+    package static func adding(_ parameters: [(String, String)], to url: String) -> String {
         guard !parameters.isEmpty else { return url }
         var base = Substring(url)
         var fragment: Substring = ""
