@@ -56,17 +56,7 @@ import Testing
             let replayed = try await stack.callback(form)
             #expect(replayed.status == 400 && replayed.location == nil, "\(replayed.body)")
 
-            let signedIn = try await stack.redeem(ticket)
-            #expect(signedIn.status == 200, "\(signedIn.body)")
-            #expect(signedIn.json["new"] as? Bool == true)
-            #expect(signedIn.json["sub"] as? String == "001.web.new")
-            #expect(signedIn.json["has_refresh_token"] as? Bool == true)
-            let name = signedIn.json["full_name"] as? [String: Any]
-            #expect(name?["given_name"] as? String == "Jane")
-            #expect(name?["family_name"] as? String == "Appleseed")
-            #expect(stack.api.fake.refreshTokens(clientID: "com.example.app", sub: "001.web.new").count == 1)
-            let exchanges = stack.api.fake.calls.filter { $0.endpoint == "token" }
-            #expect(exchanges.count == 1 && exchanges.first?.status == 200)
+            try await Self.expectNewSignIn(redeeming: ticket, sub: "001.web.new", in: stack)
 
             let again = try await stack.redeem(ticket)
             #expect(again.status == 401 && again.error == "ticket_invalid", "\(again.body)")
@@ -77,6 +67,22 @@ import Testing
                 #expect(!stack.api.log.contains(secret))
             }
         }
+    }
+
+    /// The ticket redeemed: 200, a new account named from `user`, its refresh token held; one
+    /// exchange, which the fake Apple answers only with the redirect URI of the authorization.
+    static func expectNewSignIn(redeeming ticket: String, sub: String, in stack: WebSignInStack) async throws {
+        let signedIn = try await stack.redeem(ticket)
+        #expect(signedIn.status == 200, "\(signedIn.body)")
+        #expect(signedIn.json["new"] as? Bool == true)
+        #expect(signedIn.json["sub"] as? String == sub)
+        #expect(signedIn.json["has_refresh_token"] as? Bool == true)
+        let name = signedIn.json["full_name"] as? [String: Any]
+        #expect(name?["given_name"] as? String == "Jane")
+        #expect(name?["family_name"] as? String == "Appleseed")
+        #expect(stack.api.fake.refreshTokens(clientID: "com.example.app", sub: sub).count == 1)
+        let exchanges = stack.api.fake.calls.filter { $0.endpoint == "token" }
+        #expect(exchanges.count == 1 && exchanges.first?.status == 200)
     }
 
     /// An app's own scheme (Android/iOS deep link) keeps its fragment after the added query.

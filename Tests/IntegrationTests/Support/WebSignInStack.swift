@@ -24,7 +24,7 @@ final class WebSignInStack: Sendable {
             "SIWA_CLIENT_IDS": "\(LifecycleHarness.clientID),\(AppAPIHarness.otherClientID)",
             "SIWA_LISTEN": "127.0.0.1:\(port)", "SIWA_APPLE_BASE_URL": api.fake.baseURL.absoluteString,
             "SIWA_LOG_LEVEL": "debug", "SIWA_PUBLIC_URL": base,
-            "SIWA_WEB_RETURN_URLS": "\(Self.returnURL),\(Self.appReturnURL),http://127.0.0.1:1/unused",
+            "SIWA_WEB_RETURN_URLS": "\(Self.returnURL),\(Self.appReturnURL),\(api.fake.baseURL.absoluteString)/fake/signed-in",
         ]
         if let maxPending { environment["SIWA_WEB_SIGN_IN_MAX_PENDING"] = String(maxPending) }
         do {
