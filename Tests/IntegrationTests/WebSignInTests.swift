@@ -174,6 +174,22 @@ import Testing
         }
     }
 
+    /// Redeemed by two back ends at once (a double submit): one sign-in, one `ticket_invalid`; a
+    /// late redemption too. The harness's ticket, made without a receiver, is what a model step uses.
+    @Test func aTicketRedeemedTwiceAtOnceSignsInOnce() async throws {
+        try await withAppAPI { api in
+            let ticket = try await api.webTicket(sub: "001.web.race")
+            async let first = api.redeemTicket(ticket)
+            async let second = api.redeemTicket(ticket)
+            let answers = try await [first, second]
+            #expect(answers.map(\.status).sorted() == [200, 401], "\(answers.map(\.body))")
+            #expect(answers.contains { $0.error == "ticket_invalid" })
+            #expect(api.fake.calls.filter { $0.endpoint == "token" }.count == 1)
+            let late = try await api.redeemTicket(ticket)
+            #expect(late.status == 401 && late.error == "ticket_invalid")
+        }
+    }
+
     /// Flooding the start URL: past the bound, 429 and nothing more kept; once the states expire,
     /// sign-ins start again.
     @Test func floodingTheStartURLIsBounded() async throws {

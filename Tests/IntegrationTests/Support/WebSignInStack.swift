@@ -1,3 +1,5 @@
+import AppleClient
+import CryptoCore
 import FakeApple
 import Foundation
 import OutboundHTTP
@@ -111,7 +113,7 @@ final class WebSignInStack: Sendable {
     }
 
     func redeem(_ ticket: String) async throws -> AppAPIHarness.Answer {
-        try await api.request("POST", "/v1/sign-in", body: ["ticket": ticket])
+        try await api.redeemTicket(ticket)
     }
 
     static func query(of url: String) -> [String: String] {
@@ -124,5 +126,41 @@ final class WebSignInStack: Sendable {
         var allowed = CharacterSet.alphanumerics
         allowed.insert(charactersIn: "-._~")
         return items.map { "\($0.0)=\($0.1.addingPercentEncoding(withAllowedCharacters: allowed) ?? "")" }.joined(separator: "&")
+    }
+}
+
+extension AppAPIHarness {
+    /// A web sign-in's ticket for `sub`, made without a receiver: what `GET /apple/sign-in` and its
+    /// callback store (`siwa.begin_web_sign_in`, then `siwa.finish_web_sign_in` with Apple's answer
+    /// from the fake: an identity token for the state's nonce, a code bound to `redirectURI`).
+    /// Redeem it with `POST /v1/sign-in {"ticket"}` (`redeemTicket`). For model steps and races.
+    func webTicket(
+        sub: String, clientID: String = LifecycleHarness.clientID, withCode: Bool = true,
+        redirectURI: String = "https://auth.example.com/apple/sign-in/callback", fullName: String? = #"{"given_name":"Jane"}"#
+    ) async throws -> String {
+        let state = Base64URL.encode(SecureRandom.bytes(count: 32))
+        let nonce = Base64URL.encode(SecureRandom.bytes(count: 32))
+        let ticket = Base64URL.encode(SecureRandom.bytes(count: 32))
+        let kept = try await connection.query(
+            """
+            SELECT siwa.begin_web_sign_in(\(SHA256.hash(Array(state.utf8))), \(clientID), 'https://app.example.com/signed-in', NULL,
+                                          \(nonce), \(redirectURI), 1000000)
+            """)[0].decode(Bool.self, at: 0)
+        let apple = fake.issueIdentityToken(
+            clientID: clientID, sub: sub, nonce: IdentityTokenVerifier.nonceClaim(rawNonce: nonce), email: "u@privaterelay.appleid.com",
+            isPrivateEmail: true, redirectURI: redirectURI)
+        let code: String? = withCode ? apple.authorizationCode : nil
+        let stored = try await connection.query(
+            """
+            SELECT ticket_stored FROM siwa.finish_web_sign_in(\(SHA256.hash(Array(state.utf8))), \(SHA256.hash(Array(ticket.utf8))),
+                                                              \(apple.identityToken), \(code), \(fullName)::jsonb, 1000000)
+            """)[0].decode(Bool.self, at: 0)
+        guard kept, stored else { throw HarnessError(message: "web ticket for \(sub): state kept \(kept), ticket stored \(stored)") }
+        return ticket
+    }
+
+    /// `POST /v1/sign-in {"ticket"}`.
+    func redeemTicket(_ ticket: String) async throws -> Answer {
+        try await request("POST", "/v1/sign-in", body: ["ticket": ticket])
     }
 }
