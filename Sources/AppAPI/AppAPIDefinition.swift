@@ -47,6 +47,9 @@ struct AppAPIEndpoint: Sendable {
     var body: [AppAPIField]?
     /// Whether a body must be sent (false: an empty body reads as `{}`).
     var bodyRequired = true
+    /// A second form of the body, read instead of `body` when the body has its member `when`
+    /// (`POST /v1/sign-in {"ticket"}`).
+    var alternateBody: AppAPIBodyForm? = nil
     var query: [AppAPIQueryParameter] = []
     var successStatus: Int
     /// JSON Schema of the success answer (a function: a schema is not Sendable data).
@@ -78,6 +81,12 @@ struct AppAPIEndpoint: Sendable {
         }
         return parameters
     }
+}
+
+/// The other form of an endpoint's body: its fields, chosen when the body has the member `when`.
+struct AppAPIBodyForm: Sendable {
+    var when: String
+    var fields: [AppAPIField]
 }
 
 /// A request checked against its endpoint: the path parameters, the body's members and the query.
@@ -122,7 +131,8 @@ struct AppAPIInput: Sendable {
                 guard let object = JSONValue.object(bytes) else { return .failure(.badRequest("the body must be a JSON object")) }
                 members = object
             }
-            for field in fields {
+            let form = endpoint.alternateBody.flatMap { members[$0.when] != nil ? $0.fields : nil } ?? fields
+            for field in form {
                 if let problem = check(field, members[field.name]) { return .failure(.badRequest(problem)) }
             }
         }

@@ -45,8 +45,16 @@ enum AppAPIEndpoints {
             AppAPIField(name: "full_name", kind: .stringMembers(namePartNames, maxLength: maximumNamePartLength),
                         summary: "The user's name, which Apple gives the client on the first authorization only; absent: the stored name is kept."),
         ],
+        alternateBody: AppAPIBodyForm(
+            when: "ticket",
+            fields: [
+                AppAPIField(name: "ticket", kind: .string(minLength: 1, maxLength: TicketSignIn.maximumTicketLength), required: true,
+                            nullable: false,
+                            summary: "The siwa_ticket a web or Android sign-in returned with (GET /apple/sign-in on the receiver): the sign-in is finished with the identity token, nonce, code, redirect URI and name Apple posted to the receiver's callback. Single use, valid 5 minutes.")
+            ]),
         successStatus: 200, successSchema: AppAPISchemas.signIn,
-        errors: [.badRequest, .codeInvalid, .nonceInvalid, .tokenInvalid, .accountDeleting, .tokenExchangeFailed, .keysUnavailable])
+        errors: [.badRequest, .codeInvalid, .nonceInvalid, .tokenInvalid, .ticketInvalid, .accountDeleting, .tokenExchangeFailed,
+                 .keysUnavailable])
 
     static let account = AppAPIEndpoint(
         name: "account", method: "GET", path: accountPath, summary: "The account, without its tokens.",

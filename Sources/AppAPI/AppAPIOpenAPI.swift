@@ -62,7 +62,7 @@ enum AppAPIOpenAPI {
         if let fields = endpoint.body {
             operation["requestBody"] = [
                 "required": endpoint.bodyRequired,
-                "content": ["application/json": ["schema": schema(of: fields)]],
+                "content": ["application/json": ["schema": bodySchema(endpoint, fields)]],
             ]
         }
         return operation
@@ -70,6 +70,13 @@ enum AppAPIOpenAPI {
 
     /// JSON Schema `pattern` of a string without U+0000 (PostgreSQL's text cannot hold it).
     static let noNUL = "^[^\\u0000]*$"
+
+    /// The body's schema; with a second form, either (`anyOf`: a body holding the members of both is
+    /// read as the second form, which its member `when` chooses).
+    static func bodySchema(_ endpoint: AppAPIEndpoint, _ fields: [AppAPIField]) -> [String: Any] {
+        guard let alternate = endpoint.alternateBody else { return schema(of: fields) }
+        return ["anyOf": [schema(of: fields), schema(of: alternate.fields)]]
+    }
 
     static func schema(of fields: [AppAPIField]) -> [String: Any] {
         var properties: [String: Any] = [:]

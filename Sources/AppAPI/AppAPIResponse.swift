@@ -17,6 +17,8 @@ struct AppAPIError: Error, Sendable, Equatable {
     static let methodNotAllowed = AppAPIError(status: 405, code: "method_not_allowed")
     static let nonceInvalid = AppAPIError(status: 401, code: "nonce_invalid")
     static let tokenInvalid = AppAPIError(status: 401, code: "token_invalid")
+    /// A web sign-in's ticket unknown, expired or already spent (`POST /v1/sign-in {"ticket"}`).
+    static let ticketInvalid = AppAPIError(status: 401, code: "ticket_invalid")
     static let accountDeleting = AppAPIError(status: 403, code: "account_deleting")
     static let accountNotFound = AppAPIError(status: 404, code: "account_not_found")
     static let codeInvalid = AppAPIError(status: 400, code: "code_invalid")

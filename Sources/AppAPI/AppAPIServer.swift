@@ -97,6 +97,8 @@ package final class AppAPIServer: Sendable {
             do {
                 let pruned = try await store.pruneNonces()
                 if pruned > 0 { logger.debug("expired nonces pruned", metadata: ["nonces.pruned": .int(pruned)]) }
+                let prunedWeb = try await store.pruneWebSignIns()
+                if prunedWeb > 0 { logger.debug("expired web sign-in states and tickets pruned", metadata: ["web_sign_in.pruned": .int(prunedWeb)]) }
             } catch {
                 logger.warning("could not prune expired nonces", metadata: ["error": "\(error)"])
             }
@@ -176,7 +178,13 @@ package final class AppAPIServer: Sendable {
     }
 
     private func signIn(_ input: AppAPIInput) async -> HTTPResponse {
-        switch await signIn.run(SignIn.Request(input)) {
+        let outcome =
+            if let ticket = input.string("ticket") {
+                await TicketSignIn(store: store, signIn: signIn, logger: logger).run(ticket: ticket)
+            } else {
+                await signIn.run(SignIn.Request(input))
+            }
+        switch outcome {
         case .success(let body): return AppAPIJSON.response(body)
         case .failure(let error): return error.response
         }

@@ -287,6 +287,12 @@ package final class FakeApple: Sendable {
             answer(endpoint: "usermigrationinfo", clientID: form["client_id"], grantType: nil, respond: respond) { [self] in
                 userMigrationInfo(form, authorization: bearer)
             }
+        case ("GET", "/auth/authorize"):
+            respond(authorize(request.query))
+        case ("GET", "/fake/signed-in"):
+            respond(signedInPage(request.query))
+        case ("POST", "/fake/authorize-user"):
+            respond(adminAuthorizeUser(request))
         case ("POST", "/fake/codes"):
             respond(adminRegisterCode(request))
         case ("POST", "/fake/identity-tokens"):

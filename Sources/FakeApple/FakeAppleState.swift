@@ -69,6 +69,8 @@ package enum FakeAppleFailure: Sendable, Equatable {
 }
 
 struct FakeAppleState {
+    /// Who `GET /auth/authorize` signs in without asking (tests); nil: it shows its chooser.
+    var authorizeUser: FakeAppleAuthorizeUser?
     struct Code {
         var clientID: String
         var sub: String

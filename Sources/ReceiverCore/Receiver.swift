@@ -4,6 +4,7 @@ import HTTPServer
 package import Logging
 package import Metrics
 import Lifecycle
+import Postgres
 import Settings
 
 /// The running receiver: Apple's key set, the group-commit store, and the HTTP listener.
@@ -14,6 +15,8 @@ package final class Receiver: Service {
     private let keys: AppleKeySet
     private let store: NotificationStore
     private let server: HTTPServer
+    /// The web sign-in's connections (nil when it is not served).
+    private let webSignInPool: PostgresPool?
 
     package init(configuration: ReceiverConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -47,10 +50,22 @@ package final class Receiver: Service {
                 failures: metrics.counter(
                     "siwa_receiver_commit_failures_total",
                     help: "Commits that failed for a reason other than the rows (answered 503).")))
+        var webSignIn: WebSignIn?
+        if let settings = configuration.webSignIn {
+            let pool = PostgresPool(
+                conninfo: configuration.databaseURL, size: 2, acquireTimeout: configuration.commitTimeout,
+                applicationName: "siwa-receiver-web", logger: logger)
+            webSignInPool = pool
+            webSignIn = WebSignIn(
+                settings: settings, clientIDs: configuration.clientIDs, appleBaseURL: configuration.appleBaseURL, pool: pool,
+                timeout: configuration.commitTimeout, metrics: metrics, logger: logger)
+        } else {
+            webSignInPool = nil
+        }
         let handler = ReceiverHandler(
             notificationPath: configuration.notificationPath,
             verifier: NotificationVerifier(clientIDs: configuration.clientIDs, keys: keys),
-            store: store, keys: keys, metrics: metrics, logger: logger)
+            store: store, keys: keys, metrics: metrics, logger: logger, webSignIn: webSignIn)
         server = HTTPServer(
             configuration: .init(
                 host: configuration.listen.host, port: configuration.listen.port,
@@ -73,12 +88,21 @@ package final class Receiver: Service {
                 "listen": "\(configuration.listen.host):\(server.port)", "path": .string(configuration.notificationPath),
                 "client_ids": .string(configuration.clientIDs.joined(separator: ",")),
             ])
+        if let settings = configuration.webSignIn {
+            logger.info(
+                "siwa-receiver serves web sign-in",
+                metadata: [
+                    "start": .string(settings.publicURL + WebSignIn.startPath), "redirect_uri": .string(settings.redirectURI),
+                    "return_urls": .int(settings.returnURLs.count),
+                ])
+        }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { [keys] in await keys.run() }
             await Termination.untilCancelled()
             logger.info("siwa-receiver stopping")
             server.stop()
             store.stop()
+            webSignInPool?.close()
             group.cancelAll()
         }
         logger.info("siwa-receiver stopped")

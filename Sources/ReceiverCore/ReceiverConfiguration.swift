@@ -35,6 +35,8 @@ package struct ReceiverConfiguration: Sendable {
     package var commitTimeout: Duration
     /// Least time between two fetches of Apple's keys caused by unknown kids (seconds).
     package var keyRefetchInterval: Int
+    /// The web and Android sign-in flow (`SIWA_PUBLIC_URL`); nil: not served.
+    package var webSignIn: WebSignInSettings?
 
     package init(_ source: ConfigurationSource) throws(ConfigurationError) {
         try source.rejectUnknownFlags(Self.variables)
@@ -68,5 +70,6 @@ package struct ReceiverConfiguration: Sendable {
         commitTimeout = try source.duration(
             "SIWA_RECEIVER_COMMIT_TIMEOUT", default: .seconds(5), range: .milliseconds(100) ... .seconds(600))
         keyRefetchInterval = try source.integer("SIWA_JWKS_REFETCH_INTERVAL", default: 10, range: 1...3600)
+        webSignIn = try WebSignInSettings.read(source)
     }
 }

@@ -20,11 +20,13 @@ package struct ReceiverHandler<Store: NotificationStoring>: HTTPHandler {
     private let verifySeconds: Histogram
     private let answerSeconds: Histogram
     private let received: Counter
+    private let webSignIn: WebSignIn?
 
     package init(
         notificationPath: String, verifier: NotificationVerifier, store: Store, keys: AppleKeySet,
-        metrics: MetricsRegistry, logger: Logger
+        metrics: MetricsRegistry, logger: Logger, webSignIn: WebSignIn? = nil
     ) {
+        self.webSignIn = webSignIn
         self.notificationPath = notificationPath
         self.verifier = verifier
         self.store = store
@@ -63,6 +65,7 @@ package struct ReceiverHandler<Store: NotificationStoring>: HTTPHandler {
     }
 
     package func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
+        if let webSignIn, webSignIn.handle(request, respond: respond) { return }
         switch (request.method, request.path) {
         case ("POST", notificationPath):
             receive(request, respond: respond)

@@ -58,6 +58,16 @@ package enum SettingCatalog {
         Setting(
             "SIWA_JWKS_REFETCH_INTERVAL", [.receiver], default: "10",
             "least seconds between two fetches of Apple's keys caused by unknown `kid`s"),
+        Setting(
+            "SIWA_PUBLIC_URL", [.receiver], note: "unset: web sign-in not served", example: "https://auth.example.com",
+            "public base URL of the receiver behind its TLS proxy (`https://`; `http://` only to a loopback address; no path); Apple's redirect URI is `{SIWA_PUBLIC_URL}/apple/sign-in/callback` (register it for the Services ID)"),
+        Setting(
+            "SIWA_WEB_RETURN_URLS", [.receiver], note: "required with `SIWA_PUBLIC_URL`",
+            example: "https://app.example.com/signed-in,com.example.app:/signed-in",
+            "comma-separated URLs a web sign-in may return to, compared exactly; `https://`, `http://` only to a loopback address, or an app's own scheme; never `javascript:`, `data:` or `file:`"),
+        Setting(
+            "SIWA_WEB_SIGN_IN_MAX_PENDING", [.receiver], default: "10000",
+            "unspent web sign-in states (and, apart, tickets) kept at once; past it `GET /apple/sign-in` answers 429 `too_many_sign_ins`"),
     ]
 
     static let worker: [Setting] = [

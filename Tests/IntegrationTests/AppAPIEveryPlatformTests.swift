@@ -228,8 +228,15 @@ import Testing
             let signIn = try #require(paths["/v1/sign-in"]?["post"] as? [String: Any])
             let body = try #require(
                 ((signIn["requestBody"] as? [String: Any])?["content"] as? [String: Any])?["application/json"] as? [String: Any])
-            let fields = try #require((body["schema"] as? [String: Any])?["properties"] as? [String: Any])
+            // Two forms: the native one, and a web sign-in's ticket.
+            let forms = try #require((body["schema"] as? [String: Any])?["anyOf"] as? [[String: Any]])
+            let fields = try #require(forms.first?["properties"] as? [String: Any])
             #expect(Set(fields.keys) == ["client_id", "identity_token", "nonce", "authorization_code", "redirect_uri", "full_name"])
+            let ticketForm = try #require(forms.last)
+            #expect(Set(((ticketForm["properties"] as? [String: Any]) ?? [:]).keys) == ["ticket"])
+            #expect(ticketForm["required"] as? [String] == ["ticket"])
+            let unauthorized = ((signIn["responses"] as? [String: Any])?["401"] as? [String: Any])?["description"] as? String
+            #expect(unauthorized?.contains("ticket_invalid") == true, "\(unauthorized ?? "")")
             let responses = try #require(signIn["responses"] as? [String: Any])
             for status in ["200", "400", "401", "403", "413", "502", "503"] { #expect(responses[status] != nil, "\(status)") }
         }

@@ -50,17 +50,18 @@ import Testing
     /// `chromium --headless --dump-dom URL`: the DOM after parsing, as the browser serialises it.
     private func browse(_ url: String, in folder: URL) async throws -> String {
         let output = folder.appendingPathComponent("dom-\(UUID().uuidString).html")
-        try await runChromium(["--dump-dom", url], stdout: output, in: folder)
+        try await Self.runChromium(["--dump-dom", url], stdout: output, in: folder)
         return try String(contentsOf: output, encoding: .utf8)
     }
 
     private func screenshot(_ url: String, to path: String, in folder: URL) async throws {
-        try await runChromium(["--screenshot=\(path)", "--window-size=1280,1400", "--hide-scrollbars", url],
+        try await Self.runChromium(["--screenshot=\(path)", "--window-size=1280,1400", "--hide-scrollbars", url],
                               stdout: folder.appendingPathComponent("screenshot.log"), in: folder)
     }
 
     /// One headless run with a profile of its own (tests beside it may run another Chromium), bounded.
-    private func runChromium(_ arguments: [String], stdout: URL, in folder: URL) async throws {
+    /// Also WebSignInBrowserTests'.
+    static func runChromium(_ arguments: [String], stdout: URL, in folder: URL) async throws {
         let profile = folder.appendingPathComponent("profile-\(UUID().uuidString)")
         _ = FileManager.default.createFile(atPath: stdout.path, contents: nil)
         let log = folder.appendingPathComponent("chromium-\(UUID().uuidString).log")

@@ -199,6 +199,38 @@ denied rcv siwa "INSERT siwa.accounts" "INSERT INTO siwa.accounts (client_id, su
 denied rcv siwa "call siwa.apply_notification" "SELECT siwa.apply_notification('n1', 1)"
 denied rcv siwa "call siwa.request_deletion" "SELECT siwa.request_deletion('c', 's')"
 
+echo "== web sign-in (receiver keeps and spends states, stores tickets; the worker redeems)"
+state_hash="sha256('state-1'::bytea)"
+begin_ws="SELECT siwa.begin_web_sign_in($state_hash, 'com.example.app', 'https://app.example.com/done', 'a1', 'raw-nonce-1',
+          'https://auth.example.com/apple/sign-in/callback', 10)"
+expect "the receiver keeps a state through siwa.begin_web_sign_in" "$(q rcv siwa "$begin_ws")" t
+expect "siwa.begin_web_sign_in runs as its owner" \
+    "$(q postgres siwa "SELECT prosecdef FROM pg_proc WHERE proname = 'begin_web_sign_in'")" t
+expect "the receiver spends it and stores a ticket through siwa.finish_web_sign_in" \
+    "$(q rcv siwa "SELECT valid || '/' || return_to || '/' || app_state || '/' || ticket_stored
+                   FROM siwa.finish_web_sign_in($state_hash, sha256('ticket-1'::bytea), 'h.p.s', 'c0de', NULL, 10)")" \
+    "true/https://app.example.com/done/a1/true"
+expect "a spent state is not valid again" \
+    "$(q rcv siwa "SELECT valid FROM siwa.finish_web_sign_in($state_hash, NULL, NULL, NULL, NULL, 10)")" f
+denied rcv siwa "SELECT siwa.web_sign_in_states" "SELECT * FROM siwa.web_sign_in_states"
+denied rcv siwa "SELECT siwa.web_sign_in_tickets" "SELECT * FROM siwa.web_sign_in_tickets"
+denied rcv siwa "DELETE siwa.web_sign_in_tickets" "DELETE FROM siwa.web_sign_in_tickets"
+denied rcv siwa "INSERT a ticket directly" \
+    "INSERT INTO siwa.web_sign_in_tickets (ticket_hash, client_id, identity_token, nonce, redirect_uri, expires_at)
+     VALUES (sha256('t'::bytea), 'c', 'h.p.s', 'n', 'https://x', now() + interval '1 hour')"
+denied rcv siwa "INSERT a nonce directly" "INSERT INTO siwa.sign_in_nonces VALUES (sha256('n'::bytea), now())"
+denied rcv siwa "redeem a ticket (siwa.redeem_web_sign_in_ticket)" "SELECT * FROM siwa.redeem_web_sign_in_ticket(sha256('ticket-1'::bytea))"
+denied app siwa "redeem a ticket (siwa.redeem_web_sign_in_ticket)" "SELECT * FROM siwa.redeem_web_sign_in_ticket(sha256('ticket-1'::bytea))"
+denied app siwa "keep a state (siwa.begin_web_sign_in)" "$begin_ws"
+expect "the worker redeems the ticket once" \
+    "$(q wrk siwa "SELECT client_id || '/' || nonce || '/' || authorization_code FROM siwa.redeem_web_sign_in_ticket(sha256('ticket-1'::bytea))")" \
+    "com.example.app/raw-nonce-1/c0de"
+expect "a redeemed ticket is gone" \
+    "$(q wrk siwa "SELECT count(*) FROM siwa.redeem_web_sign_in_ticket(sha256('ticket-1'::bytea))")" 0
+expect "the ticket's nonce is a live sign-in nonce, spent by the sign-in" \
+    "$(q wrk siwa "SELECT siwa.consume_nonce(sha256('raw-nonce-1'::bytea))")" t
+allowed wrk siwa "prune expired states and tickets" "SELECT siwa.prune_web_sign_ins(100)"
+
 echo "== worker (siwa_worker)"
 allowed rcv siwa "INSERT a second notification" "$(insert_n n2 email-disabled s2)"
 claim="UPDATE siwa.jobs SET state = 'running', attempt = attempt + 1, locked_by = 'check', locked_until = now() + interval '1 minute'

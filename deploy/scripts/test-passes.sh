@@ -4,7 +4,7 @@
 # rest beside each other. All in one parallel pass starved two cores: 30 s bounds ran out, and a
 # siwa dev was twice stopped by a SIGTERM from a sender not yet found (Tests/README.md, the open
 # note).
-process_suites='DevFlowTests|DevCleanupTests|TestProcessCrashTests|ProcessDiedTests|ConsoleBrowserTests|ConsoleTimelineTests|CLIHelpTests|LocalHTTPSTests|CallsOutTests'
+process_suites='DevFlowTests|DevCleanupTests|TestProcessCrashTests|ProcessDiedTests|ConsoleBrowserTests|WebSignInBrowserTests|WebSignInTests|ConsoleTimelineTests|CLIHelpTests|LocalHTTPSTests|CallsOutTests'
 
 # run_test_passes ARGS...: `swift test ARGS` over the rest, then over the process-heavy suites.
 # Both passes run; the status is 1 when either failed.

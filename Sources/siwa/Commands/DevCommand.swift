@@ -1,3 +1,4 @@
+import AppleClient
 import Console
 import HTTPServer
 import CryptoCore
@@ -171,6 +172,8 @@ final class DevStack: @unchecked Sendable {
         var console: String
         /// The throwaway CA the children trust (`SIWA_CA_FILE`), when the fake Apple serves `https://`.
         var caFile: String?
+        /// A web sign-in to open in a browser (receiver → fake Apple's page → callback → the fake's return page).
+        var webSignIn: String? = nil
     }
 
     private func start() async throws -> URLs {
@@ -272,6 +275,15 @@ final class DevStack: @unchecked Sendable {
             receiverEnvironment[secret] = nil  // the receiver holds no Apple secrets
             receiverEnvironment[secret + "_FILE"] = nil
         }
+        // Web sign-in, served: the receiver on loopback is its own public URL, and the fake Apple's
+        // page shows where a sign-in returns (unless the operator set either).
+        var webReturnURL: String?
+        if let fakeApple, environment["SIWA_PUBLIC_URL"] == nil, CommonSettings.isLoopback(listen.host), listen.port != 0 {
+            let returnURL = fakeApple + "/fake/signed-in"
+            receiverEnvironment["SIWA_PUBLIC_URL"] = "http://\(Self.dialHost(listen.host)):\(listen.port)"
+            receiverEnvironment["SIWA_WEB_RETURN_URLS"] = environment["SIWA_WEB_RETURN_URLS"] ?? returnURL
+            webReturnURL = environment["SIWA_WEB_RETURN_URLS"] == nil ? returnURL : nil
+        }
         try spawn("receiver", receiverPath, environment: receiverEnvironment)
 
         var workerEnvironment = environment
@@ -314,7 +326,11 @@ final class DevStack: @unchecked Sendable {
         return URLs(
             database: databaseURL, receiver: receiver, endpoint: receiver + settings.notificationPath,
             workerOps: "http://\(Self.dialHost(opsListen.host)):\(opsListen.port)", appAPI: appAPI, fakeApple: fakeApple,
-            appleBase: appleBase, console: console, caFile: certificates?.caFile)
+            appleBase: appleBase, console: console, caFile: certificates?.caFile,
+            webSignIn: webReturnURL.map { returnURL in
+                let clientID = settings.clientIDs.split(separator: ",").first.map(String.init) ?? "com.example.app"
+                return receiver + "/apple/sign-in?" + FormEncoding.encode([("client_id", clientID), ("return_to", returnURL)])
+            })
     }
 
     /// The operator console, in this process: 127.0.0.1:9400, or a port the system picks when that

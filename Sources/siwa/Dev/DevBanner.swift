@@ -33,6 +33,9 @@ struct DevBanner {
         }
         text += "  DATABASE_URL           \(urls.database)\n"
         text += "  console                \(urls.console)  (the queue, deletions, each account's timeline)\n"
+        if let webSignIn = urls.webSignIn {
+            text += "  web sign-in            \(webSignIn)  (open in a browser: the fake Apple's page, then a ticket to redeem)\n"
+        }
 
         text += "\nIn another terminal, paste these; then every siwa command finds this stack:\n"
         // `siwa` typed as is: its folder goes first on PATH when the shell would not find this binary.
