@@ -57,6 +57,7 @@ if rest.contains("--help") || rest.contains("-h") {
 }
 let source: ConfigurationSource
 do {
+    try CommonSettings.checkProxyVariables()
     source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches)
     if let unknown = source.unknownFlags(known: command.usage.knownVariables).first {
         throw ConfigurationError(variable: "--\(unknown)", problem: "unknown option (siwa help \(name) lists them)")
