@@ -17,11 +17,15 @@ struct AppAPIEdgeTests {
         var api: String
         var ops: String
         var connection: PostgresConnection
+        var apple: FakeAppleForWorkers
     }
 
     /// A worker serving the app API on 127.0.0.1 against the fake Apple.
-    func withAppAPIWorker<T>(_ extra: [String: String] = [:], _ body: (Served) async throws -> T) async throws -> T {
+    func withAppAPIWorker<T>(
+        _ extra: [String: String] = [:], prepare: (FakeAppleForWorkers) -> Void = { _ in }, _ body: (Served) async throws -> T
+    ) async throws -> T {
         try await withWorkersAgainstFakeApple { apple, database, connection, teardown in
+            prepare(apple)
             let environment = apple.environment.merging(["SIWA_APP_API_LISTEN": "127.0.0.1:0", "SIWA_APP_API_TOKENS": Self.token]) { $1 }
             let worker = try database.startWorker(environment.merging(extra) { $1 })
             teardown.add { await worker.stop() }
@@ -36,7 +40,7 @@ struct AppAPIEdgeTests {
                 else { return nil }
                 return port
             }
-            return try await body(Served(worker: worker, api: "http://127.0.0.1:\(apiPort)", ops: "http://127.0.0.1:\(opsPort)", connection: connection))
+            return try await body(Served(worker: worker, api: "http://127.0.0.1:\(apiPort)", ops: "http://127.0.0.1:\(opsPort)", connection: connection, apple: apple))
         }
     }
 
