@@ -26,7 +26,7 @@ enum AppAPIEndpoints {
     static let nonces = AppAPIEndpoint(
         name: "nonces", method: "POST", path: [.literal("v1"), .literal("nonces")],
         summary: "Issues a single-use nonce; its SHA-256 (lowercase hex) goes into Apple's authorization request.",
-        body: nil, successStatus: 201, successSchema: AppAPISchemas.nonce, errors: [])
+        body: nil, successStatus: 201, successSchema: AppAPISchemas.nonce, errors: [.tooManyNonces])
 
     static let signIn = AppAPIEndpoint(
         name: "sign_in", method: "POST", path: [.literal("v1"), .literal("sign-in")],

@@ -8,6 +8,7 @@ struct AppAPIMetrics: Sendable {
     private let registry: MetricsRegistry
     private let requests = Locked<[String: Counter]>([:])
     private let exchangeFailures = Locked<[String: Counter]>([:])
+    private let refusals = Locked<[String: Counter]>([:])
     let signInSeconds: Histogram
     private let unkeptTokensQueued: Counter
 
@@ -34,6 +35,21 @@ struct AppAPIMetrics: Sendable {
                     labels: ["endpoint": endpoint, "status": String(status)])
             counters[key] = counter
             counter.increment()
+        }
+    }
+
+    /// Connections the HTTP layer refused or cut off, by reason (`ConnectionRefusal`'s raw values).
+    func connectionsRefused(_ reason: String, count: Int) {
+        let registry = registry
+        refusals.withLock { counters in
+            let counter =
+                counters[reason]
+                ?? registry.counter(
+                    "siwa_app_api_connections_refused_total",
+                    help: "App API connections refused (per_address_limit, connection_limit) or closed for not sending a whole request in time (request_timeout).",
+                    labels: ["reason": reason])
+            counters[reason] = counter
+            counter.increment(by: count)
         }
     }
 

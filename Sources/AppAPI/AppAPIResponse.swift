@@ -25,6 +25,8 @@ struct AppAPIError: Error, Sendable, Equatable {
     static let tokenExchangeFailed = AppAPIError(status: 502, code: "token_exchange_failed")
     /// Apple's keys could not be fetched and none is cached for the token's `kid` (the receiver's 503).
     static let keysUnavailable = AppAPIError(status: 503, code: "keys_unavailable")
+    /// `SIWA_NONCE_MAX_UNSPENT` unspent nonces are kept already (sent with `Retry-After`).
+    static let tooManyNonces = AppAPIError(status: 429, code: "too_many_nonces")
     /// The database did not answer within its bound, or failed.
     static let databaseUnavailable = AppAPIError(status: 503, code: "database_unavailable")
 

@@ -19,9 +19,15 @@ import Settings
 /// sign-in crosses no thread of ours between its bytes arriving and its answer leaving. A thread
 /// per connection bounds the threads by the connection limit (512).
 ///
-/// Every request is authenticated first (bearer token, constant-time), before routing or any
-/// other work. Bodies are at most 16 KiB (larger: 413 from the HTTP layer, unread). Database
+/// Every request is authenticated first (bearer token, constant-time), as soon as its headers are
+/// in: before its body is read, its target decoded, routing or any other work (`HTTPServer`'s
+/// `admit`). Bodies are at most 16 KiB (larger: 413 from the HTTP layer, unread). Database
 /// calls are bounded (`AppAPIStore`), Apple calls at 5 s. Internal network only.
+///
+/// The edge (CONTRACT.md, "App API edge"): a request must arrive whole within
+/// `SIWA_APP_API_REQUEST_TIMEOUT`, one address holds at most `SIWA_APP_API_CONNECTIONS_PER_ADDRESS`
+/// connections (more are closed as they are accepted), and both are counted
+/// (`siwa_app_api_connections_refused_total`) and logged (`AppAPIRefusalLog`).
 package final class AppAPIServer: Sendable {
     /// Largest request body read.
     static let maximumBodyBytes = 16 * 1024
@@ -37,6 +43,10 @@ package final class AppAPIServer: Sendable {
     private let keys: AppleKeySet
     private let metrics: AppAPIMetrics
     private let logger: Logger
+    private let refusalLog: AppAPIRefusalLog
+    /// Until when `POST /v1/nonces` answers 429 without asking the database: the cap was found
+    /// reached, and counting up to it again on every request would let a client keep the database busy.
+    private let noncesRefusedUntil = Locked<(until: ContinuousClock.Instant, retryAfter: Int)?>(nil)
     private let server: Locked<HTTPServer?> = Locked(nil)
 
     /// - Parameters:
@@ -54,6 +64,7 @@ package final class AppAPIServer: Sendable {
         keys = apple.identityVerifier.keys
         metrics = AppAPIMetrics(registry: registry)
         self.logger = logger
+        refusalLog = AppAPIRefusalLog(logger: logger)
         let client = AppleAuthClient(
             http: AppleHTTP(baseURL: apple.client.http.baseURL, timeout: appleTimeout, caCertificates: apple.client.http.caCertificates), signer: apple.client.signer)
         signIn = SignIn(
@@ -66,12 +77,21 @@ package final class AppAPIServer: Sendable {
 
     /// Serves until the task is cancelled; keeps Apple's keys warm and prunes expired nonces meanwhile.
     package func run() async throws {
+        var settings = HTTPServer.Configuration(
+            host: configuration.listen.host, port: configuration.listen.port, connectionLimit: 512,
+            perIPConnectionLimit: configuration.connectionsPerAddress,
+            // Idle a little less than the request deadline, so that the connections the deadline
+            // cuts (and counts) are ones that sent something, not kept-alive ones gone quiet.
+            connectionTimeout: max(.seconds(1), min(.seconds(30), configuration.requestTimeout - .seconds(1))),
+            maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5),
+            requestDeadline: configuration.requestTimeout, threadPerConnection: true)
+        settings.admit = { [self] header in isAuthorized(header("Authorization")) ? nil : AppAPIError.unauthorized.response }
+        settings.onRefusal = { [metrics, refusalLog] reason, count in
+            metrics.connectionsRefused(reason.rawValue, count: count)
+            refusalLog.record(reason.rawValue, count: count)
+        }
         let http = HTTPServer(
-            configuration: .init(
-                host: configuration.listen.host, port: configuration.listen.port, connectionLimit: 512,
-                connectionTimeout: .seconds(30), maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5),
-                threadPerConnection: true),
-            logger: logger, respondOnConnectionThread: { [self] request in await respond(to: request) })
+            configuration: settings, logger: logger, respondOnConnectionThread: { [self] request in await respond(to: request) })
         try http.start()
         server.withLock { $0 = http }
         logger.info(
@@ -92,17 +112,27 @@ package final class AppAPIServer: Sendable {
         server.withLock { $0 = nil }
     }
 
+    /// Every 30 s: deletes every expired nonce, in batches (so each is gone within a minute of
+    /// expiring, however fast they were issued: at most `SIWA_NONCE_MAX_UNSPENT` can be waiting),
+    /// and logs the connection refusals a quiet minute left unlogged.
     private func pruneLoop() async {
+        let batch = 10_000
         while !Task.isCancelled {
+            var pruned = 0
             do {
-                let pruned = try await store.pruneNonces()
-                if pruned > 0 { logger.debug("expired nonces pruned", metadata: ["nonces.pruned": .int(pruned)]) }
+                var last = batch
+                while last == batch, !Task.isCancelled {
+                    last = try await store.pruneNonces(limit: batch)
+                    pruned += last
+                }
                 let prunedWeb = try await store.pruneWebSignIns()
                 if prunedWeb > 0 { logger.debug("expired web sign-in states and tickets pruned", metadata: ["web_sign_in.pruned": .int(prunedWeb)]) }
             } catch {
                 logger.warning("could not prune expired nonces", metadata: ["error": "\(error)"])
             }
-            try? await Task.sleep(for: .seconds(60))
+            if pruned > 0 { logger.debug("expired nonces pruned", metadata: ["nonces.pruned": .int(pruned)]) }
+            refusalLog.flush()
+            try? await Task.sleep(for: .seconds(30))
         }
     }
 
@@ -120,7 +150,7 @@ package final class AppAPIServer: Sendable {
     /// Matches the request against `AppAPIEndpoints` (a known path with another method: 405), checks
     /// its input against the same declaration, and hands it to the endpoint's handler.
     private func route(_ request: HTTPRequest) async -> (endpoint: String, HTTPResponse) {
-        guard isAuthorized(request) else { return ("unauthorized", AppAPIError.unauthorized.response) }
+        // Authorized already: the HTTP layer asked `isAuthorized` as the headers came in.
         let parts = request.path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
         var pathKnown = false
         for endpoint in AppAPIEndpoints.all {
@@ -155,8 +185,8 @@ package final class AppAPIServer: Sendable {
 
     /// `Authorization: Bearer <token>` matching one configured token. Every configured token is
     /// compared (constant time each), so the answer's timing says nothing about which came close.
-    private func isAuthorized(_ request: HTTPRequest) -> Bool {
-        guard let header = request.header("authorization"), header.count > 7,
+    private func isAuthorized(_ header: String?) -> Bool {
+        guard let header, header.count > 7,
             header.prefix(7).lowercased() == "bearer "
         else { return false }
         let presented = Array(header.dropFirst(7).utf8)
@@ -168,13 +198,31 @@ package final class AppAPIServer: Sendable {
     private func issueNonce() async -> HTTPResponse {
         // 256 random bits, base64url: the raw nonce goes to the app; only its hash is stored.
         let nonce = Base64URL.encode(SecureRandom.bytes(count: 32))
+        if let refused = noncesRefusedUntil.withLock({ $0 }), ContinuousClock.now < refused.until {
+            return tooManyNonces(retryAfter: refused.retryAfter)
+        }
         do {
-            let expires = try await store.issueNonce(hash: SHA256.hash(Array(nonce.utf8)), lifetime: configuration.nonceLifetime)
-            return AppAPIJSON.response(status: 201, ["nonce": nonce, "expires_at": AppAPIJSON.timestamp(expires)])
+            switch try await store.issueNonce(
+                hash: SHA256.hash(Array(nonce.utf8)), lifetime: configuration.nonceLifetime,
+                maximumUnspent: configuration.maximumUnspentNonces)
+            {
+            case .issued(let expires):
+                return AppAPIJSON.response(status: 201, ["nonce": nonce, "expires_at": AppAPIJSON.timestamp(expires)])
+            case .full(let retryAfter):
+                noncesRefusedUntil.withLock { $0 = (ContinuousClock.now + .seconds(1), retryAfter) }
+                logger.debug("nonce refused: SIWA_NONCE_MAX_UNSPENT reached")
+                return tooManyNonces(retryAfter: retryAfter)
+            }
         } catch {
             logger.warning("could not issue a nonce", metadata: ["error": "\(error)"])
             return AppAPIError.database(error).response
         }
+    }
+
+    private func tooManyNonces(retryAfter: Int) -> HTTPResponse {
+        var response = AppAPIError.tooManyNonces.response
+        response.headers.append(("Retry-After", String(max(1, retryAfter))))
+        return response
     }
 
     private func signIn(_ input: AppAPIInput) async -> HTTPResponse {

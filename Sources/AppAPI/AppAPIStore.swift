@@ -39,12 +39,21 @@ package struct AppAPIStore: Sendable {
         }
     }
 
-    /// Stores a nonce by its SHA-256; returns when it expires.
-    func issueNonce(hash: [UInt8], lifetime: Duration) async throws -> Date {
+    enum NonceIssue: Sendable {
+        case issued(expires: Date)
+        /// `maximumUnspent` are kept already; the first of them expires in this many seconds.
+        case full(retryAfter: Int)
+    }
+
+    /// Stores a nonce by its SHA-256 unless `maximumUnspent` unexpired ones are kept already.
+    func issueNonce(hash: [UInt8], lifetime: Duration, maximumUnspent: Int) async throws -> NonceIssue {
         try await run { connection in
-            try await connection.queryPrepared(
-                "SELECT siwa.issue_nonce(\(hash), make_interval(secs => \(lifetime.seconds)))"
-            )[0].decode(Date.self, at: 0)
+            let row = try await connection.queryPrepared(
+                """
+                SELECT * FROM siwa.issue_nonce_bounded(\(hash), make_interval(secs => \(lifetime.seconds)), \(Int32(clamping: maximumUnspent)))
+                """)[0]
+            if let expires = try row.decode(Date?.self, column: "expires_at") { return .issued(expires: expires) }
+            return .full(retryAfter: try row.decode(Int?.self, column: "retry_after") ?? 1)
         }
     }
 

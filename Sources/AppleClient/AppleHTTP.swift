@@ -66,8 +66,9 @@ package final class AppleHTTP: Sendable {
         return text.hasSuffix("/") ? text : text + "/"
     }
 
-    package func get(_ path: String) async throws -> AppleHTTPResponse {
-        try await send("GET", path, headers: [("Accept", "application/json")], body: [])
+    /// `timeout`: at most this instead of the client's own bound, when shorter.
+    package func get(_ path: String, timeout: Duration? = nil) async throws -> AppleHTTPResponse {
+        try await send("GET", path, headers: [("Accept", "application/json")], body: [], timeout: timeout)
     }
 
     /// `bearer`: an access token for `Authorization` (user migration calls). Secret: never logged.
@@ -77,10 +78,13 @@ package final class AppleHTTP: Sendable {
         return try await send("POST", path, headers: headers, body: Array(FormEncoding.encode(fields).utf8))
     }
 
-    private func send(_ method: String, _ path: String, headers: [(String, String)], body: [UInt8]) async throws -> AppleHTTPResponse {
+    private func send(
+        _ method: String, _ path: String, headers: [(String, String)], body: [UInt8], timeout shorter: Duration? = nil
+    ) async throws -> AppleHTTPResponse {
         let url = endpointBase + path
+        let bound = shorter.map { min($0, timeout) } ?? timeout
         do {
-            let response = try await client.send(HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: timeout))
+            let response = try await client.send(HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: bound))
             return AppleHTTPResponse(status: response.status, body: response.body, headers: response.headers)
         } catch {
             throw AppleTransportError(kind: error.kind == .timeout ? .timeout : .connection, endpoint: path, detail: error.description)

@@ -115,6 +115,11 @@ package final class AppleKeySet: Sendable {
         return await task.value ? .fetched : .failed
     }
 
+    /// Bound on one fetch of the set, whatever the client's own: a request that needs a key not
+    /// cached (a sign-in, a notification) waits at most this for it, then 503 `keys_unavailable`
+    /// (CONTRACT.md, "App API edge"). A caller joining a fetch in flight waits for less.
+    package static let fetchTimeout: Duration = .seconds(5)
+
     private func fetch() async -> Bool {
         refreshes?.increment()
         var succeeded = false
@@ -123,7 +128,7 @@ package final class AppleKeySet: Sendable {
             if !succeeded { refreshFailures?.increment() }
         }
         do {
-            let response = try await http.get("auth/keys")
+            let response = try await http.get("auth/keys", timeout: Self.fetchTimeout)
             guard response.status == 200 else {
                 logger.warning("Apple key set fetch answered \(response.status)", metadata: ["http.status": .int(response.status)])
                 return false

@@ -50,7 +50,7 @@ struct ConsoleRouter: Sendable {
             guard isRead else { return Self.forbidden("no session: load a page first; nothing was changed") }
             let opened = sessions.open()
             session = opened
-            setCookie = ConsoleSessions.cookie(opened)
+            setCookie = sessions.cookie(opened)
         }
         guard let session else { return Self.forbidden("no session") }
         var context = Layout.Context(formToken: sessions.formToken(for: session), offersLogout: sessions.requiresLogin)
@@ -158,7 +158,7 @@ struct ConsoleRouter: Sendable {
         if request.path == "/logout" {
             sessions.close(session)
             var response = Self.redirect(sessions.requiresLogin ? "/login" : "/")
-            response.headers.append(("Set-Cookie", ConsoleSessions.expiredCookie))
+            response.headers.append(("Set-Cookie", sessions.expiredCookie))
             return response
         }
         let parts = request.path.split(separator: "/", omittingEmptySubsequences: false)
@@ -200,7 +200,7 @@ struct ConsoleRouter: Sendable {
             return page(LoginPage.render(failed: true), status: 401)
         }
         var response = Self.redirect("/")
-        response.headers.append(("Set-Cookie", ConsoleSessions.cookie(sessions.open())))
+        response.headers.append(("Set-Cookie", sessions.cookie(sessions.open())))
         return response
     }
 

@@ -19,7 +19,7 @@ package final class ConsoleServer: Sendable {
         pool = PostgresPool(conninfo: settings.databaseURL, size: 2, applicationName: "siwa-console", logger: logger)
         let loopback = CommonSettings.isLoopback(settings.listen.host)
         let router = ConsoleRouter(
-            pool: pool, sessions: ConsoleSessions(tokens: settings.tokens),
+            pool: pool, sessions: ConsoleSessions(tokens: settings.tokens, secureCookies: !loopback),
             allowedHosts: settings.requiresLogin || !loopback ? nil : Self.loopbackNames(settings.listen.host), logger: logger)
         server = HTTPServer(
             configuration: HTTPServer.Configuration(

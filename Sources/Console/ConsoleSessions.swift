@@ -16,12 +16,16 @@ final class ConsoleSessions: Sendable {
     /// it without the server storing a second secret per session.
     private let formKey = SecureRandom.bytes(count: 32)
     private let tokens: [[UInt8]]
+    /// Listening off loopback, the console is reached through a TLS proxy: its cookies carry
+    /// `Secure`, so a browser never sends one over plain HTTP (CONTRACT.md, "App API edge").
+    private let secureCookies: Bool
     /// Session id → last use.
     private let sessions = Locked<[String: Date]>([:])
 
     /// `tokens` empty: no login (loopback), any browser gets a session on its first page.
-    init(tokens: [String]) {
+    init(tokens: [String], secureCookies: Bool) {
         self.tokens = tokens.map { Array($0.utf8) }
+        self.secureCookies = secureCookies
     }
 
     var requiresLogin: Bool { !tokens.isEmpty }
@@ -74,11 +78,12 @@ final class ConsoleSessions: Sendable {
     }
 
     /// `Set-Cookie` for a session: not readable by scripts, never sent by another site's request.
-    static func cookie(_ id: String) -> String {
-        "\(cookieName)=\(id); Path=/; HttpOnly; SameSite=Strict"
+    func cookie(_ id: String) -> String {
+        "\(Self.cookieName)=\(id); Path=/; HttpOnly; SameSite=Strict" + (secureCookies ? "; Secure" : "")
     }
 
-    static let expiredCookie = "\(cookieName)=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+    /// `Set-Cookie` that ends the session in the browser.
+    var expiredCookie: String { cookie("") + "; Max-Age=0" }
 
     static func cookieValue(_ header: String?) -> String? {
         guard let header else { return nil }

@@ -33,10 +33,21 @@ final class DaemonContext: Sendable {
     /// found here under the lock is still this connection's.
     private let connections = Locked<[UInt: (socket: Int32, waitingSince: ContinuousClock.Instant?)]>([:])
 
-    init(handler: any HTTPHandler, logger: Logger, maxBodyBytes: Int) {
+    let connectionLimit: Int
+    let onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?
+    let admit: (@Sendable (_ header: (String) -> String?) -> HTTPResponse?)?
+
+    init(
+        handler: any HTTPHandler, logger: Logger, maxBodyBytes: Int, connectionLimit: Int = .max,
+        onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)? = nil,
+        admit: (@Sendable (_ header: (String) -> String?) -> HTTPResponse?)? = nil
+    ) {
         self.handler = handler
         self.logger = logger
         self.maxBodyBytes = maxBodyBytes
+        self.connectionLimit = connectionLimit
+        self.onRefusal = onRefusal
+        self.admit = admit
     }
 
     /// Shuts down the socket of every connection that has waited longer than `deadline` for a
@@ -99,6 +110,12 @@ final class DaemonContext: Sendable {
             let request = RequestContext(connection: connection, daemon: daemon)
             requestSlot.pointee = Unmanaged.passRetained(request).toOpaque()
             daemon.activeRequests.add(1, ordering: .relaxed)
+            if let admit = daemon.admit,
+                let refusal = admit({ name in MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) } })
+            {
+                request.phase.withLock { $0 = .sent }
+                return queue(refusal, on: connection, daemon: daemon)
+            }
             if let declared = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length") {
                 // An unparsable length is libmicrohttpd's to reject; one too large is ours.
                 if let length = UInt64(String(cString: declared)), length > UInt64(daemon.maxBodyBytes) {
@@ -251,6 +268,12 @@ final class DaemonContext: Sendable {
         var text = String(cString: message)
         while text.last?.isNewline == true { text.removeLast() }
         daemon.lastDaemonMessage.withLock { $0 = text }
+        // Logged as the limits refuse a connection, on the accepting thread (one message for both):
+        // below the server's limit, it was the address's.
+        if let onRefusal = daemon.onRefusal, text.hasPrefix("Server reached connection limit") {
+            let open = daemon.connections.withLock { $0.count }
+            onRefusal(open >= daemon.connectionLimit ? .connectionLimit : .perAddressLimit, 1)
+        }
         daemon.logger.debug("http.daemon.log", metadata: ["http.daemon.message": .string(text)])
     }
 

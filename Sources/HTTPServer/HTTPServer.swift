@@ -43,6 +43,13 @@ package final class HTTPServer: Sendable {
         package var shutdownGracePeriod: Duration
         /// Answer over HTTPS (TLS 1.2 or later) with this certificate and key; nil for plain HTTP.
         package var tls: TLSIdentity?
+        /// Told of every connection the server refused or cut off on its own, with how many (from
+        /// libmicrohttpd's accepting thread or the deadline's): count it, log it; never block.
+        package var onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?
+        /// Asked once a request's headers are in, before its body is read and before any other
+        /// check (the target's decoding, the body's size): a response answers the request at once
+        /// (the handler never sees it), nil lets it on. Reads headers through the lookup it is given.
+        package var admit: (@Sendable (_ header: (String) -> String?) -> HTTPResponse?)?
 
         package init(
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
@@ -147,7 +154,9 @@ package final class HTTPServer: Sendable {
                 [strdup($0.privateKeyPEM)!, strdup($0.certificateChainPEM)!, strdup(TLSIdentity.priorities)!]
             } ?? []
             let context = Unmanaged.passRetained(
-                DaemonContext(handler: handler, logger: logger, maxBodyBytes: configuration.maxBodyBytes))
+                DaemonContext(
+                handler: handler, logger: logger, maxBodyBytes: configuration.maxBodyBytes,
+                connectionLimit: configuration.connectionLimit, onRefusal: configuration.onRefusal, admit: configuration.admit))
             let logTarget = UnsafeMutablePointer<CMicroHTTPD_LogTarget>.allocate(capacity: 1)
             logTarget.initialize(to: CMicroHTTPD_LogTarget(
                 function: { cls, message in DaemonContext.log(cls, message) }, context: context.toOpaque()))
@@ -188,7 +197,8 @@ package final class HTTPServer: Sendable {
             var port = Int(CMicroHTTPD_bound_port(daemon))
             if port == 0 { port = ListeningSocket.localPort(of: listenSocket) }
             let reaper = configuration.requestDeadline.map { deadline in
-                DeadlineReaper(context: context.takeUnretainedValue(), deadline: deadline, logger: logger)
+                DeadlineReaper(
+                    context: context.takeUnretainedValue(), deadline: deadline, logger: logger, onRefusal: configuration.onRefusal)
             }
             running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
                               port: port, reaper: reaper, tlsStrings: tlsStrings)
@@ -264,6 +274,16 @@ package final class HTTPServer: Sendable {
     }
 }
 
+/// Why the server refused or closed a connection on its own.
+package enum ConnectionRefusal: String, Sendable, CaseIterable {
+    /// The address already held `perIPConnectionLimit` connections: closed as it was accepted.
+    case perAddressLimit = "per_address_limit"
+    /// The server already held `connectionLimit` connections: closed as it was accepted.
+    case connectionLimit = "connection_limit"
+    /// A request had not arrived whole within `requestDeadline`: its connection was shut down.
+    case requestTimeout = "request_timeout"
+}
+
 /// The thread that enforces `Configuration.requestDeadline` while the daemon runs.
 private final class DeadlineReaper: Sendable {
     private let stopped = Atomic<Bool>(false)
@@ -272,7 +292,7 @@ private final class DeadlineReaper: Sendable {
     private let wake = DispatchSemaphore(value: 0)
     private let done = DispatchSemaphore(value: 0)
 
-    init(context: DaemonContext, deadline: Duration, logger: Logger) {
+    init(context: DaemonContext, deadline: Duration, logger: Logger, onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?) {
         let tick = max(Duration.milliseconds(50), deadline / 4)
         let tickNanoseconds = Int(clamping: tick.components.seconds * 1_000_000_000 + tick.components.attoseconds / 1_000_000_000)
         // A queue of its own: its one block waits between passes for as long as the daemon runs.
@@ -283,6 +303,7 @@ private final class DeadlineReaper: Sendable {
                 let cut = context.shutDownConnections(waitingLongerThan: deadline)
                 if cut > 0 {
                     logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
+                    onRefusal?(.requestTimeout, cut)
                 }
             }
             done.signal()

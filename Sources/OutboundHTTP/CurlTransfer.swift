@@ -79,6 +79,9 @@ final class CurlTransfer: @unchecked Sendable {
         long(CURLOPT_CONNECTTIMEOUT_MS, milliseconds)
         record(CCurl_setopt_pointer(handle, CURLOPT_ERRORBUFFER, errorBuffer))
         string(CURLOPT_URL, request.url)
+        // A call to this machine never goes through a proxy, whatever http_proxy / ALL_PROXY say:
+        // "" turns off the environment's proxies for this call (curl's CURLOPT_PROXY).
+        if HTTPClient.callsLoopback(request.url) { string(CURLOPT_PROXY, "") }
 
         switch request.method {
         case "GET": long(CURLOPT_HTTPGET, 1)

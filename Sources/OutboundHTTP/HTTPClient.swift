@@ -1,5 +1,8 @@
 internal import Foundation
 import CCurl
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Locking
 
 /// The one HTTP client of every process: Apple's endpoints, webhooks, the CLI's calls. Over
@@ -89,6 +92,31 @@ package final class HTTPClient: Sendable {
             }
         }
         return try result.get()
+    }
+
+    /// Whether `url`'s host is a loopback address (127.0.0.0/8 in any form `inet_aton` reads, as
+    /// curl does: `127.1` too; `::1`, `::ffff:127.x.x.x`) or `localhost` / `*.localhost`.
+    package static func callsLoopback(_ url: String) -> Bool {
+        var host: Substring
+        if isPlainHTTPURL(url) {
+            // Plain: no userinfo, no brackets; the host ends at the port, path or query.
+            let rest = url.drop { $0 != "/" }.dropFirst(2)
+            host = rest.prefix { $0 != ":" && $0 != "/" && $0 != "?" }
+        } else {
+            guard let parsed = URLComponents(string: url)?.host else { return false }
+            host = Substring(parsed)
+        }
+        if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
+        let name = host.lowercased()
+        if name == "localhost" || name.hasSuffix(".localhost") || name == "localhost." { return true }
+        var v4 = in_addr()
+        if inet_aton(name, &v4) != 0 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, name, &v6) == 1 else { return false }
+        let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+        let loopback6: [UInt8] = Array(repeating: 0, count: 15) + [1]
+        let mapped = bytes[0..<10].allSatisfy { $0 == 0 } && bytes[10] == 0xFF && bytes[11] == 0xFF && bytes[12] == 127
+        return bytes == loopback6 || mapped
     }
 
     /// Why `url` is not called, or nil: only `http://` and `https://` URLs with a host.

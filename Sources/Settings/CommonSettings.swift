@@ -50,6 +50,28 @@ package struct CommonSettings: Sendable {
         return url
     }
 
+    /// The proxy variables libcurl reads. Only an `http://` or `https://` proxy (or one written
+    /// without a scheme, which curl takes as http) is accepted: a SOCKS proxy (`socks5://`, ...) would
+    /// carry calls past the rules our own HTTP client keeps (CONTRACT.md, "App API edge"). Calls
+    /// to a loopback address never use any of them (`HTTPClient`).
+    package static let proxyVariables = ["http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
+
+    /// Refuses, at start, a proxy variable whose scheme is not http or https, naming it.
+    package static func checkProxyVariables(_ environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(ConfigurationError)
+    {
+        for name in proxyVariables {
+            guard let value = environment[name]?.trimmingCharacters(in: .whitespaces), !value.isEmpty,
+                let schemeEnd = value.range(of: "://")
+            else { continue }
+            let scheme = value[..<schemeEnd.lowerBound].lowercased()
+            guard scheme == "http" || scheme == "https" else {
+                throw ConfigurationError(
+                    variable: name, problem: "names a \(scheme):// proxy; only http:// and https:// proxies are used")
+            }
+        }
+    }
+
     /// 127.0.0.0/8, ::1 or localhost.
     package static func isLoopback(_ host: String) -> Bool {
         let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host

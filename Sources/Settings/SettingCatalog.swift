@@ -144,6 +144,15 @@ package enum SettingCatalog {
             "comma-separated bearer tokens of ≥ 32 characters"),
         Setting("SIWA_NONCE_TTL", [.worker], default: "5m", "lifetime of a sign-in nonce (10 s to 1 h)"),
         Setting(
+            "SIWA_NONCE_MAX_UNSPENT", [.worker], default: "100000",
+            "unspent nonces kept at once; past it `POST /v1/nonces` answers 429 `too_many_nonces` with `Retry-After`"),
+        Setting(
+            "SIWA_APP_API_REQUEST_TIMEOUT", [.worker], default: "10s",
+            "a request's headers and body must arrive within this (counted from when its connection opened or answered the last request, so an idle kept-alive connection is closed sooner), else the connection is closed; 1 s to 5 min"),
+        Setting(
+            "SIWA_APP_API_CONNECTIONS_PER_ADDRESS", [.worker], default: "64",
+            "open connections one client address may hold; more are refused at once (counted in `siwa_app_api_connections_refused_total`)"),
+        Setting(
             "SIWA_CONSOLE_TOKENS", [.console], note: "unset: loopback only", secret: true,
             "comma-separated login tokens of ≥ 32 characters; required to `--listen` on a non-loopback address"),
     ]

@@ -14,6 +14,7 @@ if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
 // Configuration problems end here with exit status 2 and one line naming the variable.
 let configuration: ReceiverConfiguration
 do {
+    try CommonSettings.checkProxyVariables()
     configuration = try ReceiverConfiguration(ConfigurationSource(arguments: Array(CommandLine.arguments.dropFirst())))
 } catch {
     FileHandle.standardError.write(Data("siwa-receiver: \(error)\n".utf8))

@@ -16,6 +16,7 @@ if SettingDocuments.asksForHelp(Array(CommandLine.arguments.dropFirst())) {
 let configuration: WorkerConfiguration
 let apple: AppleSettings?
 do {
+    try CommonSettings.checkProxyVariables()
     configuration = try WorkerConfiguration(ConfigurationSource(arguments: Array(CommandLine.arguments.dropFirst())))
     apple = try appleSettings(configuration)  // loads the .p8 and parses the token keys
 } catch {

@@ -57,6 +57,7 @@ if rest.contains("--help") || rest.contains("-h") {
 }
 let source: ConfigurationSource
 do {
+    try CommonSettings.checkProxyVariables()
     source = try ConfigurationSource(arguments: rest, booleanFlags: command.usage.switches, knownFlags: command.usage.valueFlags)
     if let stray = command.usage.arguments.stray(in: source.positional) {
         throw ConfigurationError(variable: "\"\(stray)\"", problem: "unexpected argument (siwa help \(name) shows what it takes)")

@@ -15,20 +15,27 @@ import Testing
         // A proxy that refuses every tunnel: what it was asked for is the proof it was used.
         let proxy = try ScriptedHTTPServer { _ in .answer("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", thenClose: true) }
         defer { proxy.stop() }
-        let target = "https://127.0.0.1:9/hooks?key=v"
+        // Not a loopback host: calls to this machine never use a proxy (CONTRACT.md, "App API edge").
+        let target = "https://hooks.example.invalid:9/hooks?key=v"
         for variable in ["HTTPS_PROXY", "https_proxy"] {
             let before = proxy.heads.count
             let run = try await Siwa.run(
                 ["webhooks", "test"], environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": target, variable: "http://127.0.0.1:\(proxy.port)"]) { $1 })
             #expect(run.status == 1, "\(run.stdout)\(run.stderr)")
             #expect(proxy.heads.count == before + 1, "\(variable)")
-            #expect(proxy.heads.last?.hasPrefix("CONNECT 127.0.0.1:9 HTTP/1.1\r\n") == true, "\(proxy.heads)")
+            #expect(proxy.heads.last?.hasPrefix("CONNECT hooks.example.invalid:9 HTTP/1.1\r\n") == true, "\(proxy.heads)")
         }
+        // A loopback target never goes through it, whatever the variables say.
+        let local = try await Siwa.run(
+            ["webhooks", "test"],
+            environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": "https://127.0.0.1:9/hooks", "HTTPS_PROXY": "http://127.0.0.1:\(proxy.port)"]) { $1 })
+        #expect(local.status == 1)
+        #expect(!proxy.heads.contains { $0.contains("127.0.0.1:9") }, "\(proxy.heads)")
         for variable in ["NO_PROXY", "no_proxy"] {
             let before = proxy.heads.count
             _ = try await Siwa.run(
                 ["webhooks", "test"],
-                environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": target, "HTTPS_PROXY": "http://127.0.0.1:\(proxy.port)", variable: "127.0.0.1"]) { $1 })
+                environment: Self.webhook.merging(["SIWA_WEBHOOK_URL": target, "HTTPS_PROXY": "http://127.0.0.1:\(proxy.port)", variable: "hooks.example.invalid"]) { $1 })
             #expect(proxy.heads.count == before, "\(variable): the call went through the proxy")
         }
     }

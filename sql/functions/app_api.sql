@@ -20,6 +20,27 @@ BEGIN
 END
 $$;
 
+-- Stores a new nonce as siwa.issue_nonce does, unless p_max_unspent unexpired nonces are kept
+-- already (SIWA_NONCE_MAX_UNSPENT): then expires_at is NULL and retry_after says in how many
+-- seconds the first of them expires. Counting stops at the cap (an index range scan of at most
+-- p_max_unspent entries); concurrent callers at the cap may pass it by how many run at once.
+CREATE OR REPLACE FUNCTION siwa.issue_nonce_bounded(
+    p_nonce_hash bytea, p_ttl interval, p_max_unspent integer, OUT expires_at timestamptz, OUT retry_after integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (SELECT count(*) FROM (SELECT 1 FROM siwa.sign_in_nonces n WHERE n.expires_at > now()
+                               LIMIT p_max_unspent) unspent) >= p_max_unspent THEN
+        SELECT greatest(1, ceil(extract(epoch FROM min(n.expires_at) - now())))::integer INTO retry_after
+          FROM siwa.sign_in_nonces n WHERE n.expires_at > now();
+        RETURN;
+    END IF;
+    INSERT INTO siwa.sign_in_nonces AS n (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
+    RETURNING n.expires_at INTO expires_at;
+END
+$$;
+
 -- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
 -- number of concurrent callers with the same nonce at most one gets true; an expired row found
 -- here is deleted as well (spent either way).
@@ -276,7 +297,8 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
-        GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.consume_nonce(bytea),
+        GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.issue_nonce_bounded(bytea, interval, integer),
+                                  siwa.consume_nonce(bytea),
                                   siwa.sign_in_state(text, text), siwa.consume_nonce_reading(bytea, text, text),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
