@@ -27,6 +27,13 @@ echo "==> testing"
 # Fixed bounds on waits (for hangs, never speed) scale by this on a machine this small: two cores run
 # every suite's PostgreSQL, workers and fake Apples at once. deploy/sanitize.sh sets 8 (thread), 4 (address).
 export SIWA_TEST_TIME_SCALE=${SIWA_TEST_TIME_SCALE:-2}
+# The lifecycle model's run seed comes from the commit, so a commit always gets the same verdict and
+# a failure replays from this line (set SIWA_MODEL_SEED to choose another; fresh seeds are
+# deploy/check/lifecycle-explore.sh's job).
+if [ -z "${SIWA_MODEL_SEED:-}" ] && commit=$(git rev-parse --verify -q HEAD 2>/dev/null); then
+  export SIWA_MODEL_SEED=0x${commit:0:16}
+fi
+echo "==> lifecycle model seed ${SIWA_MODEL_SEED:-random (not a git checkout)}"
 if [ $# -gt 0 ]; then
   swift test --skip-build --disable-xctest "$@"
 else
