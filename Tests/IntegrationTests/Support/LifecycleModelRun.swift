@@ -146,6 +146,7 @@ final class ModelRun {
         case .applyNotifications(let oldest): return try await applyNotifications(onlyOldest: oldest)
         case .work(let pick, let answer):
             guard let job = try await claim(pick: pick) else { return "no Apple job" }
+            noteGrantEnd(job, answer: answer)
             return try await world.execute(job, answer: answer, clientID: job.clientID)
         case .slowWork(let pick, let answer): return try await startSlowWork(pick: pick, answer: answer)
         case .release: return try await releaseInFlight(answering: nil)
@@ -229,7 +230,8 @@ final class ModelRun {
         switch call {
         case .link(let long):
             linkCount += 1
-            let appUserID = long ? String(repeating: "u", count: 8000) : "user-\(linkCount)"
+            // Each link's own: a deleted life's app_user_id must never come back (LifecycleModelChecks).
+            let appUserID = long ? "user-\(linkCount)-" + String(repeating: "u", count: 8000) : "user-\(linkCount)"
             return try await connection.query(
                 "SELECT siwa.link_account(\(clientID), \(sub), \(appUserID), \(code))")[0].decode(Int64.self, at: 0)
         case .linkInGroup:
@@ -368,6 +370,7 @@ final class ModelRun {
         guard holds.contains(where: \.hasArrived) else {
             return try await task.value + " (no Apple call to hold)"
         }
+        noteGrantEnd(job, answer: answer)  // the fake ends what was issued before the call arrived: now
         inFlight = InFlight(task: task, holds: holds, answer: answer, finished: finished)
         return "\(job.kind.rawValue) job \(job.id) attempt \(job.attempt) waiting for Apple"
     }
@@ -387,6 +390,12 @@ final class ModelRun {
         }
         if let index = inFlight.signIn { settleSignIn(at: index, what, withCode: true, answer: answer) }
         return what
+    }
+
+    /// Apple answering `invalid_grant` to a call with a refresh token says the user ended their
+    /// grants (the fake ends every token issued before the call): the model counts it as a grant end.
+    private func noteGrantEnd(_ job: Job, answer: AppleAnswer) {
+        if answer == .invalidGrant, job.kind == .revoke || job.kind == .reconcile { grantEnds.append(Date()) }
     }
 
     private func endGrants(issuedBefore time: Date) {
@@ -517,6 +526,7 @@ final class ModelRun {
     private func resumeStalled(answer: AppleAnswer) async throws -> String {
         guard let job = stalled else { return "no stalled worker" }
         stalled = nil
+        noteGrantEnd(job, answer: answer)
         return try await world.execute(job, answer: answer, clientID: job.clientID)
     }
 
