@@ -21,7 +21,8 @@ package enum FakeAppleEndpoints {
                                       (sub, name, email; Continue or Cancel), then a page that posts state, code,
                                       id_token and user (or error=user_cancelled_authorize) to the redirect_uri
           POST /fake/authorize-user   skip the chooser: every later authorize answers for this user ({} brings it back):
-            curl -s -X POST BASE/fake/authorize-user -d '{"sub":"000123.abc.0001","first_name":"Jane","last_name":"Appleseed"}'
+            curl -s ${SIWA_CA_FILE:+--cacert "$SIWA_CA_FILE"} -X POST "$SIWA_APPLE_BASE_URL"/fake/authorize-user -d '{"sub":"000123.abc.0001","first_name":"Jane","last_name":"Appleseed"}'
+            -> {"authorize":"000123.abc.0001"}
           GET  /fake/signed-in        a return page showing siwa_ticket / siwa_error / siwa_app_state (siwa dev's return URL)
           GET  /fake/calls            every call to the Apple endpoints so far (endpoint, client_id, time)
           GET  /fake/signing-key      the key siwa simulate signs notifications with (test only)

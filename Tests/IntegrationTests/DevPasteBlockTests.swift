@@ -35,8 +35,11 @@ import Testing
 
             let help = try await Siwa.run(["help", "fake-apple"], environment: [:], timeout: .seconds(30))
             let examples = Self.curlExamples(help.stdout)
-            #expect(examples.count == 3, "\(help.stdout)")
-            let expected = ["/fake/codes": "\"code\"", "/fake/identity-tokens": "\"identity_token\"", "/fake/failures": "\"queued\""]
+            #expect(examples.count == 4, "\(help.stdout)")
+            let expected = [
+                "/fake/codes": "\"code\"", "/fake/identity-tokens": "\"identity_token\"", "/fake/failures": "\"queued\"",
+                "/fake/authorize-user": "\"authorize\"",
+            ]
             for example in examples {
                 let run = try await Self.shell(exports + [example])
                 let endpoint = expected.keys.first { example.contains($0 + " ") } ?? "?"
