@@ -49,38 +49,34 @@ extension AppAPIStore {
     /// Spends the ticket with this SHA-256: the sign-in it stands for, or nil when it is unknown,
     /// expired or spent.
     func redeemTicket(hash: [UInt8]) async throws -> SignIn.Request? {
-        try await PostgresConnection.$statementTimeout.withValue(timeout) {
-            try await pool.withConnection { connection in
-                guard
-                    let row = try await connection.query(
-                        """
-                        SELECT client_id, identity_token, nonce, authorization_code, redirect_uri, full_name::text AS full_name
-                          FROM siwa.redeem_web_sign_in_ticket(\(hash))
-                        """
-                    ).first
-                else { return nil }
-                var fullName: [String: String]?
-                if let text = try row.decode(String?.self, column: "full_name"),
-                    let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: String], !object.isEmpty
-                {
-                    fullName = object
-                }
-                return SignIn.Request(
-                    clientID: try row.decode(String.self, column: "client_id"),
-                    identityToken: try row.decode(String.self, column: "identity_token"),
-                    nonce: try row.decode(String.self, column: "nonce"),
-                    authorizationCode: try row.decode(String?.self, column: "authorization_code"),
-                    redirectURI: try row.decode(String.self, column: "redirect_uri"), fullName: fullName)
+        try await run { connection in
+            guard
+                let row = try await connection.query(
+                    """
+                    SELECT client_id, identity_token, nonce, authorization_code, redirect_uri, full_name::text AS full_name
+                      FROM siwa.redeem_web_sign_in_ticket(\(hash))
+                    """
+                ).first
+            else { return nil }
+            var fullName: [String: String]?
+            if let text = try row.decode(String?.self, column: "full_name"),
+                let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: String], !object.isEmpty
+            {
+                fullName = object
             }
+            return SignIn.Request(
+                clientID: try row.decode(String.self, column: "client_id"),
+                identityToken: try row.decode(String.self, column: "identity_token"),
+                nonce: try row.decode(String.self, column: "nonce"),
+                authorizationCode: try row.decode(String?.self, column: "authorization_code"),
+                redirectURI: try row.decode(String.self, column: "redirect_uri"), fullName: fullName)
         }
     }
 
     /// Deletes expired web sign-in states and tickets (at most `limit` of each); returns how many.
     package func pruneWebSignIns(limit: Int = 10_000) async throws -> Int {
-        try await PostgresConnection.$statementTimeout.withValue(timeout) {
-            try await pool.withConnection { connection in
-                try await connection.query("SELECT siwa.prune_web_sign_ins(\(Int32(clamping: limit)))")[0].decode(Int.self, at: 0)
-            }
+        try await run { connection in
+            try await connection.query("SELECT siwa.prune_web_sign_ins(\(Int32(clamping: limit)))")[0].decode(Int.self, at: 0)
         }
     }
 }

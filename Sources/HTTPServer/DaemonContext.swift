@@ -256,6 +256,11 @@ final class DaemonContext: Sendable {
         }
         if wasSuspended { daemon.forgetSuspended(request) }
         daemon.activeRequests.subtract(1, ordering: .relaxed)
+        // A request cut by libmicrohttpd's idle timeout (a client that went quiet mid-request) is a
+        // timed-out connection as much as one the deadline reaper cut: counted the same way.
+        if termination.rawValue == 2 /* MHD_REQUEST_TERMINATED_TIMEOUT_REACHED */ {
+            daemon.onRefusal?(.requestTimeout, 1)
+        }
         if termination.rawValue != 0 /* MHD_REQUEST_TERMINATED_COMPLETED_OK */ {
             daemon.logger.debug("http.request.aborted", metadata: ["http.termination": "\(termination.rawValue)"])
         }

@@ -170,13 +170,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY c
 $$;
 
--- Whether a deletion is pending for p_sub under any client ID of p_client_id's group (itself
--- included): it blocks a sign-in and a link under every one of them.
+-- Whether a deletion is pending for p_sub under any client ID of p_client_id's group: it blocks a
+-- sign-in and a link under every one of them. The callers check the account's own status
+-- themselves; a client ID in no group (most deployments) costs one probe of siwa.app_groups and
+-- never reads siwa.accounts (every sign-in asks this).
 CREATE OR REPLACE FUNCTION siwa.group_deletion_pending(p_client_id text, p_sub text) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT EXISTS (SELECT 1 FROM siwa.accounts a
-                    WHERE a.sub = p_sub AND a.status = 'pending_deletion'
-                      AND a.client_id IN (SELECT siwa.group_client_ids(p_client_id)))
+    SELECT EXISTS (SELECT 1 FROM siwa.app_groups g
+                     JOIN siwa.app_groups m ON m.group_id = g.group_id
+                     JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = p_sub
+                    WHERE g.client_id = p_client_id AND a.status = 'pending_deletion')
 $$;
 
 -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
@@ -708,7 +711,6 @@ SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     member text;
-    job_id bigint;
     requested bigint;
 BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' THEN
@@ -724,7 +726,7 @@ BEGIN
            OR EXISTS (SELECT 1 FROM siwa.jobs e
                        WHERE e.client_id = member AND e.sub = request_deletion.sub AND e.kind = 'exchange'
                          AND e.state IN ('available', 'running')) THEN
-            job_id := siwa.request_deletion_one(member, request_deletion.sub, NULL);
+            PERFORM siwa.request_deletion_one(member, request_deletion.sub, NULL);
         END IF;
     END LOOP;
     RETURN requested;
