@@ -102,7 +102,7 @@ extension SimulateCommand {
             "              [--receiver-url URL] [--fake-apple-url URL]",
             "siwa simulate TYPE --client-id ID --count N --output FILE [--sub-prefix P]",
             "siwa simulate sign-in --client-id ID --sub SUB [--email E] [--no-code] [--api-url URL] [--fake-apple-url URL]",
-            "              [--count N --concurrency C]",
+            "              [--count N --concurrency C] [--web-url URL --return-to URL]",
         ],
         about: "Signs a notification (TYPE: consent-revoked, account-deleted, email-enabled, email-disabled) with the "
             + "fake Apple's key and posts it to the receiver; exit 0 on 200. `sign-in` runs a whole sign-in against the "
@@ -127,6 +127,9 @@ extension SimulateCommand {
                   default: "the first of SIWA_APP_API_TOKENS, or of the file SIWA_APP_API_TOKENS_FILE names"),
             .init("concurrency", "C", "sign-in with --count: sign-ins at a time", default: "1"),
             .init("no-code", nil, "sign-in: send no authorization code"),
+            .init("web-url", "URL", "sign-in: the web flow instead, through the receiver at URL (its SIWA_PUBLIC_URL): "
+                  + "/apple/sign-in, the fake Apple's authorize page, the callback, then POST /v1/sign-in with the ticket"),
+            .init("return-to", "URL", "sign-in with --web-url: the return URL (one of SIWA_WEB_RETURN_URLS)"),
         ],
         reader: .simulate, unusedSettings: ["DATABASE_URL"], arguments: .upTo(1))
 }

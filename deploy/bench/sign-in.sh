@@ -21,10 +21,16 @@
 #     cpu-migrations; /proc's ctxt_switches where perf is missing) and the worker's heap allocations
 #     (malloc-count.c preloaded into it; ALLOCS=0 leaves it out), and prints the statements that cost
 #     PostgreSQL most on each side (pg_stat_statements, per sign-in).
+#  7. the web flow (WEB=1, the default): a siwa-receiver serving /apple/sign-in beside the same worker;
+#     `siwa simulate sign-in --web-url` plays the browser: GET /apple/sign-in, the fake Apple's
+#     authorize page (its form read and posted as a browser would), the callback's 303 with a ticket,
+#     then POST /v1/sign-in {"ticket"} to the app API. Prints sign-ins/s, the ticket sign-in's p50/p99
+#     and CPU per sign-in of the receiver, the worker, PostgreSQL, the fake and the driver, beside the
+#     native flow. The Python peer has no web flow (it would be the app's own callback): not compared.
 # With PERF=1, a perf profile of the worker during each scheme's run (by library, then by function;
 # with two schemes, then where the second costs more than the first, samples per sign-in by library):
 # its sampling costs the worker CPU, so the figures of that run are not comparable.
-# Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", ALLOCS=1, PERF=0, PERF_FREQ=499,
+# Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", WEB=1, ALLOCS=1, PERF=0, PERF_FREQ=499,
 #        SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +41,7 @@ PEER_PROCESSES=${PEER_PROCESSES:-2}
 ALLOCS=${ALLOCS:-1}
 PERF=${PERF:-0}
 SCHEMES=${SCHEMES:-http https}
+WEB=${WEB:-1}
 
 if [[ -n "${SIWA_BENCH_BIN:-}" ]]; then
   BIN=$SIWA_BENCH_BIN  # siwa and siwa-worker built already (a copy, so a build may run meanwhile)
@@ -42,6 +49,7 @@ else
   echo "==> building (release)"
   swift build -c release --product siwa >/dev/null
   swift build -c release --product siwa-worker >/dev/null
+  [[ "$WEB" == 1 ]] && swift build -c release --product siwa-receiver >/dev/null
   BIN=$(swift build -c release --show-bin-path)
 fi
 work=$(mktemp -d /tmp/siwa-bench-sign-in.XXXXXX)
@@ -151,10 +159,40 @@ pg_top() {  # the statements that cost PostgreSQL most since the last reset, per
 }
 pg_reset() { psql -X -q -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT pg_stat_statements_reset()" >/dev/null; }
 
-drive() {  # drive URL SUB_PREFIX COUNT: prints the driver's RESULT line
+drive() {  # drive URL SUB_PREFIX COUNT [FLAGS...]: prints the driver's RESULT line
   SIWA_APP_API_TOKENS="$api_token" "$BIN/siwa" simulate sign-in --client-id com.example.app --sub "$2" --api-url "$1" \
-    --fake-apple-url "$SIWA_APPLE_BASE_URL" --email bench@privaterelay.appleid.com --count "$3" --concurrency "$C" \
+    --fake-apple-url "$SIWA_APPLE_BASE_URL" --email bench@privaterelay.appleid.com --count "$3" --concurrency "$C" "${@:4}" \
     2>>"$work/driver.err" | grep '^RESULT' || { cat "$work/driver.err" >&2; return 1; }
+}
+web_return=https://app.example.com/signed-in
+
+run_web() {  # run_web SCHEME WORKER_PID API_PORT: the web flow through a receiver beside the running worker
+  local scheme=$1 worker_pid=$2 api_port=$3 receiver_port receiver_pid
+  receiver_port=$(free_port)
+  SIWA_LISTEN="127.0.0.1:$receiver_port" SIWA_PUBLIC_URL="http://127.0.0.1:$receiver_port" SIWA_WEB_RETURN_URLS="$web_return" \
+    SIWA_LOG_LEVEL=warn "$BIN/siwa-receiver" 2>"$work/receiver-$scheme.log" &
+  receiver_pid=$!
+  children+=($receiver_pid)
+  wait_for "http://127.0.0.1:$receiver_port/healthz"
+  local web=(--web-url "http://127.0.0.1:$receiver_port" --return-to "$web_return")
+  echo "==> [$scheme] web flow: warm-up, then $N sign-ins at $C connections (receiver + app API)"
+  drive "http://127.0.0.1:$api_port" "webwarm$scheme" 200 "${web[@]}" >/dev/null
+  local before_receiver before_worker before_fake before_pg ticks_before line busy
+  before_receiver=$(cpu_s "$receiver_pid"); before_worker=$(cpu_s "$worker_pid"); before_fake=$(cpu_s "$fake_pid")
+  before_pg=$(cpu_s $(pg_pids)); ticks_before=$(ticks)
+  line=$(drive "http://127.0.0.1:$api_port" "web$scheme" "$N" "${web[@]}")
+  busy=$(busy_pct $ticks_before $(ticks))
+  local receiver_cpu worker_cpu fake_cpu pg_cpu
+  receiver_cpu=$(per_sign_in "$before_receiver" "$(cpu_s "$receiver_pid")")
+  worker_cpu=$(per_sign_in "$before_worker" "$(cpu_s "$worker_pid")")
+  fake_cpu=$(per_sign_in "$before_fake" "$(cpu_s "$fake_pid")")
+  pg_cpu=$(per_sign_in "$before_pg" "$(cpu_s $(pg_pids))")
+  kill "$receiver_pid"; wait "$receiver_pid" 2>/dev/null || true
+  web_report=("$(printf "$row" "web flow (receiver + worker), fake $scheme://" "$(field "$line" rate)" "$(field "$line" p50_ms)" \
+    "$(field "$line" p99_ms)" "$(field "$line" failures)" "$(python3 -c "print(f'{$receiver_cpu + $worker_cpu:.2f}')")" "$fake_cpu" "$pg_cpu" \
+    "$(field "$line" driver_cpu_ms)" "$busy%" "-" "-")")
+  web_report+=("$(printf '  [%s] web flow per sign-in (4 requests: start, authorize, callback, ticket sign-in): receiver %s ms, worker %s ms CPU; p50/p99 are the ticket sign-in'"'"'s' \
+    "$scheme" "$receiver_cpu" "$worker_cpu")")
 }
 field() { sed "s/.* $2=\([^ ]*\).*/\1/" <<<"$1"; }
 row='%-44s %10s %7s %7s %8s | %7s %7s %7s %7s %6s | %8s %8s\n'
@@ -218,6 +256,8 @@ b = {float(m.group(1)): int(m.group(2)) for m in (re.match(r"siwa_app_api_sign_i
 total = max(b.values()) if b else 0
 print(next((f"<= {le * 1000:g} ms" for le, n in sorted(b.items()) if total and n >= 0.99 * total), "n/a"))')
   local worker_rss; worker_rss=$(awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$worker_pid/status")
+  web_report=()
+  [[ "$WEB" == 1 ]] && run_web "$scheme" "$worker_pid" "$api_port"
   kill "$worker_pid"; wait "$worker_pid" 2>/dev/null || true
 
   local py_port; py_port=$(free_port)
@@ -247,6 +287,7 @@ print(next((f"<= {le * 1000:g} ms" for le, n in sorted(b.items()) if total and n
   report+=("$(printf "$row" "app API (siwa-worker), fake Apple $scheme://" "$(field "$swift_line" rate)" "$(field "$swift_line" p50_ms)" \
     "$(field "$swift_line" p99_ms)" "$(field "$swift_line" failures)" "$swift_cpu" "$swift_fake_cpu" "$swift_pg_cpu" \
     "$(field "$swift_line" driver_cpu_ms)" "$swift_busy%" "$swift_switches" "$swift_allocs")")
+  report+=("${web_report[@]}")
   report+=("$(printf "$row" "Python peer ($PEER_PROCESSES procs), fake Apple $scheme://" "$(field "$py_line" rate)" "$(field "$py_line" p50_ms)" \
     "$(field "$py_line" p99_ms)" "$(field "$py_line" failures)" "$py_cpu" "$py_fake_cpu" "$py_pg_cpu" \
     "$(field "$py_line" driver_cpu_ms)" "$py_busy%" "$py_switches" "-")")
@@ -259,7 +300,8 @@ print(next((f"<= {le * 1000:g} ms" for le, n in sorted(b.items()) if total and n
 
 for scheme in $SCHEMES; do run_scheme "$scheme"; done
 
-accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.accounts WHERE refresh_token_enc IS NOT NULL")
+accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.accounts WHERE refresh_token_enc IS NOT NULL AND sub NOT LIKE 'web%'")
+web_accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM siwa.accounts WHERE refresh_token_enc IS NOT NULL AND sub LIKE 'web%'")
 py_accounts=$(psql -X -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "SELECT count(*) FROM peer.accounts WHERE refresh_token_enc IS NOT NULL")
 printf '\nSign-in benchmark: %s sign-ins at %s connections a run, each nonce + fake Apple identity token + sign-in with a code exchange\n' "$N" "$C"
 printf "$row" "" "sign-ins/s" "p50 ms" "p99 ms" failures server fake pg driver busy switches allocs
@@ -268,7 +310,7 @@ printf 'server/fake/pg/driver: CPU ms per sign-in (nonce + sign-in), user + syst
 printf "busy: the machine's CPU at normal priority during the run (100%% = every core; niced builds of others not counted)\n"
 printf 'switches: the server'"'"'s context switches / CPU migrations per sign-in (%s); allocs: the worker'"'"'s heap allocations per sign-in (malloc-count.c preloaded)\n' \
   "$([[ $have_perf == 1 ]] && echo "perf stat over every thread" || echo "perf missing: not counted")"
-printf 'accounts with an encrypted refresh token: app API %s, Python peer %s\n' "$accounts" "$py_accounts"
+printf 'accounts with an encrypted refresh token: app API %s (web flow %s), Python peer %s\n' "$accounts" "$web_accounts" "$py_accounts"
 printf 'load average at the end: %s (%s cores: every figure here shares them with the driver, the fake and PostgreSQL)\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$(nproc)"
 if [[ "$PERF" == 1 ]]; then
   for scheme in $SCHEMES; do

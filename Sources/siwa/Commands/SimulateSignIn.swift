@@ -12,7 +12,7 @@ import Metrics
 ///   2. its SHA-256 hex goes to the fake Apple (`POST /fake/identity-tokens`), as an app hands it to
 ///      Apple, which answers an identity token carrying it and an authorization code;
 ///   3. `POST {api}/v1/sign-in` with the token, the raw nonce and the code; the answer is printed.
-/// Exit 0 on 200, 1 otherwise.
+/// Exit 0 on 200, 1 otherwise. `--web-url URL --return-to R`: the browser's flow instead (see `Flow`).
 ///
 /// Load, for benchmarks: `--count N --concurrency C` runs N sign-ins (sub `SUB-<i>`), C at a time,
 /// and prints sign-ins per second and the sign-in request's p50/p99 instead of each answer.
@@ -29,6 +29,8 @@ enum SimulateSignIn {
         var concurrency: Int
         /// `SIWA_CA_FILE`, for an API or a fake Apple served over `https://` with a private CA.
         var caCertificates: String?
+        /// `--web-url`: the web flow through this receiver (its SIWA_PUBLIC_URL), returning to `returnTo`.
+        var web: (base: String, returnTo: String)?
     }
 
     static func run(_ source: ConfigurationSource) async -> Int32 {
@@ -53,7 +55,7 @@ enum SimulateSignIn {
         return await load(request)
     }
 
-    static let options = ["CLIENT_ID", "SUB", "EMAIL", "API_URL", "API_TOKEN", "FAKE_APPLE_URL", "COUNT", "CONCURRENCY"]
+    static let options = ["CLIENT_ID", "SUB", "EMAIL", "API_URL", "API_TOKEN", "FAKE_APPLE_URL", "COUNT", "CONCURRENCY", "WEB_URL", "RETURN_TO"]
 
     /// The variable `siwa dev` prints for a URL flag.
     private static func fallbackVariable(_ flag: String) -> String {
@@ -74,34 +76,55 @@ enum SimulateSignIn {
         guard let token else {
             throw ConfigurationError(variable: "--api-token", problem: "is required (a token of SIWA_APP_API_TOKENS)")
         }
+        var web: (base: String, returnTo: String)?
+        if let base = try flags.string("WEB_URL") {
+            guard let returnTo = try flags.string("RETURN_TO") else {
+                throw ConfigurationError(variable: "--return-to", problem: "is required with --web-url (a URL of the receiver's SIWA_WEB_RETURN_URLS)")
+            }
+            web = (base.hasSuffix("/") ? String(base.dropLast()) : base, returnTo)
+        } else if try flags.string("RETURN_TO") != nil {
+            throw ConfigurationError(variable: "--return-to", problem: "needs --web-url")
+        }
         return Request(
             clientID: try flags.require("CLIENT_ID"), sub: try flags.require("SUB"), email: try flags.string("EMAIL"),
             withCode: !flags.isSet(switch: "no-code"), apiURL: try url("API_URL", "http://127.0.0.1:8081"), apiToken: token,
             fakeAppleURL: try url("FAKE_APPLE_URL", "http://127.0.0.1:9443"),
             count: try flags.integer("COUNT", default: 1, range: 1...10_000_000),
             concurrency: try flags.integer("CONCURRENCY", default: 1, range: 1...1024),
-            caCertificates: try CommonSettings.caCertificates(environment))
+            caCertificates: try CommonSettings.caCertificates(environment), web: web)
     }
 
     struct Failure: Error, CustomStringConvertible {
         var description: String
     }
 
-    /// The three requests of one sign-in: `next` takes the answer
-    /// to the previous request (nil at first) and gives the next request, or nil when done; then
-    /// `result` holds the sign-in's answer.
+    /// The requests of one sign-in: `next` takes the answer to the previous request (nil at
+    /// first) and gives the next request, or nil when done; then `result` holds the sign-in's answer.
+    /// Native (an app with Apple's sheet): a nonce, the fake Apple's identity token for its hash,
+    /// `POST /v1/sign-in`. Web (`--web-url`, a browser's flow): `GET /apple/sign-in` on the receiver,
+    /// the fake Apple's authorize page (its form read as a browser would submit it), Apple's
+    /// `form_post` to the callback, then `POST /v1/sign-in {"ticket"}` with the return URL's ticket.
     struct Flow {
-        enum Target { case api, fakeApple }
         struct Outgoing {
-            var target: Target
-            var path: String
-            var json: [String: Any]
+            var method: String
+            var url: String
+            var contentType: String?
+            var body: [UInt8]
             var bearer: String?
         }
 
+        struct Answer {
+            var status: Int
+            var body: String
+            var location: String?
+        }
+
+        private enum Stage { case start, nonce, appleToken, webStart, authorize, callback, signIn, done }
+
         let request: Request
         let sub: String
-        private var nonce: String?
+        private var stage = Stage.start
+        private var nonce = ""
         private var signInStarted: ContinuousClock.Instant?
         private(set) var result: (status: Int, body: String, took: Duration)?
 
@@ -110,11 +133,19 @@ enum SimulateSignIn {
             self.sub = sub
         }
 
-        mutating func next(after answer: (status: Int, body: String)?) throws -> Outgoing? {
-            guard let answer else { return Outgoing(target: .api, path: "v1/nonces", json: [:], bearer: request.apiToken) }
-            guard let nonce else {
-                guard answer.status == 201, let nonce = object(answer.body)?["nonce"] as? String else {
-                    throw Failure(description: "POST \(request.apiURL)/v1/nonces answered \(answer.status) \(answer.body)")
+        mutating func next(after answer: Answer?) throws -> Outgoing? {
+            switch stage {
+            case .start:
+                if let web = request.web {
+                    stage = .webStart
+                    let query = Self.form([("client_id", request.clientID), ("return_to", web.returnTo)])
+                    return Outgoing(method: "GET", url: "\(web.base)/apple/sign-in?\(query)", body: [])
+                }
+                stage = .nonce
+                return api("v1/nonces", [:])
+            case .nonce:
+                guard let answer, answer.status == 201, let nonce = object(answer.body)?["nonce"] as? String else {
+                    throw Failure(description: "POST \(request.apiURL)/v1/nonces answered \(answer.map { "\($0.status) \($0.body)" } ?? "nothing")")
                 }
                 self.nonce = nonce
                 var apple: [String: Any] = [
@@ -124,37 +155,107 @@ enum SimulateSignIn {
                     apple["email"] = email
                     apple["is_private_email"] = email.hasSuffix("@privaterelay.appleid.com")
                 }
-                return Outgoing(target: .fakeApple, path: "fake/identity-tokens", json: apple, bearer: nil)
-            }
-            guard let signInStarted else {
-                guard answer.status == 200, let apple = object(answer.body), let token = apple["identity_token"] as? String,
+                stage = .appleToken
+                return Outgoing(
+                    method: "POST", url: request.fakeAppleURL.appendingPathComponent("fake/identity-tokens").absoluteString,
+                    contentType: "application/json", body: Array(try JSONSerialization.data(withJSONObject: apple)))
+            case .appleToken:
+                guard let answer, answer.status == 200, let apple = object(answer.body), let token = apple["identity_token"] as? String,
                     let code = apple["authorization_code"] as? String
                 else {
-                    throw Failure(description: "the fake Apple at \(request.fakeAppleURL) answered \(answer.status) to /fake/identity-tokens")
+                    throw Failure(description: "the fake Apple at \(request.fakeAppleURL) answered \(answer?.status ?? 0) to /fake/identity-tokens")
                 }
                 var body: [String: Any] = ["client_id": request.clientID, "identity_token": token, "nonce": nonce]
                 if request.withCode { body["authorization_code"] = code }
-                self.signInStarted = .now
-                return Outgoing(target: .api, path: "v1/sign-in", json: body, bearer: request.apiToken)
+                return signIn(body)
+            case .webStart:
+                guard let answer, answer.status == 302, let location = answer.location else {
+                    throw Failure(description: "GET /apple/sign-in answered \(answer?.status ?? 0) \(answer?.body ?? "")")
+                }
+                // Who signs in, as the fake's chooser would send it back to its authorize page.
+                var extra = [("sub", sub), ("first_name", "Bench"), ("last_name", "User")]
+                if let email = request.email { extra.append(("email", email)) }
+                stage = .authorize
+                return Outgoing(method: "GET", url: location + "&" + Self.form(extra), body: [])
+            case .authorize:
+                guard let answer, answer.status == 200, let post = Self.formPost(in: answer.body) else {
+                    throw Failure(description: "the fake Apple's authorize page answered \(answer?.status ?? 0) without a form")
+                }
+                stage = .callback
+                return Outgoing(
+                    method: "POST", url: post.action, contentType: "application/x-www-form-urlencoded",
+                    body: Array(Self.form(post.fields).utf8))
+            case .callback:
+                guard let answer, answer.status == 303, let location = answer.location,
+                    let ticket = URLComponents(string: location)?.queryItems?.first(where: { $0.name == "siwa_ticket" })?.value
+                else {
+                    throw Failure(description: "the callback answered \(answer?.status ?? 0) \(answer?.location ?? answer?.body ?? "")")
+                }
+                return signIn(["ticket": ticket])
+            case .signIn:
+                guard let answer, let signInStarted else { throw Failure(description: "the sign-in was not answered") }
+                result = (answer.status, answer.body, ContinuousClock.now - signInStarted)
+                stage = .done
+                return nil
+            case .done:
+                return nil
             }
-            result = (answer.status, answer.body, ContinuousClock.now - signInStarted)
-            return nil
+        }
+
+        private func api(_ path: String, _ json: [String: Any]) -> Outgoing {
+            Outgoing(
+                method: "POST", url: request.apiURL.appendingPathComponent(path).absoluteString, contentType: "application/json",
+                body: Array((try? JSONSerialization.data(withJSONObject: json)) ?? Data()), bearer: request.apiToken)
+        }
+
+        private mutating func signIn(_ body: [String: Any]) -> Outgoing {
+            stage = .signIn
+            signInStarted = .now
+            return api("v1/sign-in", body)
+        }
+
+        static func form(_ items: [(String, String)]) -> String {
+            var allowed = CharacterSet.alphanumerics
+            allowed.insert(charactersIn: "-._~")
+            return items.map { "\($0.0)=\($0.1.addingPercentEncoding(withAllowedCharacters: allowed) ?? "")" }.joined(separator: "&")
+        }
+
+        /// The form Apple's page submits by itself: its action and hidden fields (HTML entities of
+        /// attribute values undone), as a browser would post them.
+        static func formPost(in page: String) -> (action: String, fields: [(String, String)])? {
+            func attribute(_ name: String, in tag: Substring) -> String? {
+                guard let start = tag.range(of: "\(name)=\""), let end = tag[start.upperBound...].firstIndex(of: "\"") else { return nil }
+                return unescape(tag[start.upperBound..<end])
+            }
+            guard let formTag = page.range(of: "<form").map({ page[$0.lowerBound...].prefix(while: { $0 != ">" }) }),
+                let action = attribute("action", in: formTag)
+            else { return nil }
+            var fields: [(String, String)] = []
+            for piece in page.components(separatedBy: "<input").dropFirst() {
+                let tag = Substring(piece).prefix(while: { $0 != ">" })
+                if let name = attribute("name", in: tag) { fields.append((name, attribute("value", in: tag) ?? "")) }
+            }
+            return (action, fields)
+        }
+
+        private static func unescape(_ text: Substring) -> String {
+            text.replacingOccurrences(of: "&quot;", with: "\"").replacingOccurrences(of: "&#39;", with: "'")
+                .replacingOccurrences(of: "&lt;", with: "<").replacingOccurrences(of: "&gt;", with: ">")
+                .replacingOccurrences(of: "&amp;", with: "&")
         }
     }
 
     /// One sign-in; returns the answer and how long the sign-in request took.
     static func signIn(_ request: Request, sub: String, client: HTTPClient) async throws -> (Int, String, Duration) {
         var flow = Flow(request, sub: sub)
-        var answer: (status: Int, body: String)?
+        var answer: Flow.Answer?
         while let outgoing = try flow.next(after: answer) {
-            let base = outgoing.target == .api ? request.apiURL : request.fakeAppleURL
-            var headers = [("Content-Type", "application/json")]
+            var headers: [(String, String)] = []
+            if let contentType = outgoing.contentType { headers.append(("Content-Type", contentType)) }
             if let bearer = outgoing.bearer { headers.append(("Authorization", "Bearer \(bearer)")) }
             let reply = try await client.send(
-                HTTPRequest(
-                    method: "POST", url: base.appendingPathComponent(outgoing.path).absoluteString, headers: headers,
-                    body: Array(try JSONSerialization.data(withJSONObject: outgoing.json)), timeout: answerTimeout))
-            answer = (reply.status, String(decoding: reply.body, as: UTF8.self))
+                HTTPRequest(method: outgoing.method, url: outgoing.url, headers: headers, body: outgoing.body, timeout: answerTimeout))
+            answer = Flow.Answer(status: reply.status, body: String(decoding: reply.body, as: UTF8.self), location: reply.headers["location"])
         }
         return flow.result!
     }
