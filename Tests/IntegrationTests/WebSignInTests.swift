@@ -205,4 +205,30 @@ import Testing
             _ = try await stack.started()
         }
     }
+
+    /// Unspent tickets are bounded apart from states: past the bound the callback still spends its
+    /// state but keeps no ticket, and sends the browser back with `siwa_error=too_many_sign_ins`
+    /// (and the app's state); the tickets already kept still sign in; once they are spent, new
+    /// tickets are kept again.
+    @Test func unspentTicketsAreBounded() async throws {
+        try await Self.withStack(maxPending: 2) { stack in
+            let kept = [try await stack.ticket(sub: "bounded-1")["siwa_ticket"], try await stack.ticket(sub: "bounded-2")["siwa_ticket"]]
+            #expect(kept.allSatisfy { $0 != nil })
+            let authorize = try await stack.started()
+            let refused = try await stack.callback(stack.appleAnswer(authorize, sub: "bounded-3"))
+            #expect(refused.status == 303, "\(refused.status) \(refused.body)")
+            let back = WebSignInStack.query(of: refused.location ?? "")
+            #expect(back["siwa_error"] == "too_many_sign_ins" && back["siwa_ticket"] == nil && back["siwa_app_state"] == "session-42", "\(back)")
+            #expect(refused.location?.hasPrefix(WebSignInStack.returnURL + "?") == true, "\(refused.location ?? "no location")")
+            let again = try await stack.callback(stack.appleAnswer(authorize, sub: "bounded-3"))
+            #expect(again.status == 400, "the refused callback spent its state: \(again.status)")
+            let tickets = try await stack.api.connection.query("SELECT count(*)::bigint FROM siwa.web_sign_in_tickets")[0].decode(Int64.self, at: 0)
+            #expect(tickets == 2)
+            for ticket in kept.compactMap({ $0 }) {
+                let answer = try await stack.redeem(ticket)
+                #expect(answer.status == 200, "\(answer.status) \(answer.body)")
+            }
+            #expect(try await stack.ticket(sub: "bounded-4")["siwa_ticket"] != nil)
+        }
+    }
 }
