@@ -64,7 +64,7 @@ enum AccountPages {
 
                 """
         case .change(let change):
-            let reason: HTML = change.reason.map { ", reason <strong>\($0)</strong>" } ?? ""
+            let reason: HTML = change.reason.map { ", reason <strong>\($0)</strong>" + Self.explain(reason: $0) } ?? ""
             let job: HTML = change.jobID.map { ", by job " + JobPage.link($0) } ?? ""
             return """
                 <li class="change"><span class="when">\(Ages.timestamp(change.createdAt))</span><span class="tag">change #\(change.id)</span>\
@@ -90,6 +90,15 @@ enum AccountPages {
                 <span class="muted">(queued \(Ages.timestamp(job.createdAt)), \(job.attempt) attempt\(job.attempt == 1 ? "" : "s"))</span>\(attempts)</li>
 
                 """
+        }
+    }
+
+    /// What a change's reason means, for the reasons that do not say it themselves.
+    static func explain(reason: String) -> HTML {
+        switch reason {
+        case "sign_in_code_exchanged": " (an app API sign-in; its authorization code exchanged at Apple, the token stored)"
+        case "sign_in": " (an app API sign-in with an identity token only; no code exchanged)"
+        default: ""
         }
     }
 

@@ -10,6 +10,30 @@ import Testing
 @Suite(.serialized) struct ConsoleAccountViewTests {
     static let clientID = LifecycleHarness.clientID
 
+    /// An app API sign-in exchanges its code itself (no job): its `linked` change says so
+    /// (`sign_in_code_exchanged`; `sign_in` without a code), for the app's feed and the console's
+    /// timeline, as a link's change names its exchange job.
+    @Test func anAppAPISignInsCodeExchangeIsOnTheTimeline() async throws {
+        try await withAppAPI { api in
+            try await api.signedIn(sub: "001.exchanged")
+            #expect(try await api.signIn(sub: "001.codeless", withCode: false).status == 200)
+            let reasons = try await api.connection.query(
+                "SELECT sub, reason FROM siwa.account_changes WHERE change = 'linked' AND client_id = \(Self.clientID) ORDER BY sub"
+            ).map { (try $0.decode(String.self, at: 0), try $0.decode(String?.self, at: 1)) }
+            #expect(reasons.map(\.0) == ["001.codeless", "001.exchanged"] && reasons.map(\.1) == ["sign_in", "sign_in_code_exchanged"], "\(reasons)")
+            let feed = try await api.request("GET", "/v1/changes?after=0")
+            #expect(feed.body.contains(#""reason":"sign_in_code_exchanged""#), "\(feed.body)")
+            try await api.lifecycle.database.withLogin(inRole: "siwa_worker") { url in
+                let console = try await ConsoleProcess(databaseURL: url)
+                let exchanged = try await ConsoleHTTP.get(console.base + URLPart(Self.clientID, "001.exchanged"))
+                let codeless = try await ConsoleHTTP.get(console.base + URLPart(Self.clientID, "001.codeless"))
+                await console.stop()
+                #expect(exchanged.body.contains("its authorization code exchanged at Apple"), "\(exchanged.body)")
+                #expect(codeless.body.contains("no code exchanged") && !codeless.body.contains("exchanged at Apple"), "\(codeless.body)")
+            }
+        }
+    }
+
     @Test func theConsoleAndTheAppAPIShowTheSameAccountFromTheSameRow() async throws {
         try await withAppAPI { api in
             try await api.signedIn(sub: "001.same")

@@ -94,6 +94,16 @@ import Testing
                 .app([.link(longUserID: false)]), .work(pick: 0, answer: .ok), .app([.requestDeletion(withCode: false)]),
                 .work(pick: 0, answer: .ok), .signIn(withCode: false, answer: .ok),
             ]),
+        // Web tickets: one made before the link, redeemed twice at once while the deletion is
+        // pending (one 403, one 401); one made before the deletion, redeemed after it ended: a new
+        // life, its exchange held.
+        NamedModelSequence(
+            name: "tickets redeemed during and after a deletion", grouped: false,
+            steps: [
+                .webTicket, .app([.link(longUserID: false)]), .work(pick: 0, answer: .ok), .webTicket,
+                .app([.requestDeletion(withCode: false)]), .redeemTicket(answer: .ok, twice: true), .work(pick: 0, answer: .ok),
+                .redeemTicket(answer: .ok, twice: false),
+            ]),
     ]
 
     @Test func namedSequencesEndRight() async throws {

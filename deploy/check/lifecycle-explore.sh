@@ -16,7 +16,9 @@ logs=${KEEP_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/siwa-explore.XXXXXX")}
 mkdir -p "$logs"
 
 echo "==> building the tests"
-swift build --build-tests >"$logs/build.log" 2>&1 || { tail -20 "$logs/build.log"; exit 1; }
+# The flags of deploy/test.sh: other flags would rebuild every module, here and at the next test run.
+swift build --build-tests -Xswiftc -warnings-as-errors -Xswiftc -require-explicit-sendable \
+  --explicit-target-dependency-import-check error >"$logs/build.log" 2>&1 || { tail -20 "$logs/build.log"; exit 1; }
 
 started=$(date +%s)
 done_sequences=0 runs=0 failed_runs=0 seeds=()

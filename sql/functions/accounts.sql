@@ -217,6 +217,16 @@ BEGIN
 END
 $$;
 
+-- The reason of a `linked` change: NULL for a link (its exchange job is the change's job_id);
+-- for the app API's sign-in, whether it exchanged a code at Apple (`sign_in_code_exchanged`) or
+-- came with an identity token only (`sign_in`).
+CREATE OR REPLACE FUNCTION siwa.sign_in_reason(p_job_id bigint, p_token_enc bytea) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_job_id IS NOT NULL THEN NULL
+                WHEN p_token_enc IS NOT NULL THEN 'sign_in_code_exchanged'
+                ELSE 'sign_in' END
+$$;
+
 -- A refresh token obtained from Apple (an exchange or a sign-in) for (p_client_id, p_sub), and the
 -- identity it came with. The one place a token enters an account:
 --   - `linked`: the account is active (a new life after deleted, consent_revoked or
@@ -279,7 +289,9 @@ BEGIN
                updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
         result_change := effect.change;
-        PERFORM siwa.record_change(p_client_id, p_sub, result_change, NULL, NULL, p_job_id);
+        -- No job: the app API's sign-in, which exchanged its code itself (or had none); the reason
+        -- says so, as a link's job does, for the app and the console's timeline.
+        PERFORM siwa.record_change(p_client_id, p_sub, result_change, siwa.sign_in_reason(p_job_id, p_token_enc), NULL, p_job_id);
     ELSIF p_token_enc IS NOT NULL AND result_status NOT IN ('pending_deletion', 'deleted') THEN
         -- A deletion's own code whose deletion has finished and a new life begun since: its token
         -- was obtained to be revoked, and is, by a job of its own (never kept by the new life,
@@ -648,7 +660,7 @@ BEGIN
             ON CONFLICT (client_id, sub) DO NOTHING
             RETURNING true INTO created;
             IF created THEN
-                PERFORM siwa.record_change(p_client_id, p_sub, effect.change, NULL, NULL, NULL);
+                PERFORM siwa.record_change(p_client_id, p_sub, effect.change, siwa.sign_in_reason(NULL, p_token_enc), NULL, NULL);
                 status := effect.next_status;
                 RETURN;
             END IF;
@@ -943,7 +955,7 @@ BEGIN
             siwa.revoke_step(bigint, integer), siwa.revoke_succeeded(bigint, bytea),
             siwa.reconcile_skip(text, bytea, timestamptz), siwa.reconcile_token(text, text),
             siwa.reconcile_result(bigint, integer, bytea, text),
-            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint),
+            siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint), siwa.sign_in_reason(bigint, bytea),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion_one(text, text, text), siwa.request_deletion(text, text), siwa.account(text, text),
             siwa.revoke_token_later(text, text, bytea, text), siwa.group_client_ids(text),

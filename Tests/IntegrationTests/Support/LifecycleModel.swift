@@ -47,6 +47,15 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
     /// signed: the sign-in refuses it (400 `code_invalid`) after the exchange, and must not drop the
     /// token: Apple answers its revoke with `revoke` (a 503 leaves it to a retried job).
     case signInRefusedAfterExchange(revoke: AppleAnswer)
+    /// The browser half of a web or Android sign-in: the receiver's state and nonce, then Apple's
+    /// `form_post` to the callback (a fresh code bound to the callback's redirect URI) leave a ticket
+    /// for the app's back end to redeem, at `redeemTicket`, however many steps later.
+    case webTicket
+    /// The app's back end redeems the oldest ticket not yet redeemed (`POST /v1/sign-in {"ticket"}`),
+    /// Apple answering its exchange with `answer`; `twice`: two redemptions of the same ticket at
+    /// once (exactly one signs in, the other is 401 `ticket_invalid`). The sign-in reads the account
+    /// when it is redeemed: a deletion requested since the ticket was made refuses it.
+    case redeemTicket(answer: AppleAnswer, twice: Bool)
 
     var description: String {
         switch self {
@@ -68,6 +77,9 @@ enum ModelStep: Hashable, Sendable, CustomStringConvertible {
         case .importToken: "operator imports a refresh token from the app's old store (siwa accounts import)"
         case .signInRefusedAfterExchange(let revoke):
             "app API sign-in with a fresh code; Apple answers the exchange with an unverifiable id_token and the revoke \(revoke)"
+        case .webTicket: "web sign-in in a browser: state, Apple's form_post, a ticket kept"
+        case .redeemTicket(let answer, let twice):
+            "app back end redeems the oldest ticket\(twice ? " twice at once" : ""); Apple answers the exchange \(answer)"
         }
     }
 }
@@ -141,7 +153,7 @@ struct ModelGenerator {
     }
 
     private func nextStep(_ random: inout SeededGenerator, inFlight: Bool, stalled: Bool) -> ModelStep {
-        let roll = Int.random(in: 0..<116, using: &random)
+        let roll = Int.random(in: 0..<122, using: &random)
         switch roll {
         case 0..<20:
             let count = Int.random(in: 0..<10, using: &random) < 7 ? 1 : 2
@@ -173,8 +185,12 @@ struct ModelGenerator {
             return inFlight ? .release : .slowSignIn(answer: answer(&random))
         case 110..<113:
             return .importToken
-        default:
+        case 113..<116:
             return .signInRefusedAfterExchange(revoke: Int.random(in: 0..<2, using: &random) == 0 ? .ok : .unavailable)
+        case 116..<118:
+            return .webTicket
+        default:
+            return .redeemTicket(answer: answer(&random), twice: Int.random(in: 0..<4, using: &random) == 0)
         }
     }
 
@@ -295,6 +311,8 @@ struct ModelShrinker {
             [.signIn(withCode: true, answer: answer)] + (answer != .ok ? [.slowSignIn(answer: .ok)] : [])
         case .signInRefusedAfterExchange(let revoke) where revoke != .ok: [.signInRefusedAfterExchange(revoke: .ok)]
         case .app([.linkInGroup]): [.app([.link(longUserID: false)])]
+        case .redeemTicket(let answer, let twice) where twice || answer != .ok:
+            [.redeemTicket(answer: answer, twice: false), .redeemTicket(answer: .ok, twice: twice)].filter { $0 != step }
         default: []
         }
     }
@@ -319,6 +337,8 @@ extension ModelStep {
         case .slowSignIn(let answer): "sign-in, Apple slow then \(answer)"
         case .importToken: "token imported"
         case .signInRefusedAfterExchange(let revoke): "sign-in refused after its exchange, revoke answers \(revoke)"
+        case .webTicket: "web ticket kept"
+        case .redeemTicket(let answer, let twice): "ticket redeemed\(twice ? " twice at once" : ""), Apple answers \(answer)"
         }
     }
 }

@@ -43,6 +43,8 @@ final class ModelRun {
     private var signInStarts: [Int: Date] = [:]
     /// When the last sign-in accepted with a code that Apple exchanged read the account.
     private(set) var lastExchangedSignIn: Date?
+    /// Web sign-in tickets kept and not yet redeemed, oldest first, with the code each carries.
+    private var tickets: [(ticket: String, code: String)] = []
     /// Every time before which the user's grants ended at Apple (`endGrants`).
     private(set) var grantEnds: [Date] = []
 
@@ -118,7 +120,7 @@ final class ModelRun {
 
     private static let noOps = [
         "no Apple job", "nothing in flight", "nothing pending", "no stalled worker", "scheduler queued 0",
-        "a call is already in flight", "a worker is already stalled",
+        "a call is already in flight", "a worker is already stalled", "no ticket",
     ]
 
     private func count(_ step: ModelStep, result: String) {
@@ -169,6 +171,11 @@ final class ModelRun {
         case .slowSignIn(let answer): return try await startSlowSignIn(answer: answer)
         case .importToken: return try await importToken()
         case .signInRefusedAfterExchange(let revoke): return try await signInRefusedAfterExchange(revoke: revoke)
+        case .webTicket:
+            let kept = try await WebTicket.make(connection: connection, fake: world.fake, sub: sub, clientID: clientID)
+            tickets.append(kept)
+            return "ticket kept (\(tickets.count) unredeemed)"
+        case .redeemTicket(let answer, let twice): return try await redeemTicket(answer: answer, twice: twice)
         }
     }
 
@@ -430,18 +437,40 @@ final class ModelRun {
         let signedIn = try await api.signInAnswer(body)
         // An answer no exchange took (the account held a token) must not reach a later job.
         world.fake.clearFailures(clientID: clientID)
-        settleSignIn(at: index, signedIn.what, withCode: withCode, answer: answer)
-        // Nothing else ran between the read and the sign-in: a user whose account was deleted comes
-        // back as somebody new, never handed the old life's app_user_id.
-        if ModelSignInRule.accepted(signedIn.what), before == "deleted" || before == "apple_account_deleted",
-            signedIn.isNew != true || signedIn.appUserID != nil
-        {
-            violations.append(
-                .init(
-                    .forgotten, "sign-in after \(before ?? "") not a new user",
-                    "the sign-in answered new \(signedIn.isNew.map(String.init) ?? "absent"), app_user_id \(signedIn.appUserID ?? "null")"))
-        }
+        settleSignIn(at: index, signedIn, before: before, withCode: withCode, answer: answer)
         return signedIn.what
+    }
+
+    /// The app's back end redeems the oldest ticket (once, or twice at once): exactly one
+    /// redemption signs in, any other is 401 `ticket_invalid`; the one that does is judged as any
+    /// sign-in with a code.
+    private func redeemTicket(answer: AppleAnswer, twice: Bool) async throws -> String {
+        guard !tickets.isEmpty else { return "no ticket" }
+        let (ticket, code) = tickets.removeFirst()
+        let api = try await startedAppAPI()
+        if let failure = Self.exchangeFailure(answer) {
+            world.fake.injectFailures(endpoint: "token", clientID: clientID, responses: [failure])
+        }
+        let before = try await status()
+        let index = placeSignIn(code: code)
+        let answers: [ModelAppAPI.SignInAnswer]
+        if twice {
+            async let first = api.signInAnswer(["ticket": ticket])
+            async let second = api.signInAnswer(["ticket": ticket])
+            answers = try await [first, second]
+        } else {
+            answers = [try await api.signInAnswer(["ticket": ticket])]
+        }
+        world.fake.clearFailures(clientID: clientID)
+        let spent = "sign-in 401 ticket_invalid"
+        let redeemed = answers.filter { $0.what != spent }
+        guard redeemed.count == 1, let signedIn = redeemed.first else {
+            violations.append(
+                .init(.appCall, "a ticket redeemed \(answers.count)x signed in \(redeemed.count)x", answers.map(\.what).joined(separator: "; ")))
+            return answers.map(\.what).joined(separator: "; ")
+        }
+        settleSignIn(at: index, signedIn, before: before, withCode: true, answer: answer)
+        return signedIn.what + (twice ? "; the same ticket again: \(spent)" : "")
     }
 
     /// A sign-in whose exchange gives a token with an `id_token` Apple never signed: refused after
@@ -514,6 +543,21 @@ final class ModelRun {
         if ModelSignInRule.accepted(what), withCode, answer == .ok { lastExchangedSignIn = signInStarts[index] }
         if let problem = ModelSignInRule.violation(what, withCode: withCode, answer: answer) {
             violations.append(.init(.appCall, "sign-in answered \(problem.split(separator: " ").first ?? "")", problem))
+        }
+    }
+
+    /// As above, for a sign-in nothing else ran beside (from its read of the account, `before`, to
+    /// its answer): a user whose account was deleted comes back as somebody new, never handed the
+    /// old life's app_user_id.
+    private func settleSignIn(at index: Int, _ signedIn: ModelAppAPI.SignInAnswer, before: String?, withCode: Bool, answer: AppleAnswer) {
+        settleSignIn(at: index, signedIn.what, withCode: withCode, answer: answer)
+        if ModelSignInRule.accepted(signedIn.what), before == "deleted" || before == "apple_account_deleted",
+            signedIn.isNew != true || signedIn.appUserID != nil
+        {
+            violations.append(
+                .init(
+                    .forgotten, "sign-in after \(before ?? "") not a new user",
+                    "the sign-in answered new \(signedIn.isNew.map(String.init) ?? "absent"), app_user_id \(signedIn.appUserID ?? "null")"))
         }
     }
 

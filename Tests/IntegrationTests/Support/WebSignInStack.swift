@@ -129,15 +129,17 @@ final class WebSignInStack: Sendable {
     }
 }
 
-extension AppAPIHarness {
-    /// A web sign-in's ticket for `sub`, made without a receiver: what `GET /apple/sign-in` and its
-    /// callback store (`siwa.begin_web_sign_in`, then `siwa.finish_web_sign_in` with Apple's answer
-    /// from the fake: an identity token for the state's nonce, a code bound to `redirectURI`).
-    /// Redeem it with `POST /v1/sign-in {"ticket"}` (`redeemTicket`). For model steps and races.
-    func webTicket(
-        sub: String, clientID: String = LifecycleHarness.clientID, withCode: Bool = true,
-        redirectURI: String = "https://auth.example.com/apple/sign-in/callback", fullName: String? = #"{"given_name":"Jane"}"#
-    ) async throws -> String {
+/// A web sign-in's ticket made without a receiver: what `GET /apple/sign-in` and its callback store
+/// (`siwa.begin_web_sign_in`, then `siwa.finish_web_sign_in` with Apple's answer from the fake: an
+/// identity token for the state's nonce, a code bound to `redirectURI`). Redeem it with
+/// `POST /v1/sign-in {"ticket"}`. For model steps and races.
+enum WebTicket {
+    static let redirectURI = "https://auth.example.com/apple/sign-in/callback"
+
+    static func make(
+        connection: PostgresConnection, fake: FakeApple, sub: String, clientID: String, withCode: Bool = true,
+        redirectURI: String = redirectURI, fullName: String? = #"{"given_name":"Jane"}"#
+    ) async throws -> (ticket: String, code: String) {
         let state = Base64URL.encode(SecureRandom.bytes(count: 32))
         let nonce = Base64URL.encode(SecureRandom.bytes(count: 32))
         let ticket = Base64URL.encode(SecureRandom.bytes(count: 32))
@@ -156,7 +158,20 @@ extension AppAPIHarness {
                                                               \(apple.identityToken), \(code), \(fullName)::jsonb, 1000000)
             """)[0].decode(Bool.self, at: 0)
         guard kept, stored else { throw HarnessError(message: "web ticket for \(sub): state kept \(kept), ticket stored \(stored)") }
-        return ticket
+        return (ticket, apple.authorizationCode)
+    }
+}
+
+extension AppAPIHarness {
+    /// A web sign-in's ticket for `sub` (`WebTicket.make` over this harness's database and fake).
+    func webTicket(
+        sub: String, clientID: String = LifecycleHarness.clientID, withCode: Bool = true,
+        redirectURI: String = WebTicket.redirectURI, fullName: String? = #"{"given_name":"Jane"}"#
+    ) async throws -> String {
+        try await WebTicket.make(
+            connection: connection, fake: fake, sub: sub, clientID: clientID, withCode: withCode, redirectURI: redirectURI,
+            fullName: fullName
+        ).ticket
     }
 
     /// `POST /v1/sign-in {"ticket"}`.
