@@ -58,5 +58,6 @@ if [ $# -eq 0 ]; then
   check "the modules' layers" deploy/check/layers-check.sh
   check "the database roles" deploy/check/roles-check.sh
   check "the deployment files" deploy/check/deploy-check.sh
+  check "the runtime image's packages against the binaries' libraries" deploy/check/runtime-libs.sh
   check "the app API against its OpenAPI document" deploy/check/app-api-fuzz.sh
 fi

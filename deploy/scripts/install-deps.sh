@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # curl and ca-certificates: the tests' independent client for the local servers' https://.
-packages=(libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config postgresql curl ca-certificates "$@")
+# binutils: readelf, for deploy/check/runtime-libs.sh (the libraries the binaries load).
+packages=(libpq-dev libssl-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config postgresql curl ca-certificates binutils "$@")
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
