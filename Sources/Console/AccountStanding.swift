@@ -114,6 +114,10 @@ struct AccountStanding {
         case "rate_limited": return "Apple asked us to slow down (429)"
         case "timeout", "timed_out": return "Apple did not answer in time"
         case "connection", "connect", "connection_failed": return "Apple could not be reached"
+        case "invalid_grant": return "Apple refused the code or token: used, expired, or its grant ended"
+        case "invalid_client": return "Apple refused our credentials (Team ID, Key ID or key)"
+        case "token_undecryptable": return "the stored token cannot be opened with SIWA_TOKEN_KEYS"
+        case "token_response_incomplete": return "Apple's answer lacked the token"
         default: return error
         }
     }
