@@ -351,7 +351,15 @@ final class ModelRun {
             "UPDATE siwa.jobs SET locked_until = now() - interval '1 second' WHERE id = \(job.id) AND state = 'running'")
         // The third expiry discards the job as `process_died` (ProcessDiedTests); in the model an
         // operator then retries it at once, so the rest of the run sees the job as before that rule.
-        if try await world.queue.rescueExpired().contains(where: { $0.jobID == job.id && $0.state == "discarded" }) {
+        // Any lane's rescue may be the one that takes it (the rescue is queue-wide, and skips a job
+        // another rescue holds): wait until some rescue has, then read its state from the row.
+        _ = try await world.queue.rescueExpired()
+        var state = "running"
+        try await waitUntil("job \(job.id) rescued by some lane's rescue", timeout: .seconds(10)) {
+            state = try await connection.query("SELECT state FROM siwa.jobs WHERE id = \(job.id)")[0].decode(String.self, at: 0)
+            return state != "running"
+        }
+        if state == "discarded" {
             _ = try await JobAdministration(connection: connection).retry(.id(job.id))
         }
     }
