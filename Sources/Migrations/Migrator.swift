@@ -16,7 +16,19 @@ package struct Migrator: Sendable {
         /// Function files (re)applied, in order.
         package var functionFiles: [String] = []
 
+        /// Group roles of 003_roles.sql that do not exist after the run: the migrating login may
+        /// not create roles (neither superuser nor CREATEROLE), so their grants were skipped.
+        package var missingRoles: [String] = []
+
         package var isEmpty: Bool { versions.isEmpty && functionFiles.isEmpty }
+
+        /// For stderr when roles are missing: the processes' logins cannot be made members of them.
+        package var warning: String? {
+            guard !missingRoles.isEmpty else { return nil }
+            return "the roles \(missingRoles.joined(separator: ", ")) do not exist: this login may not create roles "
+                + "(neither superuser nor CREATEROLE), so their grants were skipped. Run siwa migrate as a login with "
+                + "CREATEROLE, or have a DBA run CREATE ROLE <name> NOLOGIN for each and run siwa migrate again."
+        }
 
         /// One line for an operator: "up to date", or what was applied.
         package var summary: String {
@@ -82,7 +94,21 @@ package struct Migrator: Sendable {
         for name in report.functionFiles {
             logger.info("functions applied", metadata: ["functions": .string(name)])
         }
+        report.missingRoles = try await Self.missingRoles(connection)
         return report
+    }
+
+    /// The group roles every process's login is made a member of (sql/003_roles.sql).
+    package static let groupRoles = ["siwa_receiver", "siwa_worker", "siwa_app"]
+
+    /// Which of `names` no role of the cluster has.
+    package static func missingRoles(_ connection: PostgresConnection, names: [String] = groupRoles) async throws -> [String] {
+        try await connection.query(
+            """
+            SELECT r FROM unnest(\(names)::text[]) WITH ORDINALITY AS n(r, i)
+             WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) ORDER BY i
+            """
+        ).map { try $0.decode(String.self, at: 0) }
     }
 
     /// Applies the function files whose text changed, in name order, in one transaction: a

@@ -1,4 +1,5 @@
 import Foundation
+import LocalPostgres
 import Migrations
 import Postgres
 import Testing
@@ -29,6 +30,40 @@ import Testing
                 "SELECT obj_description('siwa.record_change(text, text, text, text, text, bigint)'::regprocedure) AS c")
             #expect(try comment[0].decode(String?.self, column: "c") == "edited")
         }
+    }
+
+    /// A database owner that may not create roles: `siwa migrate` succeeds (003 skips the grants)
+    /// but says so, naming the roles, instead of a silent "applied" that leaves the processes'
+    /// logins nothing to join; migrated again by a login that may, nothing is missing. On a cluster
+    /// of its own: the shared one has the roles from every other test.
+    @Test func aLoginThatMayNotCreateRolesIsToldWhichAreMissing() async throws {
+        let cluster = try await LocalPostgresClusterForTest.start()
+        do {
+            let admin = try await PostgresConnection.connect(to: cluster.url, logger: TestDatabase.logger)
+            defer { admin.close() }
+            try await admin.simpleQuery("CREATE ROLE plain_owner LOGIN NOCREATEROLE")
+            try await admin.simpleQuery("CREATE DATABASE owned OWNER plain_owner")
+            let ownerURL = "postgresql://plain_owner@127.0.0.1:\(cluster.port)/owned"
+            let owner = try await PostgresConnection.connect(to: ownerURL, logger: TestDatabase.logger)
+            defer { owner.close() }
+            let skipped = try await Migrator(logger: TestDatabase.logger).migrate(owner)
+            #expect(skipped.versions == Migration.embedded.map(\.version))
+            #expect(skipped.missingRoles == Migrator.groupRoles)
+            #expect(skipped.warning?.contains("siwa_receiver, siwa_worker, siwa_app do not exist") == true, "\(skipped.warning ?? "no warning")")
+            #expect(skipped.warning?.contains("CREATEROLE") == true)
+
+            let superuserURL = "postgresql://postgres@127.0.0.1:\(cluster.port)/owned"
+            let superuser = try await PostgresConnection.connect(to: superuserURL, logger: TestDatabase.logger)
+            defer { superuser.close() }
+            try await superuser.simpleQuery("DELETE FROM siwa.schema_migrations WHERE version = 3")  // 003 again, as a DBA would
+            let granted = try await Migrator(logger: TestDatabase.logger).migrate(superuser)
+            #expect(granted.versions == [3] && granted.missingRoles.isEmpty && granted.warning == nil, "\(granted)")
+            #expect(try await Migrator.missingRoles(superuser, names: ["siwa_worker", "no_such_role"]) == ["no_such_role"])
+        } catch {
+            await cluster.destroy()
+            throw error
+        }
+        await cluster.destroy()
     }
 
     @Test func aFailingFunctionFileAppliesNothingOfItsRelease() async throws {

@@ -26,6 +26,7 @@ enum MigrateCommand: CLICommand {
         do {
             let applied = try await Migrator(logger: logger).migrate(connection)
             print(applied.summary)
+            if let warning = applied.warning { CLI.error(name, warning) }
             return 0
         } catch {
             logger.error("migration failed", metadata: ["error": "\(error)"])
