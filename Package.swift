@@ -54,8 +54,10 @@ let package = Package(
         .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
         .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "JSON", "OutboundHTTP", "Metrics", "SiwaModel"], swiftSettings: strict),
         .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
+        // Refresh tokens at rest: sealed with SIWA_TOKEN_KEYS (TokenBox), imported, re-sealed under a new key.
+        .target(name: "StoredTokens", dependencies: ["CryptoCore", "Postgres"], exclude: ["README.md"], swiftSettings: strict),
         // An account as its readers show it (the app API, the console): siwa.account's columns, decoded once.
-        .target(name: "Accounts", dependencies: ["JSON", "Postgres"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "Accounts", dependencies: ["JSON", "Postgres", "SiwaModel"], exclude: ["README.md"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
@@ -63,11 +65,11 @@ let package = Package(
                 swiftSettings: strict),
         // The Apple-calling job handlers (exchange, revoke, reconcile) and their shared context.
         .target(name: "AppleJobs",
-                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel"],
+                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The app API: its server, routes, answers, sign-in and SQL calls.
         .target(name: "AppAPI",
-                dependencies: ["Accounts", "AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
+                dependencies: ["Accounts", "AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                 exclude: ["README.md"], swiftSettings: strict),
         // Webhooks: the queue, the dispatcher, signatures, the transports (retry and discard: siwa.webhook_retry).
         .target(name: "Webhooks",
@@ -81,7 +83,7 @@ let package = Package(
                 dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel", "Lifecycle"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
-        .target(name: "Console", dependencies: ["Accounts", "CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
+        .target(name: "Console", dependencies: ["Accounts", "CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings", "SiwaModel"],
                 exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "Metrics"],
                 exclude: ["README.md"], swiftSettings: strict),
@@ -94,9 +96,11 @@ let package = Package(
                           swiftSettings: strict),
         .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppleJobs", "Logging", "Lifecycle", "Settings"],
                           swiftSettings: strict),
-        .executableTarget(name: "siwa",
-                          dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "AppleJobs", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics"],
-                          swiftSettings: strict),
+        // The operator CLI's commands (`siwa migrate`, `status`, `jobs`, `dev`, ...), their help and flag checks.
+        .target(name: "OperatorCommands",
+                dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics", "StoredTokens"],
+                exclude: ["README.md"], swiftSettings: strict),
+        .executableTarget(name: "siwa", dependencies: ["OperatorCommands"], swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
         // -sanitize=fuzzer,address; a plain build keeps it compiling (replay / make-corpus modes).
@@ -117,6 +121,7 @@ let package = Package(
                     dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
+        .testTarget(name: "StoredTokensTests", dependencies: ["StoredTokens", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "Locking", "Postgres", "ScriptedHTTPServer", "Settings", "TestTiming"],
                     swiftSettings: strict),
@@ -129,7 +134,7 @@ let package = Package(
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel"],
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                     swiftSettings: strict),
     ]
 )

@@ -3,6 +3,7 @@ import FakeApple
 import Foundation
 import Postgres
 import Testing
+import StoredTokens
 
 /// Sign-in on every platform (CONTRACT.md, "Sign-in on every platform"), against a real PostgreSQL
 /// and the fake Apple: web codes and their redirect URI, the user's name and `real_user_status`,

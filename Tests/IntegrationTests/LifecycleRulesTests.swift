@@ -7,6 +7,7 @@ import Testing
 import WorkerCore
 import AppleJobs
 import SiwaModel
+import StoredTokens
 
 /// One test per rule of CONTRACT.md → "Account lifecycle rules", against the real SQL, the real
 /// handlers and the fake Apple.
