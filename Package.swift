@@ -26,18 +26,18 @@ let package = Package(
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // Thin wrappers: the only code that sees a C pointer.
-        .target(name: "Logging", swiftSettings: strict),
-        .target(name: "Locking", swiftSettings: strict),
-        .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], swiftSettings: strict),
-        .target(name: "CryptoCore", dependencies: ["COpenSSL"], swiftSettings: strict),
+        .target(name: "Logging", exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "Locking", exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "CryptoCore", dependencies: ["COpenSSL"], exclude: ["README.md"], swiftSettings: strict),
         .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
         // The one HTTP client of every call out (Apple, webhooks, the CLI), over libcurl.
         .target(name: "OutboundHTTP", dependencies: ["Locking", "CCurl"], exclude: ["README.md"], swiftSettings: strict),
 
         // Building blocks.
-        .target(name: "JSON", swiftSettings: strict),
-        .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], swiftSettings: strict),
-        .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], swiftSettings: strict),
+        .target(name: "JSON", exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], exclude: ["README.md"], swiftSettings: strict),
         // Configuration: flags, environment and `X_FILE` sources, the catalog of every setting, its documents.
         .target(name: "Settings", dependencies: ["Logging"], exclude: ["README.md"], swiftSettings: strict),
         // The Prometheus registry: counters, gauges, histograms.
@@ -48,26 +48,28 @@ let package = Package(
         .target(name: "SiwaModel", dependencies: ["JSON"], exclude: ["README.md"], swiftSettings: strict),
         // sql/ embedded at build time (the EmbedSQL plugin runs embed-sql), and the migrator that
         // applies it.
-        .target(name: "Migrations", dependencies: ["Logging", "Postgres"], resources: [.process("SQL")],
+        .target(name: "Migrations", dependencies: ["Logging", "Postgres"], exclude: ["README.md"], resources: [.process("SQL")],
                 swiftSettings: strict, plugins: ["EmbedSQLPlugin"]),
-        .executableTarget(name: "embed-sql", swiftSettings: strict),
-        .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin"),
-        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "JSON", "OutboundHTTP", "Metrics", "SiwaModel"], swiftSettings: strict),
-        .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], swiftSettings: strict),
+        .executableTarget(name: "embed-sql", exclude: ["README.md"], swiftSettings: strict),
+        .plugin(name: "EmbedSQLPlugin", capability: .buildTool(), dependencies: ["embed-sql"], path: "Sources/EmbedSQLPlugin", exclude: ["README.md"]),
+        .target(name: "AppleClient", dependencies: ["Locking", "JOSE", "CryptoCore", "Logging", "JSON", "OutboundHTTP", "Metrics", "SiwaModel"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "JobQueue", dependencies: ["Postgres", "Logging"], exclude: ["README.md"], swiftSettings: strict),
+        // Refresh tokens at rest: sealed with SIWA_TOKEN_KEYS (TokenBox), imported, re-sealed under a new key.
+        .target(name: "StoredTokens", dependencies: ["CryptoCore", "Postgres"], exclude: ["README.md"], swiftSettings: strict),
         // An account as its readers show it (the app API, the console): siwa.account's columns, decoded once.
-        .target(name: "Accounts", dependencies: ["JSON", "Postgres"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "Accounts", dependencies: ["JSON", "Postgres", "SiwaModel"], exclude: ["README.md"], swiftSettings: strict),
 
         // Application logic.
         .target(name: "ReceiverCore",
                 dependencies: ["Locking", "Postgres", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "JSON", "Lifecycle", "Metrics", "Settings", "SiwaModel"],
-                swiftSettings: strict),
+                exclude: ["README.md"], swiftSettings: strict),
         // The Apple-calling job handlers (exchange, revoke, reconcile) and their shared context.
         .target(name: "AppleJobs",
-                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel"],
+                dependencies: ["AppleClient", "JobQueue", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The app API: its server, routes, answers, sign-in and SQL calls.
         .target(name: "AppAPI",
-                dependencies: ["Accounts", "AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings"],
+                dependencies: ["Accounts", "AppleClient", "AppleJobs", "CryptoCore", "HTTPServer", "JOSE", "JSON", "Locking", "Logging", "Postgres", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                 exclude: ["README.md"], swiftSettings: strict),
         // Webhooks: the queue, the dispatcher, signatures, the transports (retry and discard: siwa.webhook_retry).
         .target(name: "Webhooks",
@@ -81,7 +83,7 @@ let package = Package(
                 dependencies: ["AppAPI", "AppleClient", "AppleJobs", "HTTPServer", "JOSE", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Metrics", "Settings", "SiwaModel", "Lifecycle"],
                 exclude: ["README.md"], swiftSettings: strict),
         // The operator console's pages and actions (`siwa console`, `siwa dev`).
-        .target(name: "Console", dependencies: ["Accounts", "CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings"],
+        .target(name: "Console", dependencies: ["Accounts", "CryptoCore", "HTTPServer", "JobQueue", "Locking", "Logging", "Postgres", "Webhooks", "Settings", "SiwaModel"],
                 exclude: ["README.md"], swiftSettings: strict),
         .target(name: "FakeApple", dependencies: ["Locking", "JOSE", "CryptoCore", "HTTPServer", "Logging", "AppleClient", "Metrics"],
                 exclude: ["README.md"], swiftSettings: strict),
@@ -91,12 +93,14 @@ let package = Package(
         // (`--explicit-target-dependency-import-check error` enforces the first half only; see
         // deploy/check/package-deps.sh for the second).
         .executableTarget(name: "siwa-receiver", dependencies: ["ReceiverCore", "Logging", "Lifecycle", "Settings"],
-                          swiftSettings: strict),
+                          exclude: ["README.md"], swiftSettings: strict),
         .executableTarget(name: "siwa-worker", dependencies: ["WorkerCore", "AppleJobs", "Logging", "Lifecycle", "Settings"],
-                          swiftSettings: strict),
-        .executableTarget(name: "siwa",
-                          dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "AppleJobs", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics"],
-                          swiftSettings: strict),
+                          exclude: ["README.md"], swiftSettings: strict),
+        // The operator CLI's commands (`siwa migrate`, `status`, `jobs`, `dev`, ...), their help and flag checks.
+        .target(name: "OperatorCommands",
+                dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics", "StoredTokens"],
+                exclude: ["README.md"], swiftSettings: strict),
+        .executableTarget(name: "siwa", dependencies: ["OperatorCommands"], exclude: ["README.md"], swiftSettings: strict),
 
         // The receiver's decoding path as a libFuzzer target: deploy/fuzz/run.sh builds it with
         // -sanitize=fuzzer,address; a plain build keeps it compiling (replay / make-corpus modes).
@@ -117,6 +121,7 @@ let package = Package(
                     dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
+        .testTarget(name: "StoredTokensTests", dependencies: ["StoredTokens", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "Locking", "Postgres", "ScriptedHTTPServer", "Settings", "TestTiming"],
                     swiftSettings: strict),
@@ -129,7 +134,7 @@ let package = Package(
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel"],
+                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                     swiftSettings: strict),
     ]
 )

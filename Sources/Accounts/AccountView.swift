@@ -1,6 +1,7 @@
 package import Foundation
 import JSON
 package import Postgres
+package import SiwaModel
 
 /// An account as `siwa.account(...)` shows it: no token, only whether there is one. The one
 /// decoding of those columns, for every reader that shows an account: the app API's answers
@@ -10,7 +11,7 @@ package struct AccountView: Sendable, Equatable {
     package var clientID: String
     package var sub: String
     package var appUserID: String?
-    package var status: String
+    package var status: AccountStatus
     package var email: String?
     package var isPrivateEmail: Bool?
     package var emailForwarding: String?
@@ -28,7 +29,7 @@ package struct AccountView: Sendable, Equatable {
         clientID = try row.decode(String.self, column: "client_id")
         sub = try row.decode(String.self, column: "sub")
         appUserID = try row.decode(String?.self, column: "app_user_id")
-        status = try row.decode(String.self, column: "status")
+        status = try row.decode(AccountStatus.self, column: "status")
         email = try row.decode(String?.self, column: "email")
         isPrivateEmail = try row.decode(Bool?.self, column: "is_private_email")
         emailForwarding = try row.decode(String?.self, column: "email_forwarding")

@@ -1,6 +1,6 @@
 package import Settings
 
-/// The app API's settings (CONTRACT.md, "App API"): nil from `init?` when `SIWA_APP_API_LISTEN` is
+/// The app API's settings (Sources/AppAPI/README.md): nil from `init?` when `SIWA_APP_API_LISTEN` is
 /// unset, which means the API is not served.
 package struct AppAPIConfiguration: Sendable {
     package static let variables = [

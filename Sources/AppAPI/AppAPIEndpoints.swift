@@ -1,4 +1,4 @@
-/// Every operation of the app API (CONTRACT.md, "App API" and "Sign-in on every platform"),
+/// Every operation of the app API (Sources/AppAPI/README.md; the client flows: README.md, "App integration"),
 /// declared once: `AppAPIServer` routes and decodes with these, `AppAPIOpenAPI` describes them.
 enum AppAPIEndpoints {
     /// Longest authorization code accepted (Apple's are about 100 characters).

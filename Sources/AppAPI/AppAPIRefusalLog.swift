@@ -2,7 +2,7 @@ import Locking
 import Logging
 
 /// The app API's refused and timed-out connections, logged at warn at most once a minute per reason
-/// with how many there were (CONTRACT.md, "App API edge"): the first of a quiet spell at once,
+/// with how many there were (Sources/AppAPI/README.md, "The edge"): the first of a quiet spell at once,
 /// later ones added up until a minute has passed, then logged with the next one or by `flush()`
 /// (the server's minute loop), whichever comes first. The metrics count each one as it happens.
 struct AppAPIRefusalLog: Sendable {

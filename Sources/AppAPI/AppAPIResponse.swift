@@ -3,6 +3,7 @@ import Foundation
 internal import HTTPServer
 import JOSE
 import Postgres
+import SiwaModel
 
 /// An answer other than success: the contract's status and `{"error":"<code>"}`, with a `detail`
 /// naming the field or rule that failed when there is one. A detail never quotes a value sent.
@@ -136,7 +137,7 @@ enum AppAPIJSON {
     static func account(_ account: AccountView) -> [String: Any] {
         [
             "client_id": account.clientID, "sub": account.sub, "app_user_id": value(account.appUserID),
-            "status": account.status, "email": value(account.email), "is_private_email": value(account.isPrivateEmail),
+            "status": account.status.rawValue, "email": value(account.email), "is_private_email": value(account.isPrivateEmail),
             "email_forwarding": value(account.emailForwarding), "sessions_revoked_at": value(account.sessionsRevokedAt),
             "linked_at": value(account.linkedAt), "updated_at": value(account.updatedAt),
             "has_refresh_token": account.hasRefreshToken, "full_name": value(account.fullName),
@@ -149,7 +150,7 @@ enum AppAPIJSON {
     static func change(_ change: AppAPIStore.Change) -> [String: Any] {
         [
             "id": change.id, "client_id": change.clientID, "sub": change.sub, "app_user_id": value(change.appUserID),
-            "change": change.change, "status": value(change.status), "reason": value(change.reason),
+            "change": change.change, "status": value(change.status?.rawValue), "reason": value(change.reason),
             "created_at": timestamp(change.createdAt),
         ]
     }

@@ -1,4 +1,5 @@
 import Foundation
+import SiwaModel
 
 /// JSON Schemas (2020-12, as OpenAPI 3.1 uses them) of the app API's answers, beside the
 /// functions that write them (`AppAPIJSON`); Schemathesis checks every answer against them in CI.
@@ -10,7 +11,7 @@ enum AppAPISchemas {
     static var timestamp: [String: Any] { ["type": "string", "format": "date-time"] }
     static var nullableTimestamp: [String: Any] { nullable("string", ["format": "date-time"]) }
     static var status: [String: Any] {
-        ["type": "string", "enum": ["active", "consent_revoked", "apple_account_deleted", "pending_deletion", "deleted"]]
+        ["type": "string", "enum": AccountStatus.allCases.map(\.rawValue)]
     }
     static var realUserStatus: [String: Any] {
         ["type": ["string", "null"], "enum": ["unsupported", "unknown", "likely_real", NSNull()]]

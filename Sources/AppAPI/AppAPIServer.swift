@@ -10,8 +10,10 @@ package import Postgres
 package import AppleJobs
 package import Metrics
 import Settings
+import StoredTokens
+import SiwaModel
 
-/// The app API (CONTRACT.md, "App API"), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
+/// The app API (Sources/AppAPI/README.md), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
 /// that do not share this database: nonces, sign-in, an account's state, deletion, the change feed.
 ///
 /// Each connection has a thread of its own, and a request runs to its end on it (`CallingThread`):
@@ -24,7 +26,7 @@ import Settings
 /// `admit`). Bodies are at most 16 KiB (larger: 413 from the HTTP layer, unread). Database
 /// calls are bounded (`AppAPIStore`), Apple calls at 5 s. Internal network only.
 ///
-/// The edge (CONTRACT.md, "App API edge"): a request must arrive whole within
+/// The edge (Sources/AppAPI/README.md, "The edge"): a request must arrive whole within
 /// `SIWA_APP_API_REQUEST_TIMEOUT`, one address holds at most `SIWA_APP_API_CONNECTIONS_PER_ADDRESS`
 /// connections (more are closed as they are accepted), and both are counted
 /// (`siwa_app_api_connections_refused_total`) and logged (`AppAPIRefusalLog`).
@@ -269,7 +271,7 @@ package final class AppAPIServer: Sendable {
             guard let requested = try await store.requestDeletion(clientID: clientID, sub: sub, authorizationCode: code) else {
                 return AppAPIError.accountNotFound.response
             }
-            return AppAPIJSON.response(status: 202, ["job_id": requested.job, "status": requested.status])
+            return AppAPIJSON.response(status: 202, ["job_id": requested.job, "status": requested.status.rawValue])
         } catch {
             logger.warning("could not request a deletion", metadata: ["error": "\(error)"])
             return AppAPIError.database(error).response

@@ -2,6 +2,7 @@ import Accounts
 import Foundation
 package import Postgres
 import Metrics
+import SiwaModel
 
 /// The app API's database side: one method per statement, each through the functions of
 /// `sql/functions/app_api.sql` or the contract's own (`siwa.request_deletion`). A sign-in's three
@@ -24,7 +25,7 @@ package struct AppAPIStore: Sendable {
         var sub: String
         var appUserID: String?
         var change: String
-        var status: String?
+        var status: AccountStatus?
         var reason: String?
         var createdAt: Date
     }
@@ -95,13 +96,13 @@ package struct AppAPIStore: Sendable {
     /// What a sign-in needs to know before calling Apple, and how many deletions had been requested
     /// for the account (`siwa.sign_in` lets any request counted after this read win).
     struct SignInState: Sendable {
-        var status: String?
+        var status: AccountStatus?
         var hasRefreshToken: Bool
         var deletionRequests: Int64
 
         /// From `siwa.sign_in_state`'s columns (no account: no status, no token, no deletion).
         init(_ row: PostgresRow) throws {
-            status = try row.decode(String?.self, column: "status")
+            status = try row.decode(AccountStatus?.self, column: "status")
             hasRefreshToken = try row.decode(Bool.self, column: "has_refresh_token")
             deletionRequests = try row.decode(Int64.self, column: "deletion_requests")
         }
@@ -171,7 +172,7 @@ package struct AppAPIStore: Sendable {
 
     /// `siwa.request_deletion`: its job's id and the account's status after it. Without a code,
     /// only for an account that exists: nil, and nothing created, for an unknown one.
-    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> (job: Int64, status: String)? {
+    func requestDeletion(clientID: String, sub: String, authorizationCode: String?) async throws -> (job: Int64, status: AccountStatus)? {
         try await run { connection in
             try await connection.withTransaction { connection in
                 let job: Int64?
@@ -188,7 +189,7 @@ package struct AppAPIStore: Sendable {
                 }
                 guard let job else { return nil }
                 let status = try await connection.query("SELECT status FROM siwa.account(\(clientID), \(sub))")[0]
-                    .decode(String.self, at: 0)
+                    .decode(AccountStatus.self, at: 0)
                 return (job, status)
             }
         }
@@ -205,7 +206,7 @@ package struct AppAPIStore: Sendable {
                 Change(
                     id: try row.decode(Int64.self, column: "id"), clientID: try row.decode(String.self, column: "client_id"),
                     sub: try row.decode(String.self, column: "sub"), appUserID: try row.decode(String?.self, column: "app_user_id"),
-                    change: try row.decode(String.self, column: "change"), status: try row.decode(String?.self, column: "status"),
+                    change: try row.decode(String.self, column: "change"), status: try row.decode(AccountStatus?.self, column: "status"),
                     reason: try row.decode(String?.self, column: "reason"), createdAt: try row.decode(Date.self, column: "created_at"))
             }
         }

@@ -4,6 +4,8 @@ import CryptoCore
 import Foundation
 import Logging
 import Postgres
+import StoredTokens
+import SiwaModel
 
 /// `POST /v1/sign-in`: the server's half of a sign-in, checked in the contract's order. Each step either
 /// answers with its error or hands on to the next:
@@ -112,7 +114,7 @@ struct SignIn: Sendable {
             logger.warning("sign-in: could not read the account", metadata: ["error": "\(error)"])
             return .failure(.database(error))
         }
-        if state.status == "pending_deletion" { return .failure(.accountDeleting) }
+        if state.status == .pendingDeletion { return .failure(.accountDeleting) }
 
         // 4. The exchange, before anything is written; also when a token is held: the code is the
         // user's grant as of now (the held token may be one Apple has ended since, its
@@ -134,11 +136,11 @@ struct SignIn: Sendable {
                 deletionRequestsSeen: state.deletionRequests, fullName: request.fullName,
                 realUserStatus: identity.realUserStatus)
             // A deletion requested while Apple was asked: it stands, and holds the token to revoke it.
-            guard account.status == "active" else { return .failure(.accountDeleting) }
+            guard account.status == .active else { return .failure(.accountDeleting) }
             return .success([
                 "client_id": account.clientID, "sub": account.sub, "email": AppAPIJSON.value(account.email),
                 "email_verified": AppAPIJSON.value(identity.emailVerified),
-                "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status,
+                "is_private_email": AppAPIJSON.value(account.isPrivateEmail), "status": account.status.rawValue,
                 "app_user_id": AppAPIJSON.value(account.appUserID), "new": isNew && !transferred,
                 "has_refresh_token": account.hasRefreshToken, "full_name": AppAPIJSON.value(account.fullName),
                 "real_user_status": AppAPIJSON.value(account.realUserStatus),

@@ -4,7 +4,7 @@ import Logging
 import Postgres
 
 /// `POST /v1/sign-in {"ticket"}`: the end of a web or Android sign-in the receiver served
-/// (CONTRACT.md, "Web and Android sign-in, served"). The ticket is spent (one DELETE ... RETURNING
+/// (deploy/web-sign-in.md). The ticket is spent (one DELETE ... RETURNING
 /// of `siwa.redeem_web_sign_in_ticket`, whatever happens after), and what Apple posted to the
 /// receiver's callback becomes an ordinary sign-in: the identity token, the state's raw nonce (made a
 /// live nonce when the ticket was stored), the code, the redirect URI the authorization used and the

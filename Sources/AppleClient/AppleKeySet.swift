@@ -117,7 +117,7 @@ package final class AppleKeySet: Sendable {
 
     /// Bound on one fetch of the set, whatever the client's own: a request that needs a key not
     /// cached (a sign-in, a notification) waits at most this for it, then 503 `keys_unavailable`
-    /// (CONTRACT.md, "App API edge"). A caller joining a fetch in flight waits for less.
+    /// (Sources/AppAPI/README.md, "The edge"). A caller joining a fetch in flight waits for less.
     package static let fetchTimeout: Duration = .seconds(5)
 
     private func fetch() async -> Bool {

@@ -4,6 +4,7 @@ package import JobQueue
 package import Logging
 package import Postgres
 package import Metrics
+import StoredTokens
 
 /// The Apple-facing handlers over the worker's pool, with their counters in `metrics` when given.
 package func makeAppleHandlers(

@@ -1,4 +1,5 @@
 package import AppleClient
+package import StoredTokens
 package import Foundation
 import JobQueue
 import Logging

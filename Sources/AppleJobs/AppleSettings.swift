@@ -2,6 +2,7 @@ import AppleClient
 package import Foundation
 package import Logging
 package import Settings
+import StoredTokens
 
 /// What the Apple handlers need from configuration. Built from the same variables as the worker's
 /// configuration (`SIWA_TEAM_ID`, `SIWA_KEY_ID`, `SIWA_PRIVATE_KEY_FILE`, `SIWA_TOKEN_KEYS`,

@@ -5,6 +5,7 @@ package import Logging
 import Postgres
 import SiwaModel
 import Metrics
+import StoredTokens
 
 /// Exchanges the authorization code queued by `siwa.link_account` (or by `siwa.request_deletion`
 /// with a code) at once (codes live five minutes, single use), verifies the returned `id_token`,
@@ -94,13 +95,13 @@ package struct ExchangeJobHandler: JobHandler {
                     try await connection.query(
                         """
                         SELECT siwa.exchange_succeeded(\(job.id), \(sealed), \(identity.email), \(identity.isPrivateEmail))
-                        """)[0].decode(String.self, at: 0)
+                        """)[0].decode(AccountStatus.self, at: 0)
                 }
-                if status == AccountStatus.active.rawValue {
+                if status == .active {
                     context.metrics?.linked.increment()
                     logger.info("account linked")
                 } else {
-                    logger.info("token kept for the account's deletion", metadata: ["account.status": .string(status)])
+                    logger.info("token kept for the account's deletion", metadata: ["account.status": .string(status.rawValue)])
                 }
                 return .completedByHandler
             } catch {

@@ -3,6 +3,7 @@ package import JobQueue
 package import Logging
 package import Postgres
 import Metrics
+import StoredTokens
 
 /// Opt-in reconciliation (`SIWA_RECONCILE=daily`): asks Apple whether an active account's refresh
 /// token still works, at most once a day (which accounts: `siwa.reconcile_skip`). `invalid_grant`

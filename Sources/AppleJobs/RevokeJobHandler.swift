@@ -4,6 +4,7 @@ package import JobQueue
 package import Logging
 import Postgres
 import Metrics
+import StoredTokens
 
 /// Finishes a deletion requested with `siwa.request_deletion`. `siwa.revoke_step` decides each step
 /// under the account's row lock (sql/functions/accounts.sql): wait for an exchange still queued for

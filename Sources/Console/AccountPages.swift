@@ -1,5 +1,6 @@
 import Accounts
 import Foundation
+import SiwaModel
 
 /// `/accounts?q=` (find an account by `sub` or `app_user_id`) and `/accounts/{client_id}/{sub}`
 /// (one account, where it stands, and its timeline).
@@ -25,7 +26,7 @@ enum AccountPages {
     static func account(
         _ account: AccountRecord, timeline: AccountTimeline, standing: AccountStanding, context: Layout.Context
     ) -> HTML {
-        let stuck = account.status == "pending_deletion"
+        let stuck = account.status == .pendingDeletion
             && timeline.jobs.contains { $0.kind == "revoke" && (!$0.attempts.isEmpty || $0.state == "discarded") }
         let email: HTML = account.email.map { email in
             "\(email)" + (account.isPrivateEmail == true ? " <span class=\"tag\">private relay</span>" : "")
@@ -68,7 +69,7 @@ enum AccountPages {
             let job: HTML = change.jobID.map { ", by job " + JobPage.link($0) } ?? ""
             return """
                 <li class="change"><span class="when">\(Ages.timestamp(change.createdAt))</span><span class="tag">change #\(change.id)</span>\
-                <strong>\(change.change)</strong>\(change.status.map { " → \($0)" } ?? "")\(reason)\(job)</li>
+                <strong>\(change.change)</strong>\(change.status.map { " → \($0.rawValue)" } ?? "")\(reason)\(job)</li>
 
                 """
         case .job(let job):
@@ -102,12 +103,12 @@ enum AccountPages {
         }
     }
 
-    static func status(_ status: String) -> HTML {
+    static func status(_ status: AccountStatus) -> HTML {
         let tone = switch status {
-        case "active": "state-completed"
-        case "pending_deletion": "state-available"
-        default: "muted"
+        case .active: "state-completed"
+        case .pendingDeletion: "state-available"
+        case .consentRevoked, .appleAccountDeleted, .deleted: "muted"
         }
-        return "<span class=\"\(tone)\">\(status)</span>"
+        return "<span class=\"\(tone)\">\(status.rawValue)</span>"
     }
 }

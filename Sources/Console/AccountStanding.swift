@@ -1,5 +1,6 @@
 import Accounts
 import Foundation
+import SiwaModel
 
 /// The one sentence at the top of an account's page: where it stands and, when something is
 /// stuck, why and what happens next ("deletion requested 3 h ago; revoke failing: Apple answered
@@ -17,8 +18,8 @@ struct AccountStanding {
 
     var sentence: String {
         var parts = [statusPart]
-        if account.status == "pending_deletion" { parts += deletionParts }
-        if account.status == "active", let exchange = openJob("exchange"), !exchange.attempts.isEmpty {
+        if account.status == .pendingDeletion { parts += deletionParts }
+        if account.status == .active, let exchange = openJob("exchange"), !exchange.attempts.isEmpty {
             parts.append("code exchange failing: " + failureSummary(exchange) + "; " + nextTry(exchange))
         }
         if let webhooks = webhookPart { parts.append(webhooks) }
@@ -27,11 +28,11 @@ struct AccountStanding {
 
     private var statusPart: String {
         switch account.status {
-        case "pending_deletion":
+        case .pendingDeletion:
             let requested = timeline.changes.first { $0.change == "deletion_requested" }?.createdAt
                 ?? timeline.jobs.filter { $0.kind == "revoke" }.map(\.createdAt).min()
             return "deletion requested " + (requested.map { Ages.ago($0, now: now) } ?? "(time unknown)")
-        case "deleted":
+        case .deleted:
             let deleted = timeline.changes.first { $0.change == "deleted" }
             let when = deleted.map { " " + Ages.ago($0.createdAt, now: now) } ?? ""
             switch deleted?.reason {
@@ -40,17 +41,15 @@ struct AccountStanding {
                 return "deleted\(when) with no token to revoke: the user should stop using Sign in with Apple for the app in Settings"
             default: return "deleted\(when)"
             }
-        case "active":
+        case .active:
             let linked = account.linkedAt.map { ", linked " + Ages.ago($0, now: now) } ?? ""
             return "active\(linked); " + (account.hasRefreshToken ? "a refresh token is held" : "no refresh token held")
-        case "consent_revoked":
+        case .consentRevoked:
             return "the user stopped using Sign in with Apple for the app "
                 + Ages.ago(account.sessionsRevokedAt ?? account.updatedAt, now: now) + "; sessions ended"
-        case "apple_account_deleted":
+        case .appleAccountDeleted:
             return "the user deleted their Apple account " + Ages.ago(account.sessionsRevokedAt ?? account.updatedAt, now: now)
                 + "; sessions ended, token discarded"
-        default:
-            return account.status
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import SiwaModel
 
 /// Everything that happened to one account, newest first: Apple's notifications (for its client ID
 /// or any of its app group), the changes applied, the jobs run for it with each failed attempt,
@@ -18,7 +19,7 @@ struct AccountTimeline: Sendable {
     struct Change: Sendable {
         var id: Int64
         var change: String
-        var status: String?
+        var status: AccountStatus?
         var reason: String?
         var jobID: Int64?
         var createdAt: Date
@@ -100,7 +101,7 @@ struct AccountTimeline: Sendable {
         ).map { row in
             Change(
                 id: try row.decode(Int64.self, column: "id"), change: try row.decode(String.self, column: "change"),
-                status: try row.decode(String?.self, column: "status"), reason: try row.decode(String?.self, column: "reason"),
+                status: try row.decode(AccountStatus?.self, column: "status"), reason: try row.decode(String?.self, column: "reason"),
                 jobID: try row.decode(Int64?.self, column: "job_id"), createdAt: try row.decode(Date.self, column: "created_at"))
         }
         let attempts = try await failedAttempts(clientID: clientID, sub: sub, on: connection)

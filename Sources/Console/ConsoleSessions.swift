@@ -17,7 +17,7 @@ final class ConsoleSessions: Sendable {
     private let formKey = SecureRandom.bytes(count: 32)
     private let tokens: [[UInt8]]
     /// Listening off loopback, the console is reached through a TLS proxy: its cookies carry
-    /// `Secure`, so a browser never sends one over plain HTTP (CONTRACT.md, "App API edge").
+    /// `Secure`, so a browser never sends one over plain HTTP (deploy/README.md, "The operator console").
     private let secureCookies: Bool
     /// Session id → last use.
     private let sessions = Locked<[String: Date]>([:])

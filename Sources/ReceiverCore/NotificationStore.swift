@@ -17,7 +17,7 @@ import SiwaModel
 /// statement, so both commit or neither does. `ON CONFLICT (jti) DO NOTHING` makes a redelivery a
 /// no-op that is still answered 200.
 ///
-/// Failures (CONTRACT.md, "Receiver failures"): only a row the database refuses as data (SQLSTATE
+/// Failures (deploy/README.md, "When the database cannot store"): only a row the database refuses as data (SQLSTATE
 /// classes 22 and 23) is the notification's own fault (400); anything else is ours and answered 503
 /// so Apple retries. No request waits longer than `commitTimeout`: a watchdog answers 503 for
 /// whatever has waited that long, queued or in flight, and the session's `statement_timeout` ends

@@ -2,7 +2,8 @@ package import Foundation
 package import Logging
 package import Settings
 
-/// `siwa-receiver`'s settings (CONTRACT.md, Configuration). It holds no Apple secrets.
+/// `siwa-receiver`'s settings (`SettingCatalog`; deploy/README.md, "Configuration reference"). It
+/// holds no Apple secrets.
 package struct ReceiverConfiguration: Sendable {
     /// What it reads: the settings the catalog lists for the receiver.
     package static let variables = SettingCatalog.names(readBy: .receiver)
@@ -30,8 +31,8 @@ package struct ReceiverConfiguration: Sendable {
     /// Longest a connection may take to deliver a whole request (headers and body), from when it
     /// opened or was last answered, however steadily it trickles bytes.
     package var requestTimeout: Duration
-    /// Longest a notification waits on the database before it is answered 503 (CONTRACT.md,
-    /// "Receiver failures"); also the receiver sessions' `statement_timeout` and `lock_timeout`.
+    /// Longest a notification waits on the database before it is answered 503 (deploy/README.md,
+    /// "When the database cannot store"); also the receiver sessions' `statement_timeout` and `lock_timeout`.
     package var commitTimeout: Duration
     /// Least time between two fetches of Apple's keys caused by unknown kids (seconds).
     package var keyRefetchInterval: Int

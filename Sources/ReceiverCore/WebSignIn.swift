@@ -6,8 +6,8 @@ package import Logging
 package import Metrics
 package import Postgres
 
-/// The browser side of Sign in with Apple for websites and Android apps (CONTRACT.md, "Web and
-/// Android sign-in, served"), on the receiver's listener when `SIWA_PUBLIC_URL` is set:
+/// The browser side of Sign in with Apple for websites and Android apps
+/// (deploy/web-sign-in.md), on the receiver's listener when `SIWA_PUBLIC_URL` is set:
 /// - `GET /apple/sign-in?client_id&return_to[&scope][&app_state]` keeps a state (and the raw
 ///   nonce whose SHA-256 goes to Apple) in the database, then 302 to Apple's `/auth/authorize`;
 /// - `POST /apple/sign-in/callback` takes Apple's `form_post`, spends the state and, for an

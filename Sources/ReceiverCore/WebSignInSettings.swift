@@ -2,7 +2,7 @@ package import Settings
 import Foundation
 
 /// `SIWA_PUBLIC_URL`, `SIWA_WEB_RETURN_URLS` and the bound on unspent states and tickets
-/// (CONTRACT.md, "Web and Android sign-in, served"); nil when `SIWA_PUBLIC_URL` is unset.
+/// (deploy/web-sign-in.md); nil when `SIWA_PUBLIC_URL` is unset.
 package struct WebSignInSettings: Sendable {
     /// Without a trailing `/`.
     package var publicURL: String

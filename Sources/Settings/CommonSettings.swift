@@ -52,7 +52,8 @@ package struct CommonSettings: Sendable {
 
     /// The proxy variables libcurl reads. Only an `http://` or `https://` proxy (or one written
     /// without a scheme, which curl takes as http) is accepted: a SOCKS proxy (`socks5://`, ...) would
-    /// carry calls past the rules our own HTTP client keeps (CONTRACT.md, "App API edge"). Calls
+    /// carry calls past the rules our own HTTP client keeps (deploy/README.md, "Calls out";
+    /// Sources/AppAPI/README.md, "The edge"). Calls
     /// to a loopback address never use any of them (`HTTPClient`).
     package static let proxyVariables = ["http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
 

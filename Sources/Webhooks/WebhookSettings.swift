@@ -1,7 +1,7 @@
 package import Foundation
 package import Settings
 
-/// The webhook part of `siwa-worker`'s configuration (CONTRACT.md, "Webhooks to the app"):
+/// The webhook part of `siwa-worker`'s configuration (README.md, "Webhooks to the app"):
 /// `SIWA_WEBHOOK_URL` + `SIWA_WEBHOOK_SECRET`, both or neither.
 package struct WebhookSettings: Sendable {
     package static let variables = ["SIWA_WEBHOOK_URL", "SIWA_WEBHOOK_SECRET", "SIWA_WEBHOOK_CONCURRENCY"]

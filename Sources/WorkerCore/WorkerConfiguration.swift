@@ -6,7 +6,8 @@ package import Webhooks
 package import AppleJobs
 package import Settings
 
-/// `siwa-worker`'s settings (CONTRACT.md, Configuration, plus worker tuning). Built once in `main`;
+/// `siwa-worker`'s settings (every one in `SettingCatalog`, listed in deploy/README.md's
+/// "Configuration reference"). Built once in `main`;
 /// a missing or invalid value throws `ConfigurationError` (exit status 2, nothing started).
 package struct WorkerConfiguration: Sendable {
     /// What it reads: the settings the catalog lists for the worker (app API and webhooks included).

@@ -8,7 +8,7 @@ import TestTiming
     import Glibc
 #endif
 
-/// CONTRACT.md, "App API edge": the 5 s key wait, and calls to this machine never through a proxy.
+/// Sources/AppAPI/README.md, "The edge": the 5 s key wait, and calls to this machine never through a proxy.
 @Suite("App API edge: the key wait and proxies")
 struct AppAPIEdgeCallsTests {
     /// Apple's key endpoint never answers: a sign-in that needs a key waits at most 5 s for it,

@@ -7,7 +7,7 @@ import TestTiming
     import Glibc
 #endif
 
-/// CONTRACT.md, "App API edge": a real `siwa-worker` serving the app API, attacked over real sockets.
+/// Sources/AppAPI/README.md, "The edge": a real `siwa-worker` serving the app API, attacked over real sockets.
 @Suite("App API edge: slow clients, per-address limit, 401 first, bounded nonces")
 struct AppAPIEdgeTests {
     static let token = "edge-test-token-0123456789abcdefghijklmnop"

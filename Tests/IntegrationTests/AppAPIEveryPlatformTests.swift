@@ -3,8 +3,9 @@ import FakeApple
 import Foundation
 import Postgres
 import Testing
+import StoredTokens
 
-/// Sign-in on every platform (CONTRACT.md, "Sign-in on every platform"), against a real PostgreSQL
+/// Sign-in on every platform (Sources/AppAPI/README.md, `POST /v1/sign-in`), against a real PostgreSQL
 /// and the fake Apple: web codes and their redirect URI, the user's name and `real_user_status`,
 /// their erasure, a code at every sign-in, deletion's answers, and input the database cannot hold.
 @Suite(.serialized) struct AppAPIEveryPlatformTests {

@@ -8,6 +8,7 @@ import Postgres
 import TestTiming
 import Testing
 import AppAPI
+import StoredTokens
 
 /// `POST /v1/sign-in` against a real PostgreSQL and the fake Apple: every status of the contract,
 /// in the order of its checks.

@@ -2,7 +2,8 @@ import Foundation
 import Postgres
 import Testing
 
-/// The operator's day two (CONTRACT.md): no command answers a mistake with a misleading line.
+/// The operator's day two (Sources/OperatorCommands/README.md, "Mistakes"): no command answers a
+/// mistake with a misleading line.
 /// `--flag=value` reads as `--flag value` for every command; a stray word or an unknown flag exits 2
 /// naming it; retrying or cancelling a job that does not exist exits 1 saying so; an unreachable
 /// database is one sentence; the help says what a command really needs.

@@ -15,7 +15,7 @@ import Testing
         // A proxy that refuses every tunnel: what it was asked for is the proof it was used.
         let proxy = try ScriptedHTTPServer { _ in .answer("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", thenClose: true) }
         defer { proxy.stop() }
-        // Not a loopback host: calls to this machine never use a proxy (CONTRACT.md, "App API edge").
+        // Not a loopback host: calls to this machine never use a proxy (Sources/AppAPI/README.md, "The edge").
         let target = "https://hooks.example.invalid:9/hooks?key=v"
         for variable in ["HTTPS_PROXY", "https_proxy"] {
             let before = proxy.heads.count

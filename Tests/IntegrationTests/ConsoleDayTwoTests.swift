@@ -2,7 +2,7 @@ import Foundation
 import Postgres
 import Testing
 
-/// The console at 3 a.m. (CONTRACT.md, "Operator's day two"): every page says when it was read and
+/// The console at 3 a.m. (Sources/Console/README.md, "Day two"): every page says when it was read and
 /// refreshes itself unless paused; each job has a page with its attempts and actions, and job ids
 /// link to it everywhere; the overview carries what `siwa status` reports.
 @Suite(.serialized) struct ConsoleDayTwoTests {

@@ -2,6 +2,7 @@ import AppleClient
 import Foundation
 import Postgres
 import Testing
+import StoredTokens
 
 /// An account's page through the real stack (fake Apple, receiver, worker) and `siwa console`
 /// reading with a worker login: a link, a deletion Apple answers 503 until it accepts, and Apple's

@@ -5,6 +5,7 @@ import Postgres
 import Testing
 import WorkerCore
 import Settings
+import StoredTokens
 
 /// The lifecycle through real processes: `siwa fake-apple`, `siwa-receiver`, `siwa-worker` (its real
 /// executor, retry policy and pause bookkeeping), the app-facing SQL, `siwa simulate`, `siwa status`.

@@ -7,7 +7,7 @@ import TestTiming
 /// A real `siwa-receiver` against a real PostgreSQL that cannot store: not migrated, read-only,
 /// the grant revoked, the table locked. Each is the database's fault, never the notification's:
 /// 503 so Apple retries, `/readyz` 503 meanwhile, the SQLSTATE in a warn-or-above log line, and
-/// 200 again once the fault is gone (CONTRACT.md, "Receiver failures").
+/// 200 again once the fault is gone (deploy/README.md, "When the database cannot store").
 @Suite("Faults: database refuses to store")
 struct FaultStorageTests {
     static func post(_ keys: TestAppleKeys, _ base: String) async throws -> (status: Int, body: String) {

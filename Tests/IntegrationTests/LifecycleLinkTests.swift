@@ -4,6 +4,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
+import StoredTokens
 
 @Suite(.serialized) struct LifecycleLinkTests {
     @Test func linkHappyPath() async throws {

@@ -7,8 +7,9 @@ import Testing
 import WorkerCore
 import AppleJobs
 import SiwaModel
+import StoredTokens
 
-/// One test per rule of CONTRACT.md → "Account lifecycle rules", against the real SQL, the real
+/// One test per account lifecycle rule (sql/README.md, "The account lifecycle"), against the real SQL, the real
 /// handlers and the fake Apple.
 @Suite(.serialized) struct LifecycleRulesTests {
     static let client = LifecycleHarness.clientID
@@ -369,7 +370,7 @@ extension LifecycleRulesTests {
     }
 }
 
-/// CONTRACT.md → "App groups".
+/// App groups (sql/README.md, "The account lifecycle": **App groups**).
 @Suite(.serialized) struct AppGroupTests {
     /// A web sign-in linked under the Services ID; Apple's consent-revoked names the App ID: every
     /// account of the group with that sub gets the effect and its own change row, no phantom row is

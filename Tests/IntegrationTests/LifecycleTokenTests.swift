@@ -6,6 +6,7 @@ import Logging
 import Postgres
 import Testing
 import AppleJobs
+import StoredTokens
 
 @Suite(.serialized) struct LifecycleTokenTests {
     @Test func keyRotationReencryptsEveryRow() async throws {

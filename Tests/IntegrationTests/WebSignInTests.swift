@@ -3,7 +3,7 @@ import Foundation
 import Postgres
 import Testing
 
-/// Web and Android sign-in, served (CONTRACT.md): a real receiver's `/apple/sign-in` and callback,
+/// Web and Android sign-in, served (deploy/web-sign-in.md): a real receiver's `/apple/sign-in` and callback,
 /// the fake Apple's answers posted as Apple posts them, the ticket redeemed through the app API.
 @Suite(.serialized) struct WebSignInTests {
     static func withStack<T>(maxPending: Int? = nil, _ body: (WebSignInStack) async throws -> T) async throws -> T {

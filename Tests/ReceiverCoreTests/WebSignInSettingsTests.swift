@@ -2,7 +2,7 @@ import ReceiverCore
 import Settings
 import Testing
 
-/// `SIWA_PUBLIC_URL` and `SIWA_WEB_RETURN_URLS` (CONTRACT.md, "Web and Android sign-in, served"):
+/// `SIWA_PUBLIC_URL` and `SIWA_WEB_RETURN_URLS` (deploy/web-sign-in.md):
 /// checked at start, each bad value refused naming its variable (the executable exits 2 with it).
 @Suite struct WebSignInSettingsTests {
     static func settings(_ extra: [String: String]) throws -> WebSignInSettings? {

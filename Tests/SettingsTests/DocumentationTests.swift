@@ -13,6 +13,31 @@ import Testing
         #expect(size < 25_000, "README.md is \(size) bytes: move detail to the README of the folder it describes")
     }
 
+    /// Every folder of `Sources` (a module, a C wrapper, an executable, the plugin) has a README.md
+    /// saying what lives there, what it may import and where to start reading: a new module without
+    /// one fails here.
+    @Test func everySourcesFolderHasAReadmeThatSaysWhatItImports() throws {
+        let sources = Self.root.appendingPathComponent("Sources")
+        let folders = try FileManager.default.contentsOfDirectory(atPath: sources.path).filter { name in
+            var isFolder: ObjCBool = false
+            return FileManager.default.fileExists(atPath: sources.appendingPathComponent(name).path, isDirectory: &isFolder)
+                && isFolder.boolValue
+        }.sorted()
+        #expect(folders.count > 30 && folders.contains("Postgres") && folders.contains("siwa"), "\(folders)")
+        var missing: [String] = []
+        var silentOnImports: [String] = []
+        for folder in folders {
+            let readme = sources.appendingPathComponent(folder).appendingPathComponent("README.md")
+            guard let text = try? String(contentsOf: readme, encoding: .utf8) else {
+                missing.append("Sources/\(folder)")
+                continue
+            }
+            if text.range(of: "import", options: .caseInsensitive) == nil { silentOnImports.append("Sources/\(folder)/README.md") }
+        }
+        #expect(missing.isEmpty, "no README.md (what lives here, what it may import, where to start reading): \(missing)")
+        #expect(silentOnImports.isEmpty, "says nothing of what it imports or who imports it: \(silentOnImports)")
+    }
+
     @Test func everyRelativeLinkInTheMarkdownFilesResolves() throws {
         let files = try Self.markdownFiles()
         #expect(files.contains("README.md") && files.contains("deploy/README.md"), "\(files)")

@@ -2,7 +2,7 @@
 # Which module may import which (the imports half of the ownership check; Sources/README.md has the
 # map). Every target sits in one layer:
 #
-#   C wrappers → building blocks → domain modules → application modules → executables
+#   C wrappers → building blocks → domain modules → application modules → operator commands → executables
 #
 # A module may import any module of a lower layer, none of a higher one, and one of its own layer
 # only where SAME_LAYER below says so. A C library is imported by its one wrapper only; nothing
@@ -20,8 +20,10 @@ LAYERS = [
     ("C wrapper", "CLibpq COpenSSL CMicroHTTPD CCurl CLibssl"),
     ("building block", "Logging Locking Postgres CryptoCore HTTPServer OutboundHTTP JSON JOSE LocalPostgres"
                        " Metrics Settings Lifecycle ScriptedHTTPServer TestTiming"),
-    ("domain", "SiwaModel AppleClient JobQueue Migrations Accounts"),
+    ("domain", "SiwaModel AppleClient JobQueue Migrations Accounts StoredTokens"),
     ("application", "AppleJobs AppAPI Webhooks TeamTransfer ReceiverCore WorkerCore Console FakeApple"),
+    # The `siwa` CLI's commands: they start and drive the application modules (`siwa dev` runs them all).
+    ("operator commands", "OperatorCommands"),
     ("executable", "siwa-receiver siwa-worker siwa SiwaFuzz embed-sql"),
 ]
 # The one Swift module that may import each C library.
@@ -39,6 +41,7 @@ SAME_LAYER = {
     "Lifecycle": {"Logging"},
     "AppleClient": {"SiwaModel"},
     "Migrations": set(),
+    "Accounts": {"SiwaModel"},           # an account's status is an AccountStatus
     "AppAPI": {"AppleJobs"},              # sign-in exchanges codes through the Apple jobs' context
     "WorkerCore": {"AppAPI", "AppleJobs", "Webhooks"},  # the worker starts them
     "Console": {"Webhooks"},              # the overview reads the webhook queue

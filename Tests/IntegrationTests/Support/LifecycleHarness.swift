@@ -7,6 +7,7 @@ import Logging
 import Postgres
 import AppleJobs
 import TestTiming
+import StoredTokens
 
 /// A migrated database, a fake Apple on 127.0.0.1:0 checking our client_secret against a fresh
 /// `.p8`, and the Apple handlers wired to both. Jobs are claimed with a plain UPDATE, as the

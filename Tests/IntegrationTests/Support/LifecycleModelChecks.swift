@@ -2,6 +2,7 @@ import AppleClient
 import FakeApple
 import Foundation
 import Postgres
+import StoredTokens
 
 /// The invariants a quiescent account must satisfy, whatever the order of what happened to it.
 extension ModelRun {

@@ -4,6 +4,7 @@ import JobQueue
 import Postgres
 import AppleJobs
 import TestTiming
+import StoredTokens
 
 /// One generated sequence, driven against the real SQL and handlers for one account of its own
 /// (a fresh client ID and sub), then to quiescence; `LifecycleModelRun+Checks` judges the result.

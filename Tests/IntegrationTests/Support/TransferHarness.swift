@@ -9,6 +9,7 @@ import AppleJobs
 import Settings
 import Metrics
 import TestTiming
+import StoredTokens
 
 /// Two developer teams at one fake Apple (each with its own `.p8`, both checked), and the
 /// `siwa accounts transfer` commands run as either team: a real `siwa` child process whose stdin,

@@ -1,9 +1,8 @@
-import AppleClient
 import Foundation
 import Logging
 import Postgres
-import AppleJobs
 import Settings
+import StoredTokens
 
 /// `siwa accounts import` (lines `client_id,sub,app_user_id,refresh_token` on stdin) and
 /// `siwa accounts rotate-keys` (re-encrypt tokens not sealed with the first of `SIWA_TOKEN_KEYS`);

@@ -1,4 +1,4 @@
-import AppleClient
+import StoredTokens
 import CryptoCore
 import Foundation
 import Testing
