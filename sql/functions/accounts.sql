@@ -193,6 +193,39 @@ BEGIN
 END
 $$;
 
+-- Applies an effect that brings no data of its own (a deletion requested, a deletion's end,
+-- reconciliation's invalid_grant) to the account row the caller holds locked, with its change and
+-- NOTIFY (siwa.record_change) and, when the effect says so, the erasure of its personal data
+-- (siwa.erase_personal_data, after the change row that carries the app_user_id). p_effect:
+-- siwa.account_effect's answer for the account's status, applied (the caller judged that). The
+-- grant's end discards the tokens (the caller revokes those Apple may still honour first); the
+-- sessions end now, unless they ended while a deletion was pending (a consent-revoked then): the
+-- deletion's end keeps that time. p_token_checked: Apple has just answered for the stored token.
+-- The effects that bring data (a link, an import, a transfer, Apple's events) write their columns
+-- with the effect's in one statement each, here in this file (the notification batch's in
+-- notifications.sql, set-based).
+CREATE OR REPLACE FUNCTION siwa.apply_account_effect(
+    p_client_id text, p_sub text, p_effect siwa.account_effect, p_reason text, p_job_id bigint, p_token_checked boolean
+) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.accounts a
+       SET status = p_effect.next_status,
+           refresh_token_enc = CASE WHEN p_effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
+           retired_tokens_enc = CASE WHEN p_effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+           sessions_revoked_at = CASE WHEN NOT p_effect.ends_sessions THEN a.sessions_revoked_at
+                                      WHEN a.status = 'pending_deletion' THEN coalesce(a.sessions_revoked_at, now())
+                                      ELSE now() END,
+           token_checked_at = CASE WHEN p_token_checked THEN now() ELSE a.token_checked_at END,
+           updated_at = now()
+     WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    PERFORM siwa.record_change(p_client_id, p_sub, p_effect.change, p_reason, NULL, p_job_id);
+    IF p_effect.erases_personal_data THEN
+        PERFORM siwa.erase_personal_data(p_client_id, p_sub);
+    END IF;
+END
+$$;
+
 -- The client IDs whose accounts share users with p_client_id (SIWA_APP_GROUPS, written to
 -- siwa.app_groups by the worker at start), itself included, in a fixed order (callers lock in it).
 CREATE OR REPLACE FUNCTION siwa.group_client_ids(p_client_id text) RETURNS SETOF text
@@ -528,19 +561,9 @@ BEGIN
     effect := siwa.account_effect(a.status, 'deletion_finished');
     IF effect.outcome = 'applied' THEN
         reason := CASE WHEN coalesce((j.args->>'revoked')::integer, 0) > 0 THEN 'revoked' ELSE 'no_token' END;
-        -- Sessions ended earlier (a consent-revoked while pending) keep that time.
-        UPDATE siwa.accounts
-           SET status = effect.next_status,
-               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN coalesce(sessions_revoked_at, now())
-                                          ELSE sessions_revoked_at END,
-               updated_at = now()
-         WHERE client_id = a.client_id AND sub = a.sub;
-        -- The change row first: it carries the app_user_id, so the app knows whom to delete;
-        -- the account forgets it right after.
-        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
-        IF effect.erases_personal_data THEN
-            PERFORM siwa.erase_personal_data(a.client_id, a.sub);
-        END IF;
+        -- Sessions ended earlier (a consent-revoked while pending) keep that time. The change row
+        -- before the erasure: it carries the app_user_id, so the app knows whom to delete.
+        PERFORM siwa.apply_account_effect(a.client_id, a.sub, effect, reason, j.id, false);
         PERFORM siwa.complete_job(j.id, p_attempt, CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END);
         RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
         RETURN;
@@ -635,14 +658,7 @@ BEGIN
             PERFORM siwa.revoke_token_later(a.client_id, a.sub, t, 'reconcile_invalid_grant')
                FROM unnest(a.retired_tokens_enc) AS t;
         END IF;
-        UPDATE siwa.accounts
-           SET status = effect.next_status,
-               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE refresh_token_enc END,
-               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE retired_tokens_enc END,
-               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN now() ELSE sessions_revoked_at END,
-               token_checked_at = now(), updated_at = now()
-         WHERE client_id = a.client_id AND sub = a.sub;
-        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, 'reconcile_invalid_grant', NULL, j.id);
+        PERFORM siwa.apply_account_effect(a.client_id, a.sub, effect, 'reconcile_invalid_grant', j.id, true);
         result_outcome := effect.change;
     ELSE
         RAISE EXCEPTION 'siwa.reconcile_result: unknown answer %', p_answer USING ERRCODE = '22023';
@@ -901,7 +917,6 @@ DECLARE
     a siwa.accounts;
     job_id bigint;
     exchange_id bigint;
-    effect siwa.account_effect;
 BEGIN
     PERFORM siwa.lock_account(request_deletion_one.client_id, request_deletion_one.sub, 'pending_deletion');
     -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
@@ -937,13 +952,10 @@ BEGIN
         RETURN job_id;
     END IF;
 
-    effect := siwa.account_effect(a.status, 'deletion_requested');
-    UPDATE siwa.accounts
-       SET status = effect.next_status, updated_at = now()
-     WHERE accounts.client_id = a.client_id AND accounts.sub = a.sub;
     -- A pending deletion is never dropped: revoke jobs retry for as long as it takes.
     job_id := siwa.queue_revoke(a.client_id, a.sub, '{}');
-    PERFORM siwa.record_change(a.client_id, a.sub, effect.change, NULL, NULL, job_id);
+    PERFORM siwa.apply_account_effect(a.client_id, a.sub, siwa.account_effect(a.status, 'deletion_requested'),
+                                      NULL, job_id, false);
     RETURN job_id;
 END
 $$;
@@ -1066,7 +1078,7 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Privileges: the app calls the app-facing functions; the worker everything here, and so does the
--- console, which runs with a siwa_worker login (see queue.sql on PUBLIC).
+-- console, which runs with a siwa_worker login (see jobs.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -1075,6 +1087,7 @@ BEGIN
             siwa.account_effect(text, text),
             siwa.record_change(text, text, text, text, text, bigint),
             siwa.record_changes(text[], text[], text[], text[], text[], text[], text[], bigint[]),
+            siwa.apply_account_effect(text, text, siwa.account_effect, text, bigint, boolean),
             siwa.change_payload(bigint, text, text, text, text), siwa.lock_account(text, text, text),
             siwa.account_linked(text, text, text, bytea, text, boolean, boolean, boolean, bigint),
             siwa.account_imported(text, text, text, bytea),

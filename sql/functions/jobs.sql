@@ -164,7 +164,7 @@ $$;
 --   - nothing sent (no status, no error: the change row is gone, deleted by hand): `completed`,
 --     outcome `change_missing`, nothing held back;
 --   - anything else is a failure, its error appended to `errors`, then siwa.webhook_retry
---     (queue.sql) says, from the failures so far and the first one's time: `available` at the
+--     (jobs.sql) says, from the failures so far and the first one's time: `available` at the
 --     run_at it gives, or `discarded` once p_window_seconds (the retry window) have passed since
 --     the first failure, kept with its errors, change id and run_at for `siwa jobs retry`.
 --     p_base and p_cap are the backoff's (SIWA_RETRY_BASE, capped at an hour, as for every job).

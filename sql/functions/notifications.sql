@@ -469,7 +469,7 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pruned
 $$;
 
--- Privileges: the worker applies effects and prunes; the receiver stores (see queue.sql on PUBLIC).
+-- Privileges: the worker applies effects and prunes; the receiver stores (see jobs.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
