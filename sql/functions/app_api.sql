@@ -292,7 +292,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.issue_nonce_bounded(bytea, interval, integer),
-                                  siwa.consume_nonce(bytea),
+                                  siwa.consume_nonce(bytea), siwa.keep_nonce(bytea, interval),
                                   siwa.sign_in_state(text, text), siwa.consume_nonce_reading(bytea, text, text),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
