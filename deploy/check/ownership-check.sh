@@ -11,11 +11,53 @@
 #     JOIN, a comma, USING, INTO, UPDATE, in quotes, `"siwa"."accounts"`, `siwa . accounts`) is in a
 #     module or file allowed to name it, and a write only where the line says `write`;
 #   - the list names every table, only tables that exist, one file for each, files that exist.
-# Prints "N passed, N failed"; exit status 0 when all passed.
+# Prints "N passed, N failed"; exit status 0 when all passed. It first checks itself on a copy
+# with a write in the wrong file and Swift naming tables in each spelling (each must be found).
 # OWNERSHIP_SOURCES=dir checks another tree's Sources, OWNERSHIP_SQL=dir another tree's sql/
 # (e.g. an older checkout) against this list.
 set -euo pipefail
+script="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../.."
+
+# Self-test first: the rule must fail on a copy of sql/ with writes in the wrong file and on Swift
+# that names tables in each spelling the check promises to see.
+self_test=0
+if [[ -z ${OWNERSHIP_SELF_TEST:-} ]]; then
+    copy=$(mktemp -d)
+    trap 'rm -rf "$copy"' EXIT
+    cp -r sql "$copy/sql"
+    mkdir -p "$copy/Sources/Probe"
+    cat >"$copy/Sources/Probe/Probe.swift" <<'SWIFT'
+let comma = "SELECT 1 FROM siwa.jobs j, siwa.accounts a"
+let updateFrom = "UPDATE siwa.jobs x SET y = 1 FROM siwa.notifications n, siwa.accounts a"
+let insert = #"INSERT INTO "siwa"."accounts" (client_id) VALUES ($1)"#
+let using = "DELETE FROM siwa.jobs j USING siwa . accounts a WHERE true"
+let quoted = "SELECT * FROM siwa.jobs JOIN siwa.\"accounts\" ON true"
+let multiLine = """
+    SELECT 1
+      FROM siwa.jobs j,
+           siwa.accounts a
+    """
+SWIFT
+    cat >>"$copy/sql/functions/webhooks.sql" <<'SQL'
+CREATE OR REPLACE FUNCTION siwa.probe() RETURNS void LANGUAGE sql AS $$
+    UPDATE siwa.accounts SET status = status;
+    INSERT INTO "siwa"."jobs" (kind) VALUES ('x');
+    DELETE FROM siwa . notifications WHERE false;
+$$;
+SQL
+    out=$(OWNERSHIP_SELF_TEST=1 OWNERSHIP_SOURCES="$copy/Sources" OWNERSHIP_SQL="$copy/sql" bash "$script" 2>&1) && self_test=1
+    accounts=$(grep "FAIL  Probe names siwa.accounts at" <<<"$out" || true)
+    for line in 1 2 3 4 5 9; do
+        grep -E "Probe.swift:$line[,:]" <<<"$accounts" >/dev/null ||
+            { echo "  FAIL  self-test: the check missed siwa.accounts in Probe.swift:$line"; self_test=1; }
+    done
+    for table in accounts jobs notifications; do
+        grep -F "siwa.probe writes siwa.$table:" <<<"$out" >/dev/null ||
+            { echo "  FAIL  self-test: the check missed siwa.probe's write of siwa.$table in webhooks.sql"; self_test=1; }
+    done
+    [ "$self_test" -eq 0 ] && echo "  ok    self-test: the check fails on writes in the wrong file and on every spelling of a table in Swift"
+fi
 
 python3 - "${OWNERSHIP_SOURCES:-Sources}" deploy/check/ownership.txt "${OWNERSHIP_SQL:-sql}" <<'PY'
 import os, re, sys
@@ -164,3 +206,4 @@ for (module, table), places in sorted(found.items()):
 print(f"ownership-check: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
+[ "$self_test" -eq 0 ]
