@@ -272,6 +272,17 @@ BEGIN
 END
 $$;
 
+-- Retention (siwa.prune_notifications, notifications.sql): the completed or cancelled jobs of the
+-- notifications p_jtis, pruned with them. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION siwa.prune_notification_jobs(p_jtis text[]) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.jobs WHERE notification_jti = ANY (p_jtis) AND state IN ('completed', 'cancelled')
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
 -- Privileges of the functions above (the queue's own are granted at the end of the file). The
 -- trigger function too, as 003 grants every function of the schema to the worker (a trigger's
 -- EXECUTE is not checked when it fires; this keeps 003 re-runnable unchanged).
@@ -286,7 +297,8 @@ BEGIN
             siwa.finish_webhook_deliveries(bigint[], bigint[], integer[], text[],
                                            double precision, double precision, double precision),
             siwa.extend_webhook_leases(bigint[], bigint[], double precision),
-            siwa.release_webhook_deliveries(bigint[], bigint[]), siwa.cancel_webhook_deliveries()
+            siwa.release_webhook_deliveries(bigint[], bigint[]), siwa.cancel_webhook_deliveries(),
+            siwa.prune_notification_jobs(text[])
            TO siwa_worker;
     END IF;
 END

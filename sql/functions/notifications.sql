@@ -409,23 +409,24 @@ $$;
 
 -- Retention (the worker's pass, SIWA_RETENTION_DAYS), at most p_batch rows a call, each returning
 -- how many rows it changed.
--- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs, in
--- one statement. Discarded jobs are kept (an operator may still retry them; the effect then
--- reports `missing`).
+-- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs
+-- (siwa.prune_notification_jobs, jobs.sql). Discarded jobs are kept (an operator may still retry
+-- them; the effect then reports `missing`).
 CREATE OR REPLACE FUNCTION siwa.prune_notifications(p_age_seconds double precision, p_batch integer)
 RETURNS integer
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    WITH victims AS (
-        SELECT jti FROM siwa.notifications
-         WHERE processed_at < now() - make_interval(secs => p_age_seconds)
-         LIMIT p_batch
-    ), jobs AS (
-        DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
-           AND state IN ('completed', 'cancelled')
-    ), pruned AS (
-        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims) RETURNING 1
-    )
-    SELECT count(*)::integer FROM pruned
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    victims text[];
+    pruned integer;
+BEGIN
+    victims := ARRAY(SELECT n.jti FROM siwa.notifications n
+                      WHERE n.processed_at < now() - make_interval(secs => p_age_seconds)
+                      LIMIT p_batch);
+    PERFORM siwa.prune_notification_jobs(victims);
+    DELETE FROM siwa.notifications WHERE jti = ANY (victims);
+    GET DIAGNOSTICS pruned = ROW_COUNT;
+    RETURN pruned;
+END
 $$;
 
 -- Notifications whose job was discarded more than p_age_seconds ago stay (an operator may still
