@@ -1,7 +1,8 @@
 -- The job queue (siwa.jobs), river's `river_job.sql`: every statement that writes the table is in
 -- this file, each in a named function (deploy/check/ownership.txt). First what the other files
--- call to queue, count or cancel a job (the account rules, webhooks); then the queue's own
--- machinery: queueing triggers, backoff, claim, completion, failure, the notification hot path.
+-- call to queue, count, cancel or prune a job (the account rules, webhooks, retention); then the
+-- queue's own machinery: queueing triggers, backoff, claim, completion, failure, the notification
+-- hot path.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
 -- An authorization code's exchange at Apple (codes live five minutes, single use): first in the
