@@ -33,7 +33,7 @@ package final class ConsoleServer: Sendable {
     /// console's URL, `http://HOST:PORT/`.
     package func start() async throws -> String {
         do {
-            _ = try await pool.withConnection { try await $0.query("SELECT 1 FROM siwa.jobs, siwa.accounts LIMIT 1").count }
+            _ = try await pool.withConnection { try await $0.query("SELECT siwa.console_can_read()").count }
         } catch {
             pool.close()
             throw ConsoleError(message: "cannot read the database (DATABASE_URL; migrated? readable by this login?): "

@@ -3,7 +3,7 @@ package import Postgres
 /// When a session's kept plans are made again, before a notification batch.
 ///
 /// The batch's statements are planned once per session (`force_generic_plan` in
-/// sql/functions/queue.sql) with the table sizes of that moment, and PostgreSQL keeps those plans
+/// sql/functions/jobs.sql) with the table sizes of that moment, and PostgreSQL keeps those plans
 /// until something invalidates them (an ANALYZE, a schema change). Planned while the queue was near
 /// empty (a quiet hour after pruning, a table just analyzed empty), they are nested loops that walk
 /// a whole table once per job, and stay so when a burst fills it: in deploy/bench/worker.sh's

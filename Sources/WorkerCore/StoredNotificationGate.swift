@@ -12,7 +12,7 @@ import Metrics
 /// The receiver is the one process on the internet; its role may add notifications, so a
 /// compromised receiver could store a row claiming an `account-deleted` for anyone. The job of a
 /// notification a `siwa_receiver` login stored is therefore held (`run_at` infinity, set by the
-/// trigger in sql/functions/queue.sql) until a worker has checked the stored `jws` against Apple's
+/// trigger in sql/functions/jobs.sql) until a worker has checked the stored `jws` against Apple's
 /// keys and every column against its claims. A genuine one is applied in the same transaction
 /// (siwa.run_notification_batch's `p_verified`), so it is written once and a rollback leaves it
 /// held; one that fails is recorded as `forged` on the notification and its job, never applied,

@@ -3,7 +3,7 @@ import Postgres
 import Testing
 
 /// The retry rule as a table: what a failure does to a job, one sentence a row, checked against
-/// `siwa.job_retry` (sql/functions/queue.sql) and against what the real writers do to a real job
+/// `siwa.job_retry` (sql/functions/jobs.sql) and against what the real writers do to a real job
 /// row: `siwa.fail_jobs` (the Apple-calling jobs' failures and the notification batch's) for a
 /// `failure`, `siwa.rescue_expired_jobs` for a `death` (a process that died running it). Changing
 /// when a job is retried or discarded is one line of that function and one row here.

@@ -457,6 +457,30 @@ extension LifecycleRulesTests {
         }
     }
 
+    /// Processed notifications older than the retention go with their completed or cancelled jobs;
+    /// a discarded job stays (an operator may retry it), and so do a recent and an unprocessed one.
+    @Test func processedNotificationsArePrunedWithTheirFinishedJobs() async throws {
+        try await withLifecycle { h in
+            for (jti, processed, state) in [("p-done", "31 days", "completed"), ("p-cancelled", "31 days", "cancelled"),
+                                            ("p-discarded", "31 days", "discarded"), ("p-recent", "1 day", "completed"),
+                                            ("p-unprocessed", "", "available")] {
+                _ = try await h.connection.execute(
+                    """
+                    INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims, jws, processed_at)
+                    VALUES (\(jti), \(LifecycleHarness.clientID), '001.p', 'email-enabled', now(), '{}', 'h.p.s',
+                            now() - nullif(\(processed), '')::interval)
+                    """)
+                _ = try await h.connection.execute(
+                    "UPDATE siwa.jobs SET state = \(state), run_at = now() WHERE notification_jti = \(jti)")
+            }
+            #expect(try await h.connection.query(Retention.pruneNotificationsQuery(olderThan: .seconds(30 * 86_400)))[0].decode(Int.self, at: 0) == 3)
+            #expect(try await h.scalar(String.self, "SELECT string_agg(jti, ',' ORDER BY jti) FROM siwa.notifications")
+                == "p-recent,p-unprocessed")
+            #expect(try await h.scalar(String.self, "SELECT string_agg(notification_jti, ',' ORDER BY notification_jti) FROM siwa.jobs WHERE kind = 'notification'")
+                == "p-discarded,p-recent,p-unprocessed")
+        }
+    }
+
     @Test func discardedNotificationLosesItsPersonalDataAfterRetention() async throws {
         try await withLifecycle { h in
             for (jti, age) in [("n-old", "31 days"), ("n-recent", "1 day")] {

@@ -4,7 +4,7 @@ import Testing
 
 /// The webhook delivery rule as a table: what an attempt's result does to a delivery, one sentence
 /// a row, checked through the real write, `siwa.finish_webhook_deliveries` (which asks
-/// `siwa.webhook_retry`, sql/functions/queue.sql), on real job rows with the contract's retry window
+/// `siwa.webhook_retry`, sql/functions/jobs.sql), on real job rows with the contract's retry window
 /// of 24 hours (86,400 s). Changing when a delivery is retried or discarded is one line of that
 /// function and one row here.
 ///

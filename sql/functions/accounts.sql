@@ -4,6 +4,28 @@
 -- Notifications go through the same rules in sql/functions/notifications.sql.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
+-- The lists the rules are made of, each stated once. Inlined by the planner wherever they are
+-- used (SQL, IMMUTABLE or STABLE, no SET clause: the bodies name only built-in operators and
+-- schema-qualified functions), so the notification batch's set-based statements pay no call.
+-- Apple's four event types; any other type changes no account (`ignored_unknown_type`).
+CREATE OR REPLACE FUNCTION siwa.apple_event_known(p_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+$$;
+
+-- Apple's two email events: they set email forwarding and may bring the email.
+CREATE OR REPLACE FUNCTION siwa.email_event(p_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_type IN ('email-enabled', 'email-disabled')
+$$;
+
+-- The statuses an email event changes nothing in (`ignored_account_deleted`): the account is
+-- gone at Apple, gone here, or going. NULL for no account (an email event then creates it).
+CREATE OR REPLACE FUNCTION siwa.ignores_email_events(p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_status IN ('deleted', 'apple_account_deleted', 'pending_deletion')
+$$;
+
 -- THE ACCOUNT RULES: what `p_event` does to an account in `p_status` (NULL: no row yet), every
 -- part of it in one value (the type's columns: sql/018_account_effect.sql). Every path that
 -- changes an account's status asks this and does what it says: the notification batch
@@ -56,12 +78,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE ROW('apple_account_deleted', 'applied',               true,  true,  true,  NULL, 'apple_account_deleted')::siwa.account_effect
         END
     WHEN 'email-enabled' THEN CASE
-        WHEN p_status IN ('deleted', 'apple_account_deleted', 'pending_deletion')
+        WHEN siwa.ignores_email_events(p_status)
             THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
         ELSE ROW(coalesce(p_status, 'active'), 'applied',          false, false, false, 'enabled', 'email_enabled')::siwa.account_effect
         END
     WHEN 'email-disabled' THEN CASE
-        WHEN p_status IN ('deleted', 'apple_account_deleted', 'pending_deletion')
+        WHEN siwa.ignores_email_events(p_status)
             THEN ROW(p_status,          'ignored_account_deleted', false, false, false, NULL, NULL)::siwa.account_effect
         ELSE ROW(coalesce(p_status, 'active'), 'applied',          false, false, false, 'disabled', 'email_disabled')::siwa.account_effect
         END
@@ -107,9 +129,36 @@ $$;
 DROP FUNCTION IF EXISTS siwa.account_next_status(text, text);
 DROP FUNCTION IF EXISTS siwa.account_event_ends_grant(text, text);
 
--- Appends to siwa.account_changes and tells listeners. Every applied effect goes through here.
--- The NOTIFY payload is bounded whatever the app stores (PostgreSQL refuses payloads of 8000
--- bytes or more): the listener reads the row for the rest.
+-- THE CHANGE FEED'S ONE WRITER: appends changes to siwa.account_changes in the order given (ids
+-- follow it) and sends NOTIFY siwa_account_changes for each, with siwa.change_payload (bounded
+-- whatever the app stores: PostgreSQL refuses payloads of 8000 bytes or more; the listener reads
+-- the row for the rest). Every applied effect goes through here: one change at a time through
+-- siwa.record_change, a round of the notification batch at once (siwa.apply_notifications: one
+-- call a round, set-based, never one a row). The caller holds the accounts' row locks. The rows'
+-- statement trigger queues their webhook deliveries (siwa.queue_webhook_deliveries, jobs.sql).
+-- Returns the new ids, in order.
+CREATE OR REPLACE FUNCTION siwa.record_changes(
+    p_client_ids text[], p_subs text[], p_app_user_ids text[], p_changes text[], p_statuses text[],
+    p_reasons text[], p_jtis text[], p_job_ids bigint[]
+) RETURNS SETOF bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY
+    WITH c AS (
+        INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
+        SELECT u.client_id, u.sub, u.app_user_id, u.change, u.status, u.reason, u.jti, u.job_id
+          FROM unnest(p_client_ids, p_subs, p_app_user_ids, p_changes, p_statuses, p_reasons, p_jtis, p_job_ids)
+               WITH ORDINALITY AS u(client_id, sub, app_user_id, change, status, reason, jti, job_id, ord)
+         ORDER BY u.ord
+        RETURNING account_changes.id, account_changes.client_id, account_changes.sub, account_changes.change,
+                  account_changes.status
+    )
+    SELECT c.id FROM c, pg_notify('siwa_account_changes', siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status));
+END
+$$;
+
+-- One change of one account (its app_user_id and status as the row holds them now), through
+-- siwa.record_changes.
 -- The account's row is locked before the change takes its id (most callers hold it already): ids
 -- of one account then follow the order their transactions commit, which webhook deliveries rely
 -- on (sent lowest id first per account). A caller that had not locked it (a link's failed
@@ -137,27 +186,44 @@ BEGIN
             SELECT * INTO account FROM siwa.accounts WHERE client_id = p_client_id AND sub = p_sub FOR UPDATE;
         END IF;
     END IF;
-    INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, reason, notification_jti, job_id)
-    VALUES (p_client_id, p_sub, account.app_user_id, p_change, account.status, p_reason, p_jti, p_job_id)
-    RETURNING id INTO change_id;
-    PERFORM pg_notify('siwa_account_changes', siwa.change_payload(change_id, p_client_id, p_sub, p_change, account.status));
+    SELECT c INTO change_id
+      FROM siwa.record_changes(ARRAY[p_client_id], ARRAY[p_sub], ARRAY[account.app_user_id], ARRAY[p_change],
+                               ARRAY[account.status], ARRAY[p_reason], ARRAY[p_jti], ARRAY[p_job_id]) AS c;
     RETURN change_id;
 END
 $$;
 
--- Every refresh token Apple gives us is held by an account or revoked: this is the revoke of one
--- that no account keeps (a deletion's code after a new life began, an import older than a grant
--- end, the older tokens an ending event discards, a sign-in that failed after its exchange). A
--- `revoke` job of its own, retried like any revoke until Apple answers 200 (siwa.revoke_step:
--- `late_token`, so no deletion takes it for its own). p_token_enc is sealed for (p_client_id,
--- p_sub) and travels in the job's args (ciphertext: the console and the CLI never show args).
-CREATE OR REPLACE FUNCTION siwa.revoke_token_later(p_client_id text, p_sub text, p_token_enc bytea, p_reason text)
-RETURNS bigint
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
-    VALUES ('revoke', 1, p_client_id, p_sub, 2147483647,
-            jsonb_build_object('late_token', true, 'token_enc', encode(p_token_enc, 'base64'), 'reason', p_reason))
-    RETURNING id
+-- Applies an effect that brings no data of its own (a deletion requested, a deletion's end,
+-- reconciliation's invalid_grant) to the account row the caller holds locked, with its change and
+-- NOTIFY (siwa.record_change) and, when the effect says so, the erasure of its personal data
+-- (siwa.erase_personal_data, after the change row that carries the app_user_id). p_effect:
+-- siwa.account_effect's answer for the account's status, applied (the caller judged that). The
+-- grant's end discards the tokens (the caller revokes those Apple may still honour first); the
+-- sessions end now, unless they ended while a deletion was pending (a consent-revoked then): the
+-- deletion's end keeps that time. p_token_checked: Apple has just answered for the stored token.
+-- The effects that bring data (a link, an import, a transfer, Apple's events) write their columns
+-- with the effect's in one statement each, here in this file (the notification batch's in
+-- notifications.sql, set-based).
+CREATE OR REPLACE FUNCTION siwa.apply_account_effect(
+    p_client_id text, p_sub text, p_effect siwa.account_effect, p_reason text, p_job_id bigint, p_token_checked boolean
+) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.accounts a
+       SET status = p_effect.next_status,
+           refresh_token_enc = CASE WHEN p_effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
+           retired_tokens_enc = CASE WHEN p_effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+           sessions_revoked_at = CASE WHEN NOT p_effect.ends_sessions THEN a.sessions_revoked_at
+                                      WHEN a.status = 'pending_deletion' THEN coalesce(a.sessions_revoked_at, now())
+                                      ELSE now() END,
+           token_checked_at = CASE WHEN p_token_checked THEN now() ELSE a.token_checked_at END,
+           updated_at = now()
+     WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    PERFORM siwa.record_change(p_client_id, p_sub, p_effect.change, p_reason, NULL, p_job_id);
+    IF p_effect.erases_personal_data THEN
+        PERFORM siwa.erase_personal_data(p_client_id, p_sub);
+    END IF;
+END
 $$;
 
 -- The client IDs whose accounts share users with p_client_id (SIWA_APP_GROUPS, written to
@@ -180,6 +246,15 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                      JOIN siwa.app_groups m ON m.group_id = g.group_id
                      JOIN siwa.accounts a ON a.client_id = m.client_id AND a.sub = p_sub
                     WHERE g.client_id = p_client_id AND a.status = 'pending_deletion')
+$$;
+
+-- A pending deletion blocks a new link or sign-in: the account's own (p_status, read by the
+-- caller) or one under another client ID of the user's app group. The one rule for
+-- siwa.link_account (SQLSTATE 55000) and the app API's sign-in (siwa.sign_in_state,
+-- siwa.consume_nonce_reading: answered as `pending_deletion`). Inlined (no SET clause).
+CREATE OR REPLACE FUNCTION siwa.deletion_blocks_link(p_status text, p_client_id text, p_sub text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_status IS NOT DISTINCT FROM 'pending_deletion' OR siwa.group_deletion_pending(p_client_id, p_sub)
 $$;
 
 -- The NOTIFY siwa_account_changes payload: the change's id, client_id, sub, change and status,
@@ -311,8 +386,7 @@ BEGIN
                updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
         IF result_status = 'deleted' THEN
-            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
-            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+            PERFORM siwa.queue_revoke(p_client_id, p_sub, '{"late_token": true}');
         END IF;
     END IF;
 END
@@ -371,8 +445,7 @@ BEGIN
         UPDATE siwa.accounts SET retired_tokens_enc = accounts.retired_tokens_enc || p_token_enc, updated_at = now()
          WHERE client_id = p_client_id AND sub = p_sub;
         IF a.status = 'deleted' THEN
-            INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
-            VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, '{"late_token": true}');
+            PERFORM siwa.queue_revoke(p_client_id, p_sub, '{"late_token": true}');
         END IF;
     END IF;
     RETURN false;
@@ -500,19 +573,9 @@ BEGIN
     effect := siwa.account_effect(a.status, 'deletion_finished');
     IF effect.outcome = 'applied' THEN
         reason := CASE WHEN coalesce((j.args->>'revoked')::integer, 0) > 0 THEN 'revoked' ELSE 'no_token' END;
-        -- Sessions ended earlier (a consent-revoked while pending) keep that time.
-        UPDATE siwa.accounts
-           SET status = effect.next_status,
-               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN coalesce(sessions_revoked_at, now())
-                                          ELSE sessions_revoked_at END,
-               updated_at = now()
-         WHERE client_id = a.client_id AND sub = a.sub;
-        -- The change row first: it carries the app_user_id, so the app knows whom to delete;
-        -- the account forgets it right after.
-        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, reason, NULL, j.id);
-        IF effect.erases_personal_data THEN
-            PERFORM siwa.erase_personal_data(a.client_id, a.sub);
-        END IF;
+        -- Sessions ended earlier (a consent-revoked while pending) keep that time. The change row
+        -- before the erasure: it carries the app_user_id, so the app knows whom to delete.
+        PERFORM siwa.apply_account_effect(a.client_id, a.sub, effect, reason, j.id, false);
         PERFORM siwa.complete_job(j.id, p_attempt, CASE reason WHEN 'revoked' THEN 'deleted' ELSE 'deleted_without_token' END);
         RETURN QUERY SELECT 'deleted'::text, NULL::bytea, NULL::double precision;
         RETURN;
@@ -543,8 +606,7 @@ BEGIN
      WHERE client_id = j.client_id AND sub = j.sub
        AND (refresh_token_enc = p_token_enc OR p_token_enc = ANY (retired_tokens_enc));
     GET DIAGNOSTICS removed = ROW_COUNT;
-    UPDATE siwa.jobs SET args = jsonb_set(args, '{revoked}', to_jsonb(coalesce((args->>'revoked')::integer, 0) + 1))
-     WHERE id = p_job_id;
+    PERFORM siwa.count_token_revoked(p_job_id);
     RETURN removed > 0;
 END
 $$;
@@ -608,14 +670,7 @@ BEGIN
             PERFORM siwa.revoke_token_later(a.client_id, a.sub, t, 'reconcile_invalid_grant')
                FROM unnest(a.retired_tokens_enc) AS t;
         END IF;
-        UPDATE siwa.accounts
-           SET status = effect.next_status,
-               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE refresh_token_enc END,
-               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE retired_tokens_enc END,
-               sessions_revoked_at = CASE WHEN effect.ends_sessions THEN now() ELSE sessions_revoked_at END,
-               token_checked_at = now(), updated_at = now()
-         WHERE client_id = a.client_id AND sub = a.sub;
-        PERFORM siwa.record_change(a.client_id, a.sub, effect.change, 'reconcile_invalid_grant', NULL, j.id);
+        PERFORM siwa.apply_account_effect(a.client_id, a.sub, effect, 'reconcile_invalid_grant', j.id, true);
         result_outcome := effect.change;
     ELSE
         RAISE EXCEPTION 'siwa.reconcile_result: unknown answer %', p_answer USING ERRCODE = '22023';
@@ -678,6 +733,126 @@ BEGIN
 END
 $$;
 
+-- What the client was told about the user once, stored by the app API's sign-in (siwa.sign_in,
+-- app_api.sql) when it leaves the account active: p_full_name (an object; NULL keeps the stored
+-- one) and p_real_user_status (NULL: kept). Answers siwa.account's columns, read back from the
+-- write (plpgsql: a plan cached for the session, as siwa.sign_in's own read).
+CREATE OR REPLACE FUNCTION siwa.account_profile_signed_in(
+    p_client_id text, p_sub text, p_full_name jsonb, p_real_user_status text
+) RETURNS TABLE (
+    client_id text, sub text, app_user_id text, status text, email text, is_private_email boolean,
+    email_forwarding text, sessions_revoked_at timestamptz, linked_at timestamptz, updated_at timestamptz,
+    has_refresh_token boolean, full_name jsonb, real_user_status text
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+        UPDATE siwa.accounts a
+           SET full_name = coalesce(p_full_name, a.full_name),
+               real_user_status = coalesce(p_real_user_status, a.real_user_status)
+         WHERE a.client_id = p_client_id AND a.sub = p_sub
+        RETURNING a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
+                  a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
+                  a.real_user_status;
+END
+$$;
+
+-- Sets the app's own user id on an account; false when there is no such account.
+CREATE OR REPLACE FUNCTION siwa.set_app_user_id(p_client_id text, p_sub text, p_app_user_id text) RETURNS boolean
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH updated AS (
+        UPDATE siwa.accounts SET app_user_id = p_app_user_id, updated_at = now()
+         WHERE client_id = p_client_id AND sub = p_sub
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM updated);
+$$;
+
+-- Team transfer's account write (siwa.complete_transfer, transfer.sql, decides when): a completed
+-- import line makes (p_client_id, p_sub) the user's account with the line's app_user_id, as
+-- p_effect (siwa.account_effect's `transferred`) says. p_target_exists: the account exists under
+-- the new sub already, and keeps its status (Apple told us about it after the transfer: newer than
+-- the line); else p_source_sub: the sending side's account in this database, re-keyed to the new
+-- sub; else a new account, with no refresh token.
+CREATE OR REPLACE FUNCTION siwa.account_transferred(
+    p_client_id text, p_sub text, p_target_exists boolean, p_source_sub text, p_app_user_id text,
+    p_email text, p_is_private_email boolean, p_effect siwa.account_effect
+) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_target_exists THEN
+        UPDATE siwa.accounts a
+           SET app_user_id = p_app_user_id, email = coalesce(p_email, a.email),
+               is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
+         WHERE a.client_id = p_client_id AND a.sub = p_sub;
+    ELSIF p_source_sub IS NOT NULL THEN
+        -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
+        -- team: neither the new team nor the new key can use them, so they go
+        -- (deploy/README.md, "Moving an app to another team").
+        UPDATE siwa.accounts a
+           SET sub = p_sub, app_user_id = p_app_user_id, status = p_effect.next_status,
+               email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
+               refresh_token_enc = CASE WHEN p_effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
+               retired_tokens_enc = CASE WHEN p_effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
+               last_email_event_at = NULL,
+               token_checked_at = NULL, linked_at = now(), updated_at = now(),
+               transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
+         WHERE a.client_id = p_client_id AND a.sub = p_source_sub;
+    ELSE
+        INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
+        VALUES (p_client_id, p_sub, p_app_user_id, p_effect.next_status, p_email,
+                p_is_private_email, now(), now());
+    END IF;
+END
+$$;
+
+-- Stores the identifier Apple gave for (p_client_id, p_sub) and p_target_team; p_transfer_sub NULL
+-- forgets it (one the file cannot carry: the next run asks again).
+CREATE OR REPLACE FUNCTION siwa.transfer_export_store(p_client_id text, p_sub text, p_transfer_sub text, p_target_team text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.accounts a
+       SET transfer_sub = p_transfer_sub,
+           transfer_target_team = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_target_team ELSE p_target_team END,
+           transfer_sub_at = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_sub_at ELSE now() END
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+$$;
+
+-- Replaces token p_stored (current or retired) of the account with p_sealed, the same token sealed
+-- with the current key. Returns whether it was still stored (1) or not (0).
+CREATE OR REPLACE FUNCTION siwa.reseal_token(p_client_id text, p_sub text, p_stored bytea, p_sealed bytea)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    changed integer;
+BEGIN
+    UPDATE siwa.accounts a
+       SET refresh_token_enc = CASE WHEN a.refresh_token_enc = p_stored THEN p_sealed ELSE a.refresh_token_enc END,
+           retired_tokens_enc = array_replace(a.retired_tokens_enc, p_stored, p_sealed)
+     WHERE a.client_id = p_client_id AND a.sub = p_sub
+       AND (a.refresh_token_enc = p_stored OR p_stored = ANY (a.retired_tokens_enc));
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END
+$$;
+
+-- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
+-- its notifications keep only what recognises a redelivery (jti) and what happened (type, time)
+-- (siwa.erase_notifications, notifications.sql), and the account its identity, email and name.
+CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT siwa.erase_notifications(p_client_id, p_sub);
+    -- The app_user_id too: a deleted account forgets who it was (its change rows, written before
+    -- this, still say whom the app should delete).
+    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL,
+                             app_user_id = NULL
+     WHERE client_id = p_client_id AND sub = p_sub
+       AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL OR app_user_id IS NOT NULL);
+$$;
+
 -- App-facing: queue the exchange of a fresh authorization code (codes live five minutes, single
 -- use). Runs first in the queue. The worker removes the code from the row once it is used.
 -- A pending deletion blocks it (SQLSTATE 55000): the deletion would revoke what it links.
@@ -687,7 +862,6 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    job_id bigint;
     current_status text;
 BEGIN
     IF coalesce(client_id, '') = '' OR coalesce(sub, '') = '' OR coalesce(authorization_code, '') = '' THEN
@@ -698,16 +872,12 @@ BEGIN
     -- sees (and waits for) the exchange queued here.
     SELECT a.status INTO current_status FROM siwa.accounts a
      WHERE a.client_id = link_account.client_id AND a.sub = link_account.sub FOR SHARE;
-    IF current_status = 'pending_deletion' OR siwa.group_deletion_pending(link_account.client_id, link_account.sub) THEN
+    IF siwa.deletion_blocks_link(current_status, link_account.client_id, link_account.sub) THEN
         RAISE EXCEPTION 'siwa.link_account: deletion pending for this account; link again once it is deleted'
             USING ERRCODE = '55000';
     END IF;
-    INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts, run_at)
-    VALUES ('exchange', 0, link_account.client_id, link_account.sub,
-            jsonb_build_object('app_user_id', link_account.app_user_id, 'code', authorization_code),
-            8, now())
-    RETURNING id INTO job_id;
-    RETURN job_id;
+    RETURN siwa.queue_exchange(link_account.client_id, link_account.sub,
+                               jsonb_build_object('app_user_id', link_account.app_user_id, 'code', authorization_code));
 END
 $$;
 
@@ -759,7 +929,6 @@ DECLARE
     a siwa.accounts;
     job_id bigint;
     exchange_id bigint;
-    effect siwa.account_effect;
 BEGIN
     PERFORM siwa.lock_account(request_deletion_one.client_id, request_deletion_one.sub, 'pending_deletion');
     -- Counted on every call, a repeat included: a sign-in in flight reads the count (see
@@ -785,10 +954,8 @@ BEGIN
     -- again): exchanged for the deletion, its token is revoked by a late revoke (siwa.account_linked);
     -- the exchange's job is the one answered.
     IF coalesce(authorization_code, '') <> '' AND (job_id IS NULL OR a.status IN ('pending_deletion', 'deleted')) THEN
-        INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
-        VALUES ('exchange', 0, a.client_id, a.sub,
-                jsonb_build_object('code', authorization_code, 'purpose', 'deletion'), 8)
-        RETURNING id INTO exchange_id;
+        exchange_id := siwa.queue_exchange(a.client_id, a.sub,
+                                           jsonb_build_object('code', authorization_code, 'purpose', 'deletion'));
         IF job_id IS NOT NULL AND a.status = 'deleted' THEN
             RETURN exchange_id;
         END IF;
@@ -797,15 +964,10 @@ BEGIN
         RETURN job_id;
     END IF;
 
-    effect := siwa.account_effect(a.status, 'deletion_requested');
-    UPDATE siwa.accounts
-       SET status = effect.next_status, updated_at = now()
-     WHERE accounts.client_id = a.client_id AND accounts.sub = a.sub;
     -- A pending deletion is never dropped: revoke jobs retry for as long as it takes.
-    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
-    VALUES ('revoke', 1, a.client_id, a.sub, 2147483647)
-    RETURNING id INTO job_id;
-    PERFORM siwa.record_change(a.client_id, a.sub, effect.change, NULL, NULL, job_id);
+    job_id := siwa.queue_revoke(a.client_id, a.sub, '{}');
+    PERFORM siwa.apply_account_effect(a.client_id, a.sub, siwa.account_effect(a.status, 'deletion_requested'),
+                                      NULL, job_id, false);
     RETURN job_id;
 END
 $$;
@@ -843,6 +1005,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE a.client_id = p_client_id AND a.sub = p_sub
 $$;
 
+-- The console's start (`siwa console`): fails unless the login may read what the console shows
+-- (the queue and the accounts) and the database is migrated. SECURITY INVOKER, so the caller's
+-- own privileges are the ones checked. The result says nothing.
+CREATE OR REPLACE FUNCTION siwa.console_can_read() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT true FROM siwa.jobs, siwa.accounts LIMIT 1
+$$;
+
 -- The accounts whose sub or app_user_id is exactly p_text, most recently changed first, at most
 -- p_limit: the console's search, which shows each through siwa.account.
 CREATE OR REPLACE FUNCTION siwa.find_accounts(p_text text, p_limit integer) RETURNS TABLE (client_id text, sub text)
@@ -851,26 +1021,6 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      WHERE a.sub = p_text OR a.app_user_id = p_text
      ORDER BY a.updated_at DESC
      LIMIT p_limit
-$$;
-
--- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit
--- accounts due (siwa.reconcile_skip: active, holding a token not checked with Apple in the last 24
--- hours), least recently checked first, never two open reconciles for one account. Returns how
--- many it queued.
-CREATE OR REPLACE FUNCTION siwa.queue_reconciles(p_limit integer) RETURNS integer
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    WITH queued AS (
-        INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
-        SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
-         WHERE siwa.reconcile_skip(a.status, a.refresh_token_enc, a.token_checked_at) IS NULL
-           AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
-                            WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
-                              AND j.state IN ('available', 'running'))
-         ORDER BY a.token_checked_at NULLS FIRST
-         LIMIT p_limit
-        RETURNING 1
-    )
-    SELECT count(*)::integer FROM queued
 $$;
 
 -- Whether a job of this kind for this account holds up a pending deletion: a revoke of an account
@@ -940,7 +1090,7 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Privileges: the app calls the app-facing functions; the worker everything here, and so does the
--- console, which runs with a siwa_worker login (see queue.sql on PUBLIC).
+-- console, which runs with a siwa_worker login (see jobs.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -948,6 +1098,8 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             siwa.account_effect(text, text),
             siwa.record_change(text, text, text, text, text, bigint),
+            siwa.record_changes(text[], text[], text[], text[], text[], text[], text[], bigint[]),
+            siwa.apply_account_effect(text, text, siwa.account_effect, text, bigint, boolean),
             siwa.change_payload(bigint, text, text, text, text), siwa.lock_account(text, text, text),
             siwa.account_linked(text, text, text, bytea, text, boolean, boolean, boolean, bigint),
             siwa.account_imported(text, text, text, bytea),
@@ -958,12 +1110,17 @@ BEGIN
             siwa.sign_in_succeeded(text, text, text, bytea, text, boolean, bigint), siwa.sign_in_reason(bigint, bytea),
             siwa.link_account(text, text, text, text), siwa.request_deletion(text, text, text),
             siwa.request_deletion_one(text, text, text), siwa.request_deletion(text, text), siwa.account(text, text),
-            siwa.revoke_token_later(text, text, bytea, text), siwa.group_client_ids(text),
-            siwa.group_deletion_pending(text, text),
-            siwa.retired_token_count(text, text), siwa.find_accounts(text, integer),
-            siwa.queue_reconciles(integer), siwa.guards_pending_deletion(text, text, text), siwa.pending_deletions(),
+            siwa.group_client_ids(text),
+            siwa.group_deletion_pending(text, text), siwa.deletion_blocks_link(text, text, text),
+            siwa.apple_event_known(text), siwa.email_event(text), siwa.ignores_email_events(text),
+            siwa.retired_token_count(text, text), siwa.find_accounts(text, integer), siwa.console_can_read(),
+            siwa.guards_pending_deletion(text, text, text), siwa.pending_deletions(),
             siwa.deletion_backlog(),
-            siwa.prune_account_changes(double precision, integer)
+            siwa.prune_account_changes(double precision, integer),
+            siwa.account_profile_signed_in(text, text, jsonb, text), siwa.set_app_user_id(text, text, text),
+            siwa.account_transferred(text, text, boolean, text, text, text, boolean, siwa.account_effect),
+            siwa.transfer_export_store(text, text, text, text), siwa.reseal_token(text, text, bytea, bytea),
+            siwa.erase_personal_data(text, text)
            TO siwa_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_app') THEN

@@ -41,6 +41,18 @@ BEGIN
 END
 $$;
 
+-- Keeps a nonce chosen elsewhere (a web sign-in's state's, siwa.finish_web_sign_in) as a live
+-- sign-in nonce for p_ttl; one already kept stays as it is.
+CREATE OR REPLACE FUNCTION siwa.keep_nonce(p_nonce_hash bytea, p_ttl interval) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at) VALUES (p_nonce_hash, now() + p_ttl)
+    ON CONFLICT (nonce_hash) DO NOTHING;
+END
+$$;
+
 -- Spends a nonce: true when it existed and had not expired. One DELETE ... RETURNING, so of any
 -- number of concurrent callers with the same nonce at most one gets true; an expired row found
 -- here is deleted as well (spent either way).
@@ -74,7 +86,7 @@ BEGIN
         deletion_requests := 0;
     END IF;
     -- A deletion pending under another client ID of the user's app group blocks this one too.
-    IF status IS DISTINCT FROM 'pending_deletion' AND siwa.group_deletion_pending(p_client_id, p_sub) THEN
+    IF siwa.deletion_blocks_link(status, p_client_id, p_sub) THEN
         status := 'pending_deletion';
     END IF;
 END
@@ -102,7 +114,7 @@ BEGIN
         deletion_requests := 0;
     END IF;
     -- A deletion pending under another client ID of the user's app group blocks this one too.
-    IF status IS DISTINCT FROM 'pending_deletion' AND siwa.group_deletion_pending(p_client_id, p_sub) THEN
+    IF siwa.deletion_blocks_link(status, p_client_id, p_sub) THEN
         status := 'pending_deletion';
     END IF;
 END
@@ -157,13 +169,7 @@ BEGIN
     -- holds locked) rather than through siwa.account, an SQL function planned again on every call.
     IF outcome.status = 'active' AND (p_full_name IS NOT NULL OR p_real_user_status IS NOT NULL) THEN
         RETURN QUERY
-            UPDATE siwa.accounts a
-               SET full_name = coalesce(p_full_name, a.full_name),
-                   real_user_status = coalesce(p_real_user_status, a.real_user_status)
-             WHERE a.client_id = p_client_id AND a.sub = p_sub
-            RETURNING a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
-                      a.sessions_revoked_at, a.linked_at, a.updated_at, a.refresh_token_enc IS NOT NULL, a.full_name,
-                      a.real_user_status, outcome.created;
+            SELECT p.*, outcome.created FROM siwa.account_profile_signed_in(p_client_id, p_sub, p_full_name, p_real_user_status) p;
     ELSE
         RETURN QUERY
             SELECT a.client_id, a.sub, a.app_user_id, a.status, a.email, a.is_private_email, a.email_forwarding,
@@ -216,18 +222,6 @@ AS $$
                                        AND (r.finalized_at IS NULL OR r.finalized_at > p_checked_at))
                        THEN 1 ELSE 0 END
            FROM siwa.accounts a WHERE a.client_id = p_client_id AND a.sub = p_sub))
-$$;
-
--- Sets the app's own user id on an account; false when there is no such account.
-CREATE OR REPLACE FUNCTION siwa.set_app_user_id(p_client_id text, p_sub text, p_app_user_id text) RETURNS boolean
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$
-    WITH updated AS (
-        UPDATE siwa.accounts SET app_user_id = p_app_user_id, updated_at = now()
-         WHERE client_id = p_client_id AND sub = p_sub
-        RETURNING 1)
-    SELECT EXISTS (SELECT 1 FROM updated);
 $$;
 
 -- The transactions writing siwa.account_changes now (other than the caller's): every writer holds
@@ -298,12 +292,11 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.issue_nonce(bytea, interval), siwa.issue_nonce_bounded(bytea, interval, integer),
-                                  siwa.consume_nonce(bytea),
+                                  siwa.consume_nonce(bytea), siwa.keep_nonce(bytea, interval),
                                   siwa.sign_in_state(text, text), siwa.consume_nonce_reading(bytea, text, text),
                                   siwa.prune_nonces(integer), siwa.sign_in(text, text, text, boolean, bytea, timestamptz),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint),
                                   siwa.sign_in(text, text, text, boolean, bytea, bigint, jsonb, text),
-                                  siwa.set_app_user_id(text, text, text),
                                   siwa.account_changes_after(bigint, integer, interval), siwa.change_writers()
            TO siwa_worker;
     END IF;

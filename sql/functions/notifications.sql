@@ -86,11 +86,11 @@ BEGIN
     grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
     WITH b AS (
         SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
-               n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled') AS known,
-               CASE WHEN n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+               siwa.apple_event_known(n.event_type) AS known,
+               CASE WHEN siwa.apple_event_known(n.event_type)
                     THEN row_number() OVER (
                         PARTITION BY coalesce(g.group_id, n.client_id), n.sub,
-                                     n.event_type IN ('consent-revoked', 'account-deleted', 'email-enabled', 'email-disabled')
+                                     siwa.apple_event_known(n.event_type)
                         ORDER BY n.event_time, u.ord)
                     ELSE 1 END AS rank
           FROM unnest(p_jtis, p_job_ids) WITH ORDINALITY AS u(jti, job_id, ord)
@@ -166,12 +166,12 @@ BEGIN
               LEFT JOIN siwa.notifications n ON n.jti = u.jti
         ), hot AS (
             SELECT u.target, u.sub FROM u GROUP BY u.target, u.sub
-            HAVING count(*) > 1 AND bool_and(u.event_type IN ('email-enabled', 'email-disabled'))
+            HAVING count(*) > 1 AND bool_and(siwa.email_event(u.event_type))
         ), e AS (
             SELECT u.*, a.status, a.linked_at, a.last_email_event_at, a.email_forwarding, a.app_user_id,
                    siwa.account_effect(a.status, u.event_type) AS effect,
                    coalesce(hot.target IS NOT NULL
-                            AND a.status NOT IN ('deleted', 'apple_account_deleted', 'pending_deletion'), false) AS folded,
+                            AND NOT siwa.ignores_email_events(a.status), false) AS folded,
                    greatest(a.linked_at, a.last_email_event_at) IS NULL
                    OR u.event_time >= greatest(a.linked_at, a.last_email_event_at) AS live
               FROM u
@@ -208,17 +208,19 @@ BEGIN
                    last_email_event_at = last.event_time, updated_at = now()
               FROM last
              WHERE a.client_id = last.target AND a.sub = last.sub
-        ), c AS (
-            INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
-            SELECT n.target, n.sub, n.app_user_id, (n.effect).change, (n.effect).next_status, n.jti, n.job_id
-              FROM n WHERE n.outcome = 'applied'
-             ORDER BY n.target, n.sub, n.event_time, n.ord
-            RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
-                      account_changes.change, account_changes.status
         ), told AS (
-            SELECT count(pg_notify('siwa_account_changes',
-                                   siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
-              FROM c
+            -- The change rows and their NOTIFYs in event order, the whole batch in one call.
+            SELECT count(*) AS sent
+              FROM (SELECT array_agg(n.target ORDER BY n.target, n.sub, n.event_time, n.ord) AS client_ids,
+                           array_agg(n.sub ORDER BY n.target, n.sub, n.event_time, n.ord) AS subs,
+                           array_agg(n.app_user_id ORDER BY n.target, n.sub, n.event_time, n.ord) AS app_user_ids,
+                           array_agg((n.effect).change ORDER BY n.target, n.sub, n.event_time, n.ord) AS changes,
+                           array_agg((n.effect).next_status ORDER BY n.target, n.sub, n.event_time, n.ord) AS statuses,
+                           array_agg(n.jti ORDER BY n.target, n.sub, n.event_time, n.ord) AS jtis,
+                           array_agg(n.job_id ORDER BY n.target, n.sub, n.event_time, n.ord) AS job_ids
+                      FROM n WHERE n.outcome = 'applied') x,
+                   siwa.record_changes(x.client_ids, x.subs, x.app_user_ids, x.changes, x.statuses, NULL,
+                                       x.jtis, x.job_ids)
         )
         -- The rounds skip what was applied here (rank 0).
         SELECT array_agg(CASE WHEN e.folded THEN 0 ELSE e.rank END ORDER BY e.ord),
@@ -282,31 +284,32 @@ BEGIN
                    sessions_revoked_at = CASE WHEN (n.effect).ends_sessions THEN now() ELSE a.sessions_revoked_at END,
                    email_forwarding = coalesce((n.effect).email_forwarding, a.email_forwarding),
                    email = CASE WHEN n.erase THEN NULL
-                                WHEN n.event_type IN ('email-enabled', 'email-disabled') THEN coalesce(n.email, a.email)
+                                WHEN siwa.email_event(n.event_type) THEN coalesce(n.email, a.email)
                                 ELSE a.email END,
                    is_private_email = CASE WHEN n.erase AND a.email IS NOT NULL THEN NULL
-                                           WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                                           WHEN siwa.email_event(n.event_type)
                                            THEN coalesce(n.is_private_email, a.is_private_email)
                                            ELSE a.is_private_email END,
                    full_name = CASE WHEN n.erase THEN NULL ELSE a.full_name END,
                    real_user_status = CASE WHEN n.erase THEN NULL ELSE a.real_user_status END,
                    app_user_id = CASE WHEN n.erase THEN NULL ELSE a.app_user_id END,
-                   last_email_event_at = CASE WHEN n.event_type IN ('email-enabled', 'email-disabled')
+                   last_email_event_at = CASE WHEN siwa.email_event(n.event_type)
                                               THEN n.event_time ELSE a.last_email_event_at END,
                    updated_at = now()
               FROM t n
              WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
             RETURNING a.client_id, a.sub, n.app_user_id_before AS app_user_id, a.status, n.jti, n.job_id, n.ord,
                       (n.effect).change AS change
-        ), c AS (
-            INSERT INTO siwa.account_changes (client_id, sub, app_user_id, change, status, notification_jti, job_id)
-            SELECT a.client_id, a.sub, a.app_user_id, a.change, a.status, a.jti, a.job_id FROM a ORDER BY a.ord
-            RETURNING account_changes.id, account_changes.client_id, account_changes.sub,
-                      account_changes.app_user_id, account_changes.change, account_changes.status
         ), told AS (
-            SELECT count(pg_notify('siwa_account_changes',
-                                   siwa.change_payload(c.id, c.client_id, c.sub, c.change, c.status))) AS sent
-              FROM c
+            -- The change rows and their NOTIFYs in batch order, the whole round in one call.
+            SELECT count(*) AS sent
+              FROM (SELECT array_agg(a.client_id ORDER BY a.ord) AS client_ids, array_agg(a.sub ORDER BY a.ord) AS subs,
+                           array_agg(a.app_user_id ORDER BY a.ord) AS app_user_ids,
+                           array_agg(a.change ORDER BY a.ord) AS changes, array_agg(a.status ORDER BY a.ord) AS statuses,
+                           array_agg(a.jti ORDER BY a.ord) AS jtis, array_agg(a.job_id ORDER BY a.ord) AS job_ids
+                      FROM a) x,
+                   siwa.record_changes(x.client_ids, x.subs, x.app_user_ids, x.changes, x.statuses, NULL,
+                                       x.jtis, x.job_ids)
         )
         -- Erased: the notifications stored under the notification's client ID and under the
         -- target's (the same outside a group).
@@ -354,20 +357,26 @@ BEGIN
 END
 $$;
 
--- Personal data does not outlive its purpose: once an account is deleted (by the app or at Apple),
--- its notifications keep only what recognises a redelivery (jti) and what happened (type, time).
-CREATE OR REPLACE FUNCTION siwa.erase_personal_data(p_client_id text, p_sub text) RETURNS void
+-- The notifications of held jobs the worker's gate refused (siwa.forged_notifications, jobs.sql):
+-- recorded `forged`, never applied.
+CREATE OR REPLACE FUNCTION siwa.notifications_forged(p_job_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.notifications n SET processed_at = now(), outcome = 'forged'
+      FROM siwa.jobs j
+     WHERE j.id = ANY (p_job_ids) AND n.jti = j.notification_jti AND n.processed_at IS NULL;
+END
+$$;
+
+-- A deleted account's notifications keep only what recognises a redelivery (jti) and what
+-- happened (type, time): siwa.erase_personal_data (accounts.sql) calls this.
+CREATE OR REPLACE FUNCTION siwa.erase_notifications(p_client_id text, p_sub text) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE siwa.notifications
        SET email = NULL, jws = NULL, claims = claims - 'events'
      WHERE client_id = p_client_id AND sub = p_sub
        AND (email IS NOT NULL OR jws IS NOT NULL OR claims ? 'events');
-    -- The app_user_id too: a deleted account forgets who it was (its change rows, written before
-    -- this, still say whom the app should delete).
-    UPDATE siwa.accounts SET email = NULL, is_private_email = NULL, full_name = NULL, real_user_status = NULL,
-                             app_user_id = NULL
-     WHERE client_id = p_client_id AND sub = p_sub
-       AND (email IS NOT NULL OR full_name IS NOT NULL OR real_user_status IS NOT NULL OR app_user_id IS NOT NULL);
 $$;
 
 -- The receiver's one write: a batch of verified notifications in one statement (its group commit:
@@ -400,23 +409,24 @@ $$;
 
 -- Retention (the worker's pass, SIWA_RETENTION_DAYS), at most p_batch rows a call, each returning
 -- how many rows it changed.
--- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs, in
--- one statement. Discarded jobs are kept (an operator may still retry them; the effect then
--- reports `missing`).
+-- Notifications processed more than p_age_seconds ago, with their completed or cancelled jobs
+-- (siwa.prune_notification_jobs, jobs.sql). Discarded jobs are kept (an operator may still retry
+-- them; the effect then reports `missing`).
 CREATE OR REPLACE FUNCTION siwa.prune_notifications(p_age_seconds double precision, p_batch integer)
 RETURNS integer
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    WITH victims AS (
-        SELECT jti FROM siwa.notifications
-         WHERE processed_at < now() - make_interval(secs => p_age_seconds)
-         LIMIT p_batch
-    ), jobs AS (
-        DELETE FROM siwa.jobs WHERE notification_jti IN (SELECT jti FROM victims)
-           AND state IN ('completed', 'cancelled')
-    ), pruned AS (
-        DELETE FROM siwa.notifications WHERE jti IN (SELECT jti FROM victims) RETURNING 1
-    )
-    SELECT count(*)::integer FROM pruned
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    victims text[];
+    pruned integer;
+BEGIN
+    victims := ARRAY(SELECT n.jti FROM siwa.notifications n
+                      WHERE n.processed_at < now() - make_interval(secs => p_age_seconds)
+                      LIMIT p_batch);
+    PERFORM siwa.prune_notification_jobs(victims);
+    DELETE FROM siwa.notifications WHERE jti = ANY (victims);
+    GET DIAGNOSTICS pruned = ROW_COUNT;
+    RETURN pruned;
+END
 $$;
 
 -- Notifications whose job was discarded more than p_age_seconds ago stay (an operator may still
@@ -460,7 +470,7 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pruned
 $$;
 
--- Privileges: the worker applies effects and prunes; the receiver stores (see queue.sql on PUBLIC).
+-- Privileges: the worker applies effects and prunes; the receiver stores (see jobs.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -468,7 +478,8 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             siwa.notification_outcome(siwa.account_effect, text, timestamptz, timestamptz, timestamptz, text),
             siwa.apply_notifications(text[], bigint[]), siwa.apply_notification(text, bigint),
-            siwa.erase_personal_data(text, text),
+            siwa.notifications_forged(bigint[]),
+            siwa.erase_notifications(text, text),
             siwa.prune_notifications(double precision, integer),
             siwa.scrub_discarded_notifications(double precision, integer), siwa.prune_rejections(double precision)
            TO siwa_worker;

@@ -46,34 +46,15 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY a.client_id, a.sub
 $$;
 
--- Replaces token p_stored (current or retired) of the account with p_sealed, the same token sealed
--- with the current key. Returns whether it was still stored (1) or not (0).
-CREATE OR REPLACE FUNCTION siwa.reseal_token(p_client_id text, p_sub text, p_stored bytea, p_sealed bytea)
-RETURNS integer
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    changed integer;
-BEGIN
-    UPDATE siwa.accounts a
-       SET refresh_token_enc = CASE WHEN a.refresh_token_enc = p_stored THEN p_sealed ELSE a.refresh_token_enc END,
-           retired_tokens_enc = array_replace(a.retired_tokens_enc, p_stored, p_sealed)
-     WHERE a.client_id = p_client_id AND a.sub = p_sub
-       AND (a.refresh_token_enc = p_stored OR p_stored = ANY (a.retired_tokens_enc));
-    GET DIAGNOSTICS changed = ROW_COUNT;
-    RETURN changed;
-END
-$$;
-
 -- Privileges: the worker's login runs the operator commands (see transfer.sql); PUBLIC nothing
--- (see queue.sql).
+-- (see jobs.sql). The write, siwa.reseal_token, is in accounts.sql.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION siwa.tokens_sealed_with_other_keys(bytea),
                                   siwa.current_tokens_to_reseal(bytea, text, text, integer),
-                                  siwa.retired_tokens_to_reseal(text, text, integer),
-                                  siwa.reseal_token(text, text, bytea, bytea)
+                                  siwa.retired_tokens_to_reseal(text, text, integer)
            TO siwa_worker;
     END IF;
 END

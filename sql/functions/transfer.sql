@@ -53,29 +53,8 @@ BEGIN
         RETURN NULL;
     END IF;
 
-    IF target.sub IS NOT NULL THEN
-        UPDATE siwa.accounts a
-           SET app_user_id = line.app_user_id, email = coalesce(p_email, a.email),
-               is_private_email = coalesce(p_is_private_email, a.is_private_email), updated_at = now()
-         WHERE a.client_id = p_client_id AND a.sub = p_sub;
-    ELSIF source.sub IS NOT NULL THEN
-        -- Stored tokens are sealed with the old `sub` as associated data and belong to the old
-        -- team: neither the new team nor the new key can use them, so they go
-        -- (deploy/README.md, "Moving an app to another team").
-        UPDATE siwa.accounts a
-           SET sub = p_sub, app_user_id = line.app_user_id, status = effect.next_status,
-               email = p_email, is_private_email = p_is_private_email, email_forwarding = NULL,
-               refresh_token_enc = CASE WHEN effect.ends_grant THEN NULL ELSE a.refresh_token_enc END,
-               retired_tokens_enc = CASE WHEN effect.ends_grant THEN '{}' ELSE a.retired_tokens_enc END,
-               last_email_event_at = NULL,
-               token_checked_at = NULL, linked_at = now(), updated_at = now(),
-               transfer_sub = NULL, transfer_target_team = NULL, transfer_sub_at = NULL
-         WHERE a.client_id = source.client_id AND a.sub = source.sub;
-    ELSE
-        INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, email, is_private_email, linked_at, updated_at)
-        VALUES (p_client_id, p_sub, line.app_user_id, effect.next_status, p_email,
-                p_is_private_email, now(), now());
-    END IF;
+    PERFORM siwa.account_transferred(p_client_id, p_sub, target.sub IS NOT NULL, source.sub, line.app_user_id,
+                                     p_email, p_is_private_email, effect);
 
     UPDATE siwa.transfer_imports t
        SET state = 'done', sub = p_sub, completed_by = p_via, completed_at = now(), last_error = NULL
@@ -138,18 +117,6 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY a.sub LIMIT p_limit
 $$;
 
--- Stores the identifier Apple gave for (p_client_id, p_sub) and p_target_team; p_transfer_sub NULL
--- forgets it (one the file cannot carry: the next run asks again).
-CREATE OR REPLACE FUNCTION siwa.transfer_export_store(p_client_id text, p_sub text, p_transfer_sub text, p_target_team text)
-RETURNS void
-LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE siwa.accounts a
-       SET transfer_sub = p_transfer_sub,
-           transfer_target_team = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_target_team ELSE p_target_team END,
-           transfer_sub_at = CASE WHEN p_transfer_sub IS NULL THEN a.transfer_sub_at ELSE now() END
-     WHERE a.client_id = p_client_id AND a.sub = p_sub
-$$;
-
 -- The file's next p_limit records after p_after: every exported account with an identifier for p_target_team.
 CREATE OR REPLACE FUNCTION siwa.transfer_export_records(p_client_id text, p_target_team text, p_after text, p_limit integer)
 RETURNS TABLE (sub text, transfer_sub text, app_user_id text)
@@ -161,7 +128,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Privileges: the worker only (app API, and operators running the transfer commands with its
--- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see queue.sql).
+-- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see jobs.sql).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
 BEGIN
@@ -170,7 +137,6 @@ BEGIN
                                   siwa.claim_transfer(text, text, text, text, boolean),
                                   siwa.transfer_export_client_ids(), siwa.transfer_export_counts(text, text),
                                   siwa.transfer_export_missing(text, text, text, integer),
-                                  siwa.transfer_export_store(text, text, text, text),
                                   siwa.transfer_export_records(text, text, text, integer)
            TO siwa_worker;
     END IF;

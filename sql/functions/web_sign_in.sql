@@ -78,9 +78,7 @@ BEGIN
                                           full_name, expires_at)
     VALUES (p_ticket_hash, spent.client_id, p_identity_token, spent.nonce, p_authorization_code, spent.redirect_uri,
             p_full_name, now() + interval '5 minutes');
-    INSERT INTO siwa.sign_in_nonces (nonce_hash, expires_at)
-    VALUES (sha256(convert_to(spent.nonce, 'UTF8')), now() + interval '5 minutes')
-    ON CONFLICT (nonce_hash) DO NOTHING;
+    PERFORM siwa.keep_nonce(sha256(convert_to(spent.nonce, 'UTF8')), interval '5 minutes');
     ticket_stored := true;
 END
 $$;

@@ -1,5 +1,309 @@
--- The job queue's functions: queueing triggers, backoff, and the notification hot path.
+-- The job queue (siwa.jobs), river's `river_job.sql`: every statement that writes the table is in
+-- this file, each in a named function (deploy/check/ownership.txt). First what the other files
+-- call to queue, count, cancel or prune a job (the account rules, webhooks, retention); then the
+-- queue's own machinery: queueing triggers, backoff, claim, completion, failure, the notification
+-- hot path.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
+
+-- An authorization code's exchange at Apple (codes live five minutes, single use): first in the
+-- queue, eight attempts. p_args: `app_user_id` and `code` for a link (siwa.link_account), `code`
+-- and `purpose` `deletion` for a deletion's code (siwa.request_deletion_one). Returns the job's id.
+CREATE OR REPLACE FUNCTION siwa.queue_exchange(p_client_id text, p_sub text, p_args jsonb) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job_id bigint;
+BEGIN
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts, run_at)
+    VALUES ('exchange', 0, p_client_id, p_sub, p_args, 8, now())
+    RETURNING id INTO job_id;
+    RETURN job_id;
+END
+$$;
+
+-- A revoke at Apple, retried for as long as it takes (a pending deletion is never dropped).
+-- p_args `{}`: a deletion's revoke (siwa.request_deletion_one); `{"late_token": true}`: the tokens
+-- found after a finished deletion (siwa.account_linked, siwa.account_imported). Returns the job's id.
+CREATE OR REPLACE FUNCTION siwa.queue_revoke(p_client_id text, p_sub text, p_args jsonb) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job_id bigint;
+BEGIN
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+    VALUES ('revoke', 1, p_client_id, p_sub, 2147483647, p_args)
+    RETURNING id INTO job_id;
+    RETURN job_id;
+END
+$$;
+
+-- Every refresh token Apple gives us is held by an account or revoked: this is the revoke of one
+-- that no account keeps (a deletion's code after a new life began, an import older than a grant
+-- end, the older tokens an ending event discards, a sign-in that failed after its exchange). A
+-- `revoke` job of its own, retried like any revoke until Apple answers 200 (siwa.revoke_step:
+-- `late_token`, so no deletion takes it for its own). p_token_enc is sealed for (p_client_id,
+-- p_sub) and travels in the job's args (ciphertext: the console and the CLI never show args).
+CREATE OR REPLACE FUNCTION siwa.revoke_token_later(p_client_id text, p_sub text, p_token_enc bytea, p_reason text)
+RETURNS bigint
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+    VALUES ('revoke', 1, p_client_id, p_sub, 2147483647,
+            jsonb_build_object('late_token', true, 'token_enc', encode(p_token_enc, 'base64'), 'reason', p_reason))
+    RETURNING id
+$$;
+
+-- A revoke job counts the tokens Apple accepted for it (`args.revoked`, siwa.revoke_succeeded):
+-- its deletion's reason is `revoked` when any was, else `no_token` (siwa.revoke_step).
+CREATE OR REPLACE FUNCTION siwa.count_token_revoked(p_job_id bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE siwa.jobs SET args = jsonb_set(args, '{revoked}', to_jsonb(coalesce((args->>'revoked')::integer, 0) + 1))
+     WHERE id = p_job_id;
+END
+$$;
+
+-- Reconciliation's schedule (opt-in, SIWA_RECONCILE_*): `reconcile` jobs for up to p_limit
+-- accounts due (siwa.reconcile_skip: active, holding a token not checked with Apple in the last 24
+-- hours), least recently checked first, never two open reconciles for one account. Returns how
+-- many it queued.
+CREATE OR REPLACE FUNCTION siwa.queue_reconciles(p_limit integer) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH queued AS (
+        INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts)
+        SELECT 'reconcile', 3, a.client_id, a.sub, 5 FROM siwa.accounts a
+         WHERE siwa.reconcile_skip(a.status, a.refresh_token_enc, a.token_checked_at) IS NULL
+           AND NOT EXISTS (SELECT 1 FROM siwa.jobs j
+                            WHERE j.client_id = a.client_id AND j.sub = a.sub AND j.kind = 'reconcile'
+                              AND j.state IN ('available', 'running'))
+         ORDER BY a.token_checked_at NULLS FIRST
+         LIMIT p_limit
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM queued
+$$;
+
+-- Queues one `webhook` job per new change, in change order, while an endpoint is registered.
+-- SECURITY DEFINER: whichever role records a change (worker, app functions), its delivery is
+-- queued; the caller needs no rights on siwa.jobs or siwa.webhook_endpoint for it.
+CREATE OR REPLACE FUNCTION siwa.queue_webhook_deliveries() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM siwa.webhook_endpoint) THEN
+        -- max_attempts: deliveries end by time (siwa.webhook_retry: the retry window), not by count.
+        INSERT INTO siwa.jobs (kind, priority, client_id, sub, args, max_attempts)
+        SELECT 'webhook', 3, c.client_id, c.sub, jsonb_build_object('change_id', c.id), 2147483647
+          FROM new_changes c
+         ORDER BY c.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Claims up to p_limit due deliveries, each the oldest undelivered change of its account (an
+-- account whose earlier change is still available, running or discarded is skipped: order per
+-- account), leased to p_worker. Returns what the sender needs: the body, and when the change was
+-- made (the delivery delay's metric). What a failure does is siwa.finish_webhook_deliveries's,
+-- from the job row: the sender needs neither the failures so far nor a clock.
+-- Its earlier shape returned failures, first_failed_at and claimed_at for a retry rule in Swift:
+-- dropped once (the same arguments, another result type), not on every re-application.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc
+                WHERE oid = 'siwa.claim_webhook_deliveries(text, integer, double precision)'::regprocedure
+                  AND 'first_failed_at' = ANY (proargnames)) THEN
+        DROP FUNCTION siwa.claim_webhook_deliveries(text, integer, double precision);
+    END IF;
+EXCEPTION WHEN undefined_function THEN
+    NULL;  -- a database that never had it
+END
+$$;
+CREATE OR REPLACE FUNCTION siwa.claim_webhook_deliveries(
+    p_worker text, p_limit integer, p_lease_seconds double precision
+) RETURNS TABLE (job_id bigint, attempt integer, change_id bigint, body text, change_created_at timestamptz)
+-- plpgsql rather than sql: its statements' plans are cached across calls (an sql function's body
+-- is planned again on every call). Key-driven (the claim index in order, the account index for
+-- the ordering check) whatever stale statistics say: a queue analyzed empty, then filled, must
+-- not turn every claim into a scan of the backlog.
+-- The ordering check is a scalar subquery on purpose: PostgreSQL never turns one into a join, so
+-- it always runs per candidate with the candidate's account as the index keys. Written as NOT
+-- EXISTS it became an anti join, and on a queue analyzed empty the planner scanned the whole
+-- account index for every candidate (600 ms and 300,000 buffers a claim with 10,000 queued; the
+-- benchmark's burn-downs ran at the pace of autovacuum's next ANALYZE).
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH due AS (
+        SELECT j.id FROM siwa.jobs j
+         WHERE j.state = 'available' AND j.kind = 'webhook' AND j.run_at <= now()
+           -- j is its account's oldest undelivered change (j itself is in the set, so min <= j.id).
+           AND j.id = (SELECT min(e.id) FROM siwa.jobs e
+                        WHERE e.kind = 'webhook' AND e.state IN ('available', 'running', 'discarded')
+                          AND e.client_id = j.client_id AND e.sub = j.sub)
+         ORDER BY j.run_at, j.id
+         LIMIT p_limit
+           FOR UPDATE OF j SKIP LOCKED
+    ), claimed AS (
+        UPDATE siwa.jobs j
+           SET state = 'running', attempt = j.attempt + 1, locked_by = p_worker,
+               locked_until = now() + make_interval(secs => p_lease_seconds)
+          FROM due
+         WHERE j.id = due.id
+        RETURNING j.id, j.attempt, (j.args ->> 'change_id')::bigint AS change_id
+    )
+    SELECT c.id, c.attempt, c.change_id, CASE WHEN a.id IS NOT NULL THEN siwa.change_object(a) END, a.created_at
+      FROM claimed c
+      LEFT JOIN siwa.account_changes a ON a.id = c.change_id
+     ORDER BY c.id;
+END
+$$;
+
+-- Records what each claimed delivery's attempt got, fenced by (id, attempt), and decides what
+-- follows: the sender only reports. p_statuses[i] is the HTTP status answered (0 or NULL: no
+-- answer), p_errors[i] the error text of an attempt that failed (no answer, or a status that is
+-- not 2xx; '' or NULL: none), bound as arrays without NULLs.
+--   - a 2xx is delivered: `completed`, outcome `delivered <status>`;
+--   - nothing sent (no status, no error: the change row is gone, deleted by hand): `completed`,
+--     outcome `change_missing`, nothing held back;
+--   - anything else is a failure, its error appended to `errors`, then siwa.webhook_retry
+--     (jobs.sql) says, from the failures so far and the first one's time: `available` at the
+--     run_at it gives, or `discarded` once p_window_seconds (the retry window) have passed since
+--     the first failure, kept with its errors, change id and run_at for `siwa jobs retry`.
+--     p_base and p_cap are the backoff's (SIWA_RETRY_BASE, capped at an hour, as for every job).
+-- A retried delivery's later changes wait with it (their run_at follows), so the claim does not
+-- walk past them while their head waits. Returns the state each job got and, when retried, in how
+-- many seconds (for the sender's logs); a job whose lease was lost is absent.
+DROP FUNCTION IF EXISTS siwa.finish_webhook_deliveries(bigint[], bigint[], text[], text[], bigint[]);
+CREATE OR REPLACE FUNCTION siwa.finish_webhook_deliveries(
+    p_ids bigint[], p_attempts bigint[], p_statuses integer[], p_errors text[],
+    p_window_seconds double precision, p_base double precision, p_cap double precision
+) RETURNS TABLE (job_id bigint, state text, retry_in double precision)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+#variable_conflict use_column
+DECLARE
+    f record;
+BEGIN
+    FOR f IN
+        WITH r AS (
+            SELECT r.id, r.attempt, nullif(r.error, '') AS error,
+                   CASE WHEN r.status BETWEEN 200 AND 299 THEN 'delivered ' || r.status
+                        WHEN nullif(r.status, 0) IS NULL AND nullif(r.error, '') IS NULL THEN 'change_missing' END AS outcome
+              FROM unnest(p_ids, p_attempts, p_statuses, p_errors) AS r(id, attempt, status, error)
+        ), decided AS (
+            -- Delivered: nothing to decide (the hot path: no row read twice, no call).
+            SELECT r.id, r.attempt, r.outcome, NULL::text AS error, NULL::text AS next_state,
+                   NULL::timestamptz AS next_run_at
+              FROM r WHERE r.outcome IS NOT NULL
+            UNION ALL
+            -- A failure: what follows it, from the failures so far.
+            SELECT r.id, r.attempt, NULL, coalesce(r.error, 'answered without an error text'), w.state, w.run_at
+              FROM r JOIN siwa.jobs x ON x.id = r.id,
+                   LATERAL siwa.webhook_retry(jsonb_array_length(x.errors) + 1, (x.errors -> 0 ->> 'at')::timestamptz,
+                                              p_window_seconds, p_base, p_cap, x.run_at) w
+             WHERE r.outcome IS NULL
+        )
+        UPDATE siwa.jobs j
+           SET state = coalesce(d.next_state, 'completed'),
+               outcome = d.outcome,
+               errors = CASE WHEN d.outcome IS NOT NULL THEN j.errors
+                             ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'error', d.error)) END,
+               run_at = coalesce(d.next_run_at, j.run_at),
+               finalized_at = CASE WHEN d.next_state = 'available' THEN NULL ELSE now() END,
+               locked_by = NULL, locked_until = NULL
+          FROM decided d
+         -- `available` with the same attempt: rescued after the lease ran out (database down while the
+         -- result waited) and not claimed again since; the result still stands.
+         WHERE j.id = d.id AND j.state IN ('running', 'available') AND j.attempt = d.attempt
+        RETURNING j.id, j.state, j.client_id, j.sub, j.run_at
+    LOOP
+        job_id := f.id;
+        state := f.state;
+        retry_in := CASE WHEN f.state = 'available' THEN greatest(extract(epoch FROM f.run_at - now())::float8, 0) END;
+        RETURN NEXT;
+        -- A retried delivery's later changes follow its run_at, looked up by its account's keys.
+        -- (Written as a join over all finished rows, a queue analyzed empty made the planner walk
+        -- the whole backlog on every write, retries or not.)
+        IF f.state = 'available' THEN
+            UPDATE siwa.jobs s SET run_at = f.run_at
+             WHERE s.kind = 'webhook' AND s.state = 'available'
+               AND s.client_id = f.client_id AND s.sub = f.sub AND s.id > f.id AND s.run_at < f.run_at;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Heartbeat of the deliveries a worker holds, and their hand-back at shutdown (no error counted).
+CREATE OR REPLACE FUNCTION siwa.extend_webhook_leases(p_ids bigint[], p_attempts bigint[], p_lease_seconds double precision)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH extended AS (
+        UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => p_lease_seconds)
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM extended
+$$;
+
+CREATE OR REPLACE FUNCTION siwa.release_webhook_deliveries(p_ids bigint[], p_attempts bigint[])
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH released AS (
+        UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- `siwa webhooks disable` (siwa.disable_webhooks, webhooks.sql): the queued (available or
+-- discarded) deliveries are cancelled, kept with outcome `webhooks_disabled`. Returns how many.
+CREATE OR REPLACE FUNCTION siwa.cancel_webhook_deliveries() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cancelled integer;
+BEGIN
+    UPDATE siwa.jobs SET state = 'cancelled', outcome = 'webhooks_disabled', finalized_at = now(),
+           locked_by = NULL, locked_until = NULL
+     WHERE kind = 'webhook' AND state IN ('available', 'discarded');
+    GET DIAGNOSTICS cancelled = ROW_COUNT;
+    RETURN cancelled;
+END
+$$;
+
+-- Retention (siwa.prune_notifications, notifications.sql): the completed or cancelled jobs of the
+-- notifications p_jtis, pruned with them. Returns how many it deleted.
+CREATE OR REPLACE FUNCTION siwa.prune_notification_jobs(p_jtis text[]) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM siwa.jobs WHERE notification_jti = ANY (p_jtis) AND state IN ('completed', 'cancelled')
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM pruned
+$$;
+
+-- Privileges of the functions above (the queue's own are granted at the end of the file). The
+-- trigger function too, as 003 grants every function of the schema to the worker (a trigger's
+-- EXECUTE is not checked when it fires; this keeps 003 re-runnable unchanged).
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT EXECUTE ON FUNCTION
+            siwa.queue_exchange(text, text, jsonb), siwa.queue_revoke(text, text, jsonb),
+            siwa.revoke_token_later(text, text, bytea, text), siwa.count_token_revoked(bigint),
+            siwa.queue_reconciles(integer),
+            siwa.queue_webhook_deliveries(), siwa.claim_webhook_deliveries(text, integer, double precision),
+            siwa.finish_webhook_deliveries(bigint[], bigint[], integer[], text[],
+                                           double precision, double precision, double precision),
+            siwa.extend_webhook_leases(bigint[], bigint[], double precision),
+            siwa.release_webhook_deliveries(bigint[], bigint[]), siwa.cancel_webhook_deliveries(),
+            siwa.prune_notification_jobs(text[])
+           TO siwa_worker;
+    END IF;
+END
+$$;
 
 -- A notification's job is written by the same statement that stores the notification, so the
 -- receiver's one INSERT commits both or neither. A statement trigger with a transition table
@@ -277,9 +581,7 @@ CREATE OR REPLACE FUNCTION siwa.forged_notifications(p_job_ids bigint[]) RETURNS
 LANGUAGE plpgsql
 SET enable_seqscan = off SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    UPDATE siwa.notifications n SET processed_at = now(), outcome = 'forged'
-      FROM siwa.jobs j
-     WHERE j.id = ANY (p_job_ids) AND n.jti = j.notification_jti AND n.processed_at IS NULL;
+    PERFORM siwa.notifications_forged(p_job_ids);
     RETURN (SELECT count(*)
               FROM siwa.complete_jobs(p_job_ids, '{}', array_fill('forged'::text, ARRAY[cardinality(p_job_ids)])));
 END
