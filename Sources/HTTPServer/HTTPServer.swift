@@ -204,13 +204,14 @@ package final class HTTPServer: Sendable {
     /// Returns at once when not running.
     package func stop() {
         // Taken out at once: `port` and a second `stop()` do not wait behind the grace period.
+        // From then on every answer asks its client to close.
         guard let current = state.withLock({ running -> Running? in
             defer { running = nil }
+            running?.context.takeUnretainedValue().closingConnections.store(true, ordering: .sequentiallyConsistent)
             return running
         }) else { return }
         let context = current.context.takeUnretainedValue()
         current.reaper.stop()
-        context.closingConnections.store(true, ordering: .sequentiallyConsistent)
         // After quiescing the listen socket is ours to close, but only after MHD_stop_daemon.
         let quiesced = MHD_quiesce_daemon(current.daemon)
 

@@ -31,6 +31,18 @@ struct RequestWorkTests {
         }
     }
 
+    /// A started server answering through `work`, and a client whose request it is working on.
+    static func requestInFlight(
+        _ configuration: HTTPServer.Configuration, _ work: Work, waitForArrival: Bool = true
+    ) async throws -> (HTTPServer, RawHTTPClient) {
+        let server = HTTPServer(configuration: configuration) { await work.respond($0) }
+        try server.start()
+        let client = try RawHTTPClient(port: server.port, receiveTimeout: 60)
+        client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        if waitForArrival { try await waitFor(work.arrived) }
+        return (server, client)
+    }
+
     static func waitFor(_ counter: Counter, _ value: Int = 1) async throws {
         let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
         while counter.value < value, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
@@ -62,13 +74,7 @@ struct RequestWorkTests {
 
     @Test func stopLetsARequestInFlightAnswerWithinTheGracePeriod() async throws {
         let work = Work()
-        let server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: 0, shutdownGracePeriod: TestTimeScale.scaled(.seconds(30)))
-        ) { await work.respond($0) }
-        try server.start()
-        let client = try RawHTTPClient(port: server.port, receiveTimeout: 60)
-        client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        try await Self.waitFor(work.arrived)
+        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0, shutdownGracePeriod: TestTimeScale.scaled(.seconds(30))), work)
         let stopped = Counter()
         Thread.detachNewThread {
             server.stop()
@@ -88,13 +94,7 @@ struct RequestWorkTests {
 
     @Test func stopEndsWorkStillRunningAfterTheGracePeriod() async throws {
         let work = Work()
-        let server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: 0, shutdownGracePeriod: .milliseconds(200))
-        ) { await work.respond($0) }
-        try server.start()
-        let client = try RawHTTPClient(port: server.port, receiveTimeout: 60)
-        client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        try await Self.waitFor(work.arrived)
+        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0, shutdownGracePeriod: .milliseconds(200)), work)
         await onOwnThread { server.stop() }
         let (text, _) = await client.read { $0.contains("shutting_down") }
         #expect(text.hasPrefix("HTTP/1.1 503"))
@@ -105,13 +105,8 @@ struct RequestWorkTests {
 
     @Test func theDeadlineEndsWorkInFlight() async throws {
         let work = Work()
-        let server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: 0, requestDeadline: .milliseconds(400))
-        ) { await work.respond($0) }
-        try server.start()
+        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0, requestDeadline: .milliseconds(400)), work, waitForArrival: false)
         defer { server.stop() }
-        let client = try RawHTTPClient(port: server.port, receiveTimeout: 60)
-        client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         // The handler's own answer, once its wait was cancelled.
         let (text, _) = await client.read { $0.contains("cancelled") }
         #expect(text.hasPrefix("HTTP/1.1 503"))
@@ -120,12 +115,8 @@ struct RequestWorkTests {
 
     @Test func aClientThatHasGoneEndsItsRequestsWork() async throws {
         let work = Work()
-        let server = HTTPServer(configuration: .init(host: "127.0.0.1", port: 0)) { await work.respond($0) }
-        try server.start()
+        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0), work)
         defer { server.stop() }
-        let client = try RawHTTPClient(port: server.port, receiveTimeout: 60)
-        client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        try await Self.waitFor(work.arrived)
         client.hangUp()
         try await Self.waitFor(work.cancelled)
         #expect(work.cancelled.value == 1)
