@@ -17,8 +17,9 @@ import Settings
 /// A request runs as every `HTTPServer`'s does (Sources/HTTPServer/README.md): read by
 /// libmicrohttpd's pool, answered by a task on the standard executors whose statements wait on
 /// their connection's queue and whose calls to Apple wait on the HTTP client's thread, each under
-/// its bound. The request deadline, a client that has gone, and `stop()` cancel that task: its
-/// statement is cancelled at the server, its call out dropped, and it answers at once.
+/// its bound. Three times the request timeout after it arrived (30 s by default: past the sum of a
+/// request's own bounds), a client that has gone, and `stop()` cancel that task: its statement is
+/// cancelled at the server, its call out dropped, and it answers at once.
 ///
 /// Every request is authenticated first (bearer token, constant-time), as soon as its headers are
 /// in: before its body is read, its target decoded, routing or any other work (`HTTPServer`'s
@@ -85,7 +86,7 @@ package final class AppAPIServer: Sendable {
             // cuts (and counts) are ones that sent something, not kept-alive ones gone quiet.
             connectionTimeout: max(.seconds(1), min(.seconds(30), configuration.requestTimeout - .seconds(1))),
             maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5),
-            requestDeadline: configuration.requestTimeout)
+            requestDeadline: configuration.requestTimeout, workDeadline: configuration.requestTimeout * 3)
         settings.admit = { [self] header in isAuthorized(header("Authorization")) ? nil : AppAPIError.unauthorized.response }
         settings.onRefusal = { [metrics, refusalLog] reason, count in
             metrics.connectionsRefused(reason.rawValue, count: count)

@@ -33,11 +33,12 @@ package final class HTTPServer: Sendable {
         /// A connection idle this long (no bytes either way) is closed; whole seconds, rounded up.
         package var connectionTimeout: Duration
         /// A connection whose next request has not arrived whole (headers and body) this long after
-        /// it opened or after its last answer is closed, however steadily it trickles bytes; and a
-        /// request whose handler has not answered this long after the request arrived has its work
-        /// ended (the handler's `start`). Nil for no deadline. Checked about four times per deadline
-        /// (at least once a second).
+        /// it opened or after its last answer is closed, however steadily it trickles bytes; nil
+        /// for no deadline. Checked about four times per deadline (at least once a second).
         package var requestDeadline: Duration?
+        /// A request whose handler has not answered this long after the request arrived has its
+        /// work ended (`HTTPHandler.start`); nil for no bound but the handler's own. Checked as often.
+        package var workDeadline: Duration?
         /// Larger bodies get 413 and never reach the handler.
         package var maxBodyBytes: Int
         /// How long `stop()` waits for in-flight requests before answering them 503.
@@ -56,9 +57,10 @@ package final class HTTPServer: Sendable {
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
             connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
             maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil,
-            tls: TLSIdentity? = nil
+            workDeadline: Duration? = nil, tls: TLSIdentity? = nil
         ) {
             self.tls = tls
+            self.workDeadline = workDeadline
             self.requestDeadline = requestDeadline
             self.host = host
             self.port = port
@@ -186,8 +188,8 @@ package final class HTTPServer: Sendable {
             var port = Int(CMicroHTTPD_bound_port(daemon))
             if port == 0 { port = ListeningSocket.localPort(of: listenSocket) }
             let reaper = DeadlineReaper(
-                context: context.takeUnretainedValue(), deadline: configuration.requestDeadline, logger: logger,
-                onRefusal: configuration.onRefusal)
+                context: context.takeUnretainedValue(), requestDeadline: configuration.requestDeadline,
+                workDeadline: configuration.workDeadline, logger: logger, onRefusal: configuration.onRefusal)
             running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
                               port: port, reaper: reaper, tlsStrings: tlsStrings)
             logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
@@ -271,30 +273,35 @@ package enum ConnectionRefusal: String, Sendable, CaseIterable {
 
 /// The server's watcher thread, while the daemon runs: closes connections whose request has not
 /// arrived whole within `Configuration.requestDeadline`, and ends the work of requests in flight
-/// longer than that or whose client has gone (libmicrohttpd does not watch a suspended connection).
+/// longer than `workDeadline` or whose client has gone (libmicrohttpd does not watch a suspended
+/// connection).
 private final class DeadlineReaper: Sendable {
     private let stopped = Atomic<Bool>(false)
-    /// Signalled by `stop()`: the pass interval is a quarter of the deadline, and shutting down
-    /// must not wait for it.
+    /// Signalled by `stop()`: the pass interval is a quarter of the shorter deadline (at most a
+    /// second), and shutting down must not wait for it.
     private let wake = DispatchSemaphore(value: 0)
     private let done = DispatchSemaphore(value: 0)
 
-    init(context: DaemonContext, deadline: Duration?, logger: Logger, onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?) {
-        let tick = min(.seconds(1), max(Duration.milliseconds(50), (deadline ?? .seconds(4)) / 4))
+    init(
+        context: DaemonContext, requestDeadline: Duration?, workDeadline: Duration?, logger: Logger,
+        onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?
+    ) {
+        let shorter = [requestDeadline, workDeadline].compactMap { $0 }.min() ?? .seconds(4)
+        let tick = min(.seconds(1), max(Duration.milliseconds(50), shorter / 4))
         let tickNanoseconds = Int(clamping: tick.components.seconds * 1_000_000_000 + tick.components.attoseconds / 1_000_000_000)
         // A queue of its own: its one block waits between passes for as long as the daemon runs.
         DispatchQueue(label: "http-request-deadline").async { [self] in
             while !stopped.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + .nanoseconds(tickNanoseconds))
                 if stopped.load(ordering: .acquiring) { break }
-                if let deadline {
-                    let cut = context.shutDownConnections(waitingLongerThan: deadline)
+                if let requestDeadline {
+                    let cut = context.shutDownConnections(waitingLongerThan: requestDeadline)
                     if cut > 0 {
                         logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
                         onRefusal?(.requestTimeout, cut)
                     }
                 }
-                let ended = context.endSuspendedWork(.deadlineOrClientGone(deadline))
+                let ended = context.endSuspendedWork(.deadlineOrClientGone(workDeadline))
                 if ended > 0 { logger.info("http.request.work_ended", metadata: ["http.requests": .int(ended)]) }
             }
             done.signal()

@@ -105,7 +105,7 @@ struct RequestWorkTests {
 
     @Test func theDeadlineEndsWorkInFlight() async throws {
         let work = Work()
-        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0, requestDeadline: .milliseconds(400)), work, waitForArrival: false)
+        let (server, client) = try await Self.requestInFlight(.init(host: "127.0.0.1", port: 0, workDeadline: .milliseconds(400)), work, waitForArrival: false)
         defer { server.stop() }
         // The handler's own answer, once its wait was cancelled.
         let (text, _) = await client.read { $0.contains("cancelled") }
