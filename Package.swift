@@ -30,7 +30,7 @@ let package = Package(
         .target(name: "Locking", exclude: ["README.md"], swiftSettings: strict),
         .target(name: "Postgres", dependencies: ["Locking", "CLibpq", "Logging"], exclude: ["README.md"], swiftSettings: strict),
         .target(name: "CryptoCore", dependencies: ["COpenSSL"], exclude: ["README.md"], swiftSettings: strict),
-        .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], swiftSettings: strict),
+        .target(name: "HTTPServer", dependencies: ["Locking", "CMicroHTTPD", "Logging"], exclude: ["README.md"], swiftSettings: strict),
         // The one HTTP client of every call out (Apple, webhooks, the CLI), over libcurl.
         .target(name: "OutboundHTTP", dependencies: ["Locking", "CCurl"], exclude: ["README.md"], swiftSettings: strict),
 
@@ -115,8 +115,8 @@ let package = Package(
         .testTarget(name: "JSONTests", dependencies: ["JSON"], swiftSettings: strict),
         .testTarget(name: "JOSETests", dependencies: ["JOSE", "CryptoCore", "JSON"], swiftSettings: strict),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"], swiftSettings: strict),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "Locking", "OutboundHTTP", "TestTiming"], swiftSettings: strict),
-        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "Locking", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "OutboundHTTP", "TestTiming"], swiftSettings: strict),
+        .testTarget(name: "OutboundHTTPTests", dependencies: ["OutboundHTTP", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
         .testTarget(name: "ReceiverCoreTests",
                     dependencies: ["ReceiverCore", "JOSE", "CryptoCore", "AppleClient", "HTTPServer", "Logging", "Metrics", "Settings", "SiwaModel"],
                     swiftSettings: strict),

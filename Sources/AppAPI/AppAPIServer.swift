@@ -16,10 +16,12 @@ import SiwaModel
 /// The app API (Sources/AppAPI/README.md), served by `siwa-worker` on `SIWA_APP_API_LISTEN` for apps
 /// that do not share this database: nonces, sign-in, an account's state, deletion, the change feed.
 ///
-/// Each connection has a thread of its own, and a request runs to its end on it (`CallingThread`):
-/// its database statements (under their bounds) and its calls to Apple run inline there, so a
-/// sign-in crosses no thread of ours between its bytes arriving and its answer leaving. A thread
-/// per connection bounds the threads by the connection limit (512).
+/// A request runs as every `HTTPServer`'s does (Sources/HTTPServer/README.md): read by
+/// libmicrohttpd's pool, answered by a task on the standard executors whose statements wait on
+/// their connection's queue and whose calls to Apple wait on the HTTP client's thread, each under
+/// its bound. Three times the request timeout after it arrived (30 s by default: past the sum of a
+/// request's own bounds), a client that has gone, and `stop()` cancel that task: its statement is
+/// cancelled at the server, its call out dropped, and it answers at once.
 ///
 /// Every request is authenticated first (bearer token, constant-time), as soon as its headers are
 /// in: before its body is read, its target decoded, routing or any other work (`HTTPServer`'s
@@ -86,14 +88,13 @@ package final class AppAPIServer: Sendable {
             // cuts (and counts) are ones that sent something, not kept-alive ones gone quiet.
             connectionTimeout: max(.seconds(1), min(.seconds(30), configuration.requestTimeout - .seconds(1))),
             maxBodyBytes: Self.maximumBodyBytes, shutdownGracePeriod: .seconds(5),
-            requestDeadline: configuration.requestTimeout, threadPerConnection: true)
+            requestDeadline: configuration.requestTimeout, workDeadline: configuration.requestTimeout * 3)
         settings.admit = { [self] header in isAuthorized(header("Authorization")) ? nil : AppAPIError.unauthorized.response }
         settings.onRefusal = { [metrics, refusalLog] reason, count in
             metrics.connectionsRefused(reason.rawValue, count: count)
             refusalLog.record(reason.rawValue, count: count)
         }
-        let http = HTTPServer(
-            configuration: settings, logger: logger, respondOnConnectionThread: { [self] request in await respond(to: request) })
+        let http = HTTPServer(configuration: settings, logger: logger, asyncRespond: { [self] request in await respond(to: request) })
         try http.start()
         server.withLock { $0 = http }
         logger.info(

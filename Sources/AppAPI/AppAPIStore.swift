@@ -32,8 +32,8 @@ package struct AppAPIStore: Sendable {
 
 
     /// `body` on a leased connection, each of its statements bounded by `timeout` (cancelled at
-    /// the server when it runs out, by a timer that fires also while the statement blocks the
-    /// app API's thread; see `PostgresConnection.statementTimeout`).
+    /// the server when it runs out, or when the request's task is cancelled; see
+    /// `PostgresConnection.statementTimeout`).
     func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         try await PostgresConnection.$statementTimeout.withValue(timeout) {
             try await pool.withConnection { try await body($0) }

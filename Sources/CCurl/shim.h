@@ -26,12 +26,6 @@ static inline CURLcode CCurl_setopt_write_callback(CURL *_Nonnull handle, CURLop
     return curl_easy_setopt(handle, option, callback);
 }
 
-// CURLOPT_XFERINFOFUNCTION's type: a non-zero return aborts the transfer (CURLE_ABORTED_BY_CALLBACK).
-typedef int (*CCurl_xferinfo_callback)(void *_Nullable, curl_off_t, curl_off_t, curl_off_t, curl_off_t);
-static inline CURLcode CCurl_setopt_xferinfo_callback(CURL *_Nonnull handle, CCurl_xferinfo_callback _Nonnull callback) {
-    return curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, callback);
-}
-
 static inline CURLcode CCurl_getinfo_long(CURL *_Nonnull handle, CURLINFO info, long *_Nonnull value) {
     return curl_easy_getinfo(handle, info, value);
 }

@@ -69,7 +69,7 @@ static size_t CMicroHTTPD_unescape(void *cls, struct MHD_Connection *connection,
 /// With `tls_key_pem` and `tls_cert_pem` (PEM text, kept by the caller until the daemon stops) it
 /// serves HTTPS with GnuTLS priorities `tls_priorities`; with NULL, plain HTTP.
 static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
-    int listen_fd, int turbo, int thread_per_connection, unsigned int thread_count, unsigned int connection_limit,
+    int listen_fd, int turbo, unsigned int thread_count, unsigned int connection_limit,
     unsigned int per_ip_connection_limit, unsigned int connection_timeout_seconds,
     MHD_AccessHandlerCallback _Nonnull access_handler, void * _Nullable access_context,
     MHD_RequestCompletedCallback _Nonnull completed, void * _Nullable completed_context,
@@ -77,14 +77,9 @@ static inline struct MHD_Daemon * _Nullable CMicroHTTPD_start(
     struct CMicroHTTPD_LogTarget * _Nonnull log_target,
     const char * _Nullable tls_key_pem, const char * _Nullable tls_cert_pem, const char * _Nullable tls_priorities)
 {
-    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG;
-    // A connection's thread polls its one socket (epoll is for many); no pool then.
-    if (thread_per_connection) {
-        flags |= MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
-        thread_count = 0;
-    } else {
-        flags |= MHD_USE_EPOLL;
-    }
+    // A pool of threads, each with its own epoll set; handlers answer later through suspend/resume.
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG
+        | MHD_USE_EPOLL;
     if (turbo) flags |= MHD_USE_TURBO;
     // The TLS options go in an array so one call serves both: empty (just the end) without TLS.
     struct MHD_OptionItem tls_options[4] = {{ MHD_OPTION_END, 0, NULL }};

@@ -4,6 +4,7 @@ import Glibc
 import Darwin
 #endif
 internal import CMicroHTTPD
+import Dispatch
 import Logging
 import Synchronization
 import Locking
@@ -22,9 +23,13 @@ final class DaemonContext: Sendable {
     let closingConnections = Atomic<Bool>(false)
     /// Set once the grace period is over: requests get 503 without reaching the handler.
     let rejectingRequests = Atomic<Bool>(false)
-    /// Suspended requests, so that shutdown can answer the ones the handler never did
+    /// Suspended requests (their handler has not answered yet), so that their work can be ended
+    /// (deadline, client gone, shutdown) and shutdown can answer the ones the handler never did
     /// (stopping the daemon with a suspended connection is an API violation).
-    private let suspended = Locked<[ObjectIdentifier: RequestContext]>([:])
+    private let suspended = Locked<[ObjectIdentifier: SuspendedRequest]>([:])
+    /// Signalled when the last active request completes while the server is closing: what `stop()`
+    /// waits on during the grace period.
+    private let drained = DispatchSemaphore(value: 0)
     /// The last message from libmicrohttpd's log, for start-up errors.
     let lastDaemonMessage = Locked<String?>(nil)
     /// Open connections, by `MHD_Connection` address: their socket, and since when they have been
@@ -78,8 +83,8 @@ final class DaemonContext: Sendable {
         }
     }
 
-    func rememberSuspended(_ request: RequestContext) {
-        _ = suspended.withLock { $0.updateValue(request, forKey: ObjectIdentifier(request)) }
+    func rememberSuspended(_ request: SuspendedRequest) {
+        _ = suspended.withLock { $0.updateValue(request, forKey: ObjectIdentifier(request.request)) }
     }
 
     func forgetSuspended(_ request: RequestContext) {
@@ -88,9 +93,60 @@ final class DaemonContext: Sendable {
 
     /// Answers every suspended request with `response` (which resumes them).
     func answerSuspended(with response: HTTPResponse) -> Int {
-        let waiting = suspended.withLock { Array($0.values) }
+        let waiting = suspended.withLock { $0.values.map(\.request) }
         for request in waiting { request.complete(with: response) }
         return waiting.count
+    }
+
+    enum WorkEnding {
+        /// `stop()`'s grace period is over: every request's work.
+        case shutdown
+        /// The watcher's pass: work running longer than the deadline (if any), or whose client has
+        /// closed its connection.
+        case deadlineOrClientGone(Duration?)
+    }
+
+    /// Ends the work of the suspended requests `why` names (each at most once), outside the lock;
+    /// returns how many.
+    func endSuspendedWork(_ why: WorkEnding) -> Int {
+        let now = ContinuousClock.now
+        let ending = suspended.withLock { suspended -> [@Sendable () -> Void] in
+            var ending: [@Sendable () -> Void] = []
+            for (key, var entry) in suspended {
+                guard let endWork = entry.endWork else { continue }
+                switch why {
+                case .shutdown: break
+                case .deadlineOrClientGone(let deadline):
+                    let late = deadline.map { now - entry.since > $0 } ?? false
+                    guard late || Self.clientHasGone(entry.socket) else { continue }
+                }
+                ending.append(endWork)
+                entry.endWork = nil
+                suspended[key] = entry
+            }
+            return ending
+        }
+        for endWork in ending { endWork() }
+        return ending.count
+    }
+
+    /// The client closed its end (or the connection failed): a zero-timeout poll of the socket of
+    /// a suspended connection, which libmicrohttpd itself does not watch.
+    private static func clientHasGone(_ socket: Int32) -> Bool {
+        guard socket >= 0 else { return false }
+        var descriptor = pollfd(fd: socket, events: pollReadHangUp, revents: 0)
+        guard poll(&descriptor, 1, 0) > 0 else { return false }
+        return descriptor.revents & (pollReadHangUp | Int16(POLLHUP) | Int16(POLLERR)) != 0
+    }
+
+    /// Returns when no request is active (from its headers to its completion), or at `deadline`.
+    func waitForNoActiveRequests(until deadline: ContinuousClock.Instant) {
+        while activeRequests.load(ordering: .sequentiallyConsistent) > 0 {
+            let left = deadline - .now
+            guard left > .zero else { return }
+            let nanoseconds = Int(clamping: left.components.seconds * 1_000_000_000 + left.components.attoseconds / 1_000_000_000)
+            _ = drained.wait(timeout: .now() + .nanoseconds(nanoseconds))
+        }
     }
 
     // MARK: - libmicrohttpd callbacks
@@ -109,7 +165,7 @@ final class DaemonContext: Sendable {
             // First call: headers only.
             let request = RequestContext(connection: connection, daemon: daemon)
             requestSlot.pointee = Unmanaged.passRetained(request).toOpaque()
-            daemon.activeRequests.add(1, ordering: .relaxed)
+            daemon.activeRequests.add(1, ordering: .sequentiallyConsistent)
             if let admit = daemon.admit,
                 let refusal = admit({ name in MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) } })
             {
@@ -202,7 +258,8 @@ final class DaemonContext: Sendable {
         request.body = []
         daemon.logger.debug("http.request", metadata: ["http.method": .string(httpRequest.method),
                                                        "http.path": .string(httpRequest.path)])
-        daemon.handler.handle(httpRequest) { [request] response in request.complete(with: response) }
+        let started = ContinuousClock.now
+        let endWork = daemon.handler.start(httpRequest) { [request] response in request.complete(with: response) }
 
         // Answered synchronously: queue now, no suspension. Otherwise suspend until `respond`.
         let ready = request.phase.withLock { phase -> HTTPResponse? in
@@ -211,7 +268,8 @@ final class DaemonContext: Sendable {
                 return response
             }
             phase = .suspended
-            request.daemon.rememberSuspended(request)
+            request.daemon.rememberSuspended(
+                SuspendedRequest(request: request, since: started, socket: CMicroHTTPD_connection_fd(connection), endWork: endWork))
             MHD_suspend_connection(connection)
             return nil
         }
@@ -255,7 +313,8 @@ final class DaemonContext: Sendable {
             return false
         }
         if wasSuspended { daemon.forgetSuspended(request) }
-        daemon.activeRequests.subtract(1, ordering: .relaxed)
+        let stillActive = daemon.activeRequests.subtract(1, ordering: .sequentiallyConsistent).newValue
+        if stillActive == 0, daemon.closingConnections.load(ordering: .sequentiallyConsistent) { daemon.drained.signal() }
         // A request cut by libmicrohttpd's idle timeout (a client that went quiet mid-request) is a
         // timed-out connection as much as one the deadline reaper cut: counted the same way.
         if termination.rawValue == 2 /* MHD_REQUEST_TERMINATED_TIMEOUT_REACHED */ {
@@ -362,4 +421,18 @@ final class DaemonContext: Sendable {
             return String(cString: base)
         }
     }
+}
+
+/// Linux's POLLRDHUP (the peer closed its end), hidden from Swift behind `_GNU_SOURCE`.
+private let pollReadHangUp: Int16 = 0x2000
+
+/// A request whose connection is suspended until its handler answers.
+struct SuspendedRequest: Sendable {
+    let request: RequestContext
+    /// When its handler started.
+    let since: ContinuousClock.Instant
+    /// Its connection's socket, polled for a client that has gone.
+    let socket: Int32
+    /// Ends its work (`HTTPHandler.start`); nil once called, or when it cannot be ended early.
+    var endWork: (@Sendable () -> Void)?
 }

@@ -1,10 +1,21 @@
-import Locking
-
 /// Answers requests. `respond` must be called exactly once, from any thread, now or later (for
 /// example after a database commit). Until it is called the connection is suspended: it holds no
 /// server thread. Calls after the first are ignored.
 package protocol HTTPHandler: Sendable {
     func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void)
+
+    /// `handle`, returning how to end the request's work early: the server calls it at most once,
+    /// when the request's deadline passes, its client has gone, or `stop()`'s grace period is over.
+    /// The work should then end at its next bound and answer (the answer may go nowhere). Nil: it
+    /// cannot be ended early (the default, for a handler that answers at once).
+    func start(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) -> (@Sendable () -> Void)?
+}
+
+extension HTTPHandler {
+    package func start(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) -> (@Sendable () -> Void)? {
+        handle(request, respond: respond)
+        return nil
+    }
 }
 
 /// A handler made from a closure, either with a completion (`init(_:)`) or returning the response
@@ -25,33 +36,22 @@ package struct ClosureHTTPHandler: HTTPHandler {
     }
 }
 
-/// Runs an `async` handler in a new `Task` per request and responds when it returns; the
-/// connection stays suspended meanwhile. With an `executor`, the task prefers it (its nonisolated
-/// code runs on that executor's threads rather than the Swift concurrency pool's).
+/// Runs an `async` handler in a new `Task` per request, on the standard executors, and responds when
+/// it returns; the connection stays suspended meanwhile. Ending the work early cancels the task:
+/// its awaited calls (a statement, a call out) end at once, each through its cancellation handler.
 package struct AsyncHTTPHandler: HTTPHandler {
     private let body: @Sendable (HTTPRequest) async -> HTTPResponse
-    private let executor: (any TaskExecutor)?
 
-    package init(executor: (any TaskExecutor)? = nil, _ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
+    package init(_ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
         self.body = body
-        self.executor = executor
     }
 
     package func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
-        Task(executorPreference: executor) { respond(await body(request)) }
-    }
-}
-
-/// Runs an `async` handler to its end on the server thread that received the request, blocking it
-/// meanwhile (`CallingThread.run`): only for a server with a thread per connection.
-struct CallingThreadHTTPHandler: HTTPHandler {
-    private let body: @Sendable (HTTPRequest) async -> HTTPResponse
-
-    init(_ body: @escaping @Sendable (HTTPRequest) async -> HTTPResponse) {
-        self.body = body
+        _ = start(request, respond: respond)
     }
 
-    func handle(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) {
-        respond(CallingThread.run { await body(request) })
+    package func start(_ request: HTTPRequest, respond: @escaping @Sendable (HTTPResponse) -> Void) -> (@Sendable () -> Void)? {
+        let task = Task { respond(await body(request)) }
+        return { task.cancel() }
     }
 }

@@ -12,21 +12,20 @@ import Synchronization
 /// An HTTP/1.1 server over libmicrohttpd: an epoll thread pool, keep-alive, and limits
 /// (connections, per-IP connections, idle timeout, body size) enforced by the library.
 ///
-/// Handlers answer through a completion; while they wait, the connection is suspended and
-/// holds no thread. `start()` returns once listening; `stop()` stops accepting, gives in-flight
-/// requests `shutdownGracePeriod`, answers any still waiting with 503, then stops the daemon.
+/// How a request runs (README.md): libmicrohttpd's pool threads read it; the handler starts its
+/// work (an `async` handler: a task on the standard executors) and the connection is suspended,
+/// holding no thread, until the handler answers. A watcher thread ends the work of a request whose
+/// deadline passed or whose client has gone; `stop()` ends the rest after the grace period.
+/// `start()` returns once listening; `stop()` stops accepting, gives in-flight requests
+/// `shutdownGracePeriod`, then ends their work and answers any still waiting with 503.
 package final class HTTPServer: Sendable {
     package struct Configuration: Sendable {
         /// Numeric IPv4 ("127.0.0.1", "0.0.0.0"), bracketed or bare numeric IPv6 ("[::1]"), or "localhost".
         package var host: String
         /// 0 picks a free port; read it back from `HTTPServer.port`.
         package var port: Int
-        /// Threads in libmicrohttpd's pool, each with its own epoll set (ignored with `threadPerConnection`).
+        /// Threads in libmicrohttpd's pool, each with its own epoll set.
         package var threadCount: Int
-        /// A thread for each open connection instead of a pool (as many threads as `connectionLimit`
-        /// at most): its handler may block that thread until it answers, so a request can run to its
-        /// end on the thread that read it, with no hand-off (`init(configuration:logger:respondOnConnectionThread:)`).
-        package var threadPerConnection: Bool
         /// Open connections at once; more are refused by libmicrohttpd.
         package var connectionLimit: Int
         /// Open connections at once from one address; `nil` for no limit.
@@ -35,8 +34,11 @@ package final class HTTPServer: Sendable {
         package var connectionTimeout: Duration
         /// A connection whose next request has not arrived whole (headers and body) this long after
         /// it opened or after its last answer is closed, however steadily it trickles bytes; nil
-        /// for no deadline. Checked about four times per deadline.
+        /// for no deadline. Checked about four times per deadline (at least once a second).
         package var requestDeadline: Duration?
+        /// A request whose handler has not answered this long after the request arrived has its
+        /// work ended (`HTTPHandler.start`); nil for no bound but the handler's own. Checked as often.
+        package var workDeadline: Duration?
         /// Larger bodies get 413 and never reach the handler.
         package var maxBodyBytes: Int
         /// How long `stop()` waits for in-flight requests before answering them 503.
@@ -55,10 +57,10 @@ package final class HTTPServer: Sendable {
             host: String = "127.0.0.1", port: Int = 8080, threadCount: Int = Configuration.processorCount,
             connectionLimit: Int = 1024, perIPConnectionLimit: Int? = nil, connectionTimeout: Duration = .seconds(10),
             maxBodyBytes: Int = 65536, shutdownGracePeriod: Duration = .seconds(5), requestDeadline: Duration? = nil,
-            tls: TLSIdentity? = nil, threadPerConnection: Bool = false
+            workDeadline: Duration? = nil, tls: TLSIdentity? = nil
         ) {
             self.tls = tls
-            self.threadPerConnection = threadPerConnection
+            self.workDeadline = workDeadline
             self.requestDeadline = requestDeadline
             self.host = host
             self.port = port
@@ -82,7 +84,7 @@ package final class HTTPServer: Sendable {
         var context: Unmanaged<DaemonContext>
         var logTarget: UnsafeMutablePointer<CMicroHTTPD_LogTarget>
         var port: Int
-        var reaper: DeadlineReaper?
+        var reaper: DeadlineReaper
         /// The TLS key and certificate as C strings, freed after the daemon stops (nil for HTTP).
         var tlsStrings: [UnsafeMutablePointer<CChar>]
     }
@@ -105,24 +107,13 @@ package final class HTTPServer: Sendable {
         self.init(configuration: configuration, handler: ClosureHTTPHandler(synchronous: respond), logger: logger)
     }
 
-    /// A server whose handler is `async`, run in a task per request (preferring `executor`, if given).
-    package convenience init(
-        configuration: Configuration, logger: Logger = Logger(label: "http-server"), executor: (any TaskExecutor)? = nil,
-        asyncRespond: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
-    ) {
-        self.init(configuration: configuration, handler: AsyncHTTPHandler(executor: executor, asyncRespond), logger: logger)
-    }
-
-    /// A server whose `async` handler runs to its end on the thread of the connection that
-    /// received the request (`CallingThread`): its database statements and HTTP calls run inline
-    /// there, and a request makes no thread switch of its own. Needs `threadPerConnection`, as
-    /// each request holds its connection's thread until it answers.
+    /// A server whose handler is `async`, run in a task per request on the standard executors; the
+    /// task is cancelled when the request's work must end early (see `HTTPHandler.start`).
     package convenience init(
         configuration: Configuration, logger: Logger = Logger(label: "http-server"),
-        respondOnConnectionThread: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
+        asyncRespond: @escaping @Sendable (HTTPRequest) async -> HTTPResponse
     ) {
-        precondition(configuration.threadPerConnection, "a handler that holds its thread needs a thread per connection")
-        self.init(configuration: configuration, handler: CallingThreadHTTPHandler(respondOnConnectionThread), logger: logger)
+        self.init(configuration: configuration, handler: AsyncHTTPHandler(asyncRespond), logger: logger)
     }
 
     deinit { stop() }
@@ -164,7 +155,7 @@ package final class HTTPServer: Sendable {
             let timeout = configuration.connectionTimeout.components
             let timeoutSeconds = max(1, timeout.seconds + (timeout.attoseconds > 0 ? 1 : 0))
             let daemon = CMicroHTTPD_start(
-                listenSocket, 0, configuration.threadPerConnection ? 1 : 0,
+                listenSocket, 0,
                 UInt32(clamping: max(1, configuration.threadCount)),
                 UInt32(clamping: max(1, configuration.connectionLimit)),
                 UInt32(clamping: max(0, configuration.perIPConnectionLimit ?? 0)),
@@ -196,58 +187,54 @@ package final class HTTPServer: Sendable {
             }
             var port = Int(CMicroHTTPD_bound_port(daemon))
             if port == 0 { port = ListeningSocket.localPort(of: listenSocket) }
-            let reaper = configuration.requestDeadline.map { deadline in
-                DeadlineReaper(
-                    context: context.takeUnretainedValue(), deadline: deadline, logger: logger, onRefusal: configuration.onRefusal)
-            }
+            let reaper = DeadlineReaper(
+                context: context.takeUnretainedValue(), requestDeadline: configuration.requestDeadline,
+                workDeadline: configuration.workDeadline, logger: logger, onRefusal: configuration.onRefusal)
             running = Running(daemon: daemon, listenSocket: listenSocket, context: context, logTarget: logTarget,
                               port: port, reaper: reaper, tlsStrings: tlsStrings)
             logger.info("http.server.started", metadata: ["http.host": .string(configuration.host),
                                                           "http.port": .int(port),
                                                           "http.scheme": .string(configuration.tls == nil ? "http" : "https"),
-                                                          "http.threads": configuration.threadPerConnection
-                                                              ? "per_connection" : .int(configuration.threadCount)])
+                                                          "http.threads": .int(configuration.threadCount)])
         }
     }
 
     /// Stops accepting, waits up to `shutdownGracePeriod` for in-flight requests (asking
-    /// keep-alive clients to close), answers any still waiting with 503, then stops the daemon.
-    /// Blocks for up to the grace period (plus a short flush): from async code prefer `run()`'s
-    /// cancellation or call it off the cooperative pool. Returns at once when not running.
+    /// keep-alive clients to close), then ends the work of those still running (`HTTPHandler.start`)
+    /// and answers them 503, and stops the daemon. Blocks for up to the grace period (plus a short
+    /// flush): from async code prefer `run()`'s cancellation or call it off the cooperative pool.
+    /// Returns at once when not running.
     package func stop() {
-        state.withLock { running in
-            guard let current = running else { return }
-            running = nil
-            let context = current.context.takeUnretainedValue()
-            current.reaper?.stop()
-            context.closingConnections.store(true, ordering: .relaxed)
-            // After quiescing the listen socket is ours to close, but only after MHD_stop_daemon.
-            let quiesced = MHD_quiesce_daemon(current.daemon)
+        // Taken out at once: `port` and a second `stop()` do not wait behind the grace period.
+        // From then on every answer asks its client to close.
+        guard let current = state.withLock({ running -> Running? in
+            defer { running = nil }
+            running?.context.takeUnretainedValue().closingConnections.store(true, ordering: .sequentiallyConsistent)
+            return running
+        }) else { return }
+        let context = current.context.takeUnretainedValue()
+        current.reaper.stop()
+        // After quiescing the listen socket is ours to close, but only after MHD_stop_daemon.
+        let quiesced = MHD_quiesce_daemon(current.daemon)
 
-            let clock = ContinuousClock()
-            let deadline = clock.now.advanced(by: configuration.shutdownGracePeriod)
-            while context.activeRequests.load(ordering: .relaxed) > 0, clock.now < deadline {
-                usleep(2_000)
-            }
-            context.rejectingRequests.store(true, ordering: .relaxed)
-            let answered = context.answerSuspended(with: .serverError(status: 503, "shutting_down"))
-            if answered > 0 {
-                logger.warning("http.server.shutdown_answered_waiting", metadata: ["http.requests": .int(answered)])
-                // Let the resumed connections send their 503 before the daemon closes them.
-                let flushDeadline = clock.now.advanced(by: .milliseconds(250))
-                while context.activeRequests.load(ordering: .relaxed) > 0, clock.now < flushDeadline {
-                    usleep(2_000)
-                }
-            }
-            MHD_stop_daemon(current.daemon)
-            if quiesced >= 0 { close(quiesced) }
-            // The callbacks can no longer run: release what they used.
-            current.context.release()
-            current.logTarget.deinitialize(count: 1)
-            current.logTarget.deallocate()
-            Self.wipeAndFree(current.tlsStrings)
-            logger.info("http.server.stopped", metadata: ["http.port": .int(current.port)])
+        let clock = ContinuousClock()
+        context.waitForNoActiveRequests(until: clock.now.advanced(by: configuration.shutdownGracePeriod))
+        context.rejectingRequests.store(true, ordering: .relaxed)
+        let ended = context.endSuspendedWork(.shutdown)
+        let answered = context.answerSuspended(with: .serverError(status: 503, "shutting_down"))
+        if answered > 0 || ended > 0 {
+            logger.warning("http.server.shutdown_answered_waiting", metadata: ["http.requests": .int(answered)])
+            // Let the resumed connections send their 503 before the daemon closes them.
+            context.waitForNoActiveRequests(until: clock.now.advanced(by: .milliseconds(250)))
         }
+        MHD_stop_daemon(current.daemon)
+        if quiesced >= 0 { close(quiesced) }
+        // The callbacks can no longer run: release what they used.
+        current.context.release()
+        current.logTarget.deinitialize(count: 1)
+        current.logTarget.deallocate()
+        Self.wipeAndFree(current.tlsStrings)
+        logger.info("http.server.stopped", metadata: ["http.port": .int(current.port)])
     }
 
     /// The private key is among them: zeroed, not left in freed memory.
@@ -284,27 +271,38 @@ package enum ConnectionRefusal: String, Sendable, CaseIterable {
     case requestTimeout = "request_timeout"
 }
 
-/// The thread that enforces `Configuration.requestDeadline` while the daemon runs.
+/// The server's watcher thread, while the daemon runs: closes connections whose request has not
+/// arrived whole within `Configuration.requestDeadline`, and ends the work of requests in flight
+/// longer than `workDeadline` or whose client has gone (libmicrohttpd does not watch a suspended
+/// connection).
 private final class DeadlineReaper: Sendable {
     private let stopped = Atomic<Bool>(false)
-    /// Signalled by `stop()`: the pass interval is a quarter of the deadline (7.5 s for the
-    /// receiver's 30 s), and shutting down must not wait for it.
+    /// Signalled by `stop()`: the pass interval is a quarter of the shorter deadline (at most a
+    /// second), and shutting down must not wait for it.
     private let wake = DispatchSemaphore(value: 0)
     private let done = DispatchSemaphore(value: 0)
 
-    init(context: DaemonContext, deadline: Duration, logger: Logger, onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?) {
-        let tick = max(Duration.milliseconds(50), deadline / 4)
+    init(
+        context: DaemonContext, requestDeadline: Duration?, workDeadline: Duration?, logger: Logger,
+        onRefusal: (@Sendable (ConnectionRefusal, Int) -> Void)?
+    ) {
+        let shorter = [requestDeadline, workDeadline].compactMap { $0 }.min() ?? .seconds(4)
+        let tick = min(.seconds(1), max(Duration.milliseconds(50), shorter / 4))
         let tickNanoseconds = Int(clamping: tick.components.seconds * 1_000_000_000 + tick.components.attoseconds / 1_000_000_000)
         // A queue of its own: its one block waits between passes for as long as the daemon runs.
         DispatchQueue(label: "http-request-deadline").async { [self] in
             while !stopped.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + .nanoseconds(tickNanoseconds))
                 if stopped.load(ordering: .acquiring) { break }
-                let cut = context.shutDownConnections(waitingLongerThan: deadline)
-                if cut > 0 {
-                    logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
-                    onRefusal?(.requestTimeout, cut)
+                if let requestDeadline {
+                    let cut = context.shutDownConnections(waitingLongerThan: requestDeadline)
+                    if cut > 0 {
+                        logger.info("http.request.deadline", metadata: ["http.connections_closed": .int(cut)])
+                        onRefusal?(.requestTimeout, cut)
+                    }
                 }
+                let ended = context.endSuspendedWork(.deadlineOrClientGone(workDeadline))
+                if ended > 0 { logger.info("http.request.work_ended", metadata: ["http.requests": .int(ended)]) }
             }
             done.signal()
         }

@@ -1,7 +1,6 @@
 internal import Foundation
 import CCurl
 import Locking
-import Synchronization
 
 /// One curl multi handle driven by one thread of its own: the shape curl's docs give for a
 /// server. Calls are queued under a lock and the thread is woken (`curl_multi_wakeup`); it adds
@@ -23,8 +22,6 @@ final class CurlPool: @unchecked Sendable {
     private let multi: UnsafeMutableRawPointer
     private let queue = Locked(Queue())
     private var active: [UnsafeMutableRawPointer: CurlTransfer] = [:]
-    /// Handles of calls made on their callers' threads, idle (`takeCallerHandle`).
-    private let callerHandles = Locked<[UnsafeMutableRawPointer]>([])
     private static let spareLimit = 64
     /// The connections the cache keeps, idle or not. curl's default is 4 × the transfers in the
     /// multi when a connection comes back: after a burst of calls, every call made while few are
@@ -75,49 +72,6 @@ final class CurlPool: @unchecked Sendable {
             return true
         }
         if !kept { curl_easy_cleanup(handle) }
-    }
-
-    // MARK: Calls on the caller's thread
-
-    /// Most calls run on their callers' threads at once; past it, calls go through the pool's
-    /// thread. Such threads (the app API's connection threads) also run the app API's database
-    /// statements: an Apple that stops answering holds at most this many of them for its timeout.
-    static let callerThreadLimit = 32
-    private static let callerThreadCalls = Atomic<Int>(0)
-
-    /// True, and a place among `callerThreadLimit` taken (given back by `perform`), when this
-    /// call may run on the current thread: one whose blocking calls are bounded and expected
-    /// (`BlockingCallExecutor.currentThreadAllowsBlocking`: inside `CallingThread.run`, or on a
-    /// `BlockingCallExecutor` thread).
-    static func mayRunOnCallerThread() -> Bool {
-        guard BlockingCallExecutor.currentThreadAllowsBlocking else { return false }
-        if callerThreadCalls.add(1, ordering: .relaxed).newValue <= callerThreadLimit { return true }
-        callerThreadCalls.subtract(1, ordering: .relaxed)
-        return false
-    }
-
-    /// Gives back the place `mayRunOnCallerThread` took.
-    static func endCallerThreadCall() { callerThreadCalls.subtract(1, ordering: .relaxed) }
-
-    /// A handle for a call on the caller's thread: the one given back last (its connection is the
-    /// likeliest still open), else a new one. Each keeps its own connection cache, so calls made on
-    /// one thread after another (the app API has a thread per connection, born and gone with it)
-    /// reuse the connections of those before them. At most `callerThreadLimit` are in use at once,
-    /// so at most that many are kept.
-    func takeCallerHandle() -> UnsafeMutableRawPointer? {
-        callerHandles.withLock { $0.popLast() } ?? curl_easy_init()
-    }
-
-    /// Runs `transfer` (configured, on `takeCallerHandle()`'s handle) to its end on this
-    /// thread, resumes its caller, and gives back the handle and the place `mayRunOnCallerThread` took. Saves the
-    /// two thread hand-offs of the pool's thread (there and back) and its wake-ups: with the
-    /// database statements run the same way, a sign-in's work stays on one thread.
-    func perform(_ transfer: CurlTransfer, code refused: CURLcode, handle: UnsafeMutableRawPointer) {
-        defer { Self.endCallerThreadCall() }
-        transfer.finish(refused == CURLE_OK ? curl_easy_perform(handle) : refused)
-        // Options and the transfer's buffers dropped; the connection stays for the next call.
-        withExtendedLifetime(transfer) { curl_easy_reset(handle) }
-        callerHandles.withLock { $0.append(handle) }
     }
 
     private func run() {

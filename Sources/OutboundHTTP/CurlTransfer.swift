@@ -1,12 +1,10 @@
 import CCurl
-import Synchronization
 
 /// One call's state while its easy handle is in the pool: the request's bytes curl reads (which
 /// must outlive the transfer), what came back, and the continuation to resume.
 ///
 /// @unchecked Sendable: made by the caller, then touched only by the pool's thread (curl's callbacks
-/// run there too) from the moment it is queued until it is finished; or, run on the caller's thread
-/// (`CurlPool.perform`), only by that thread, but for `cancelRequested`.
+/// run there too) from the moment it is queued until it is finished.
 final class CurlTransfer: @unchecked Sendable {
     let request: HTTPRequest
     let handle: UnsafeMutableRawPointer
@@ -28,11 +26,6 @@ final class CurlTransfer: @unchecked Sendable {
     /// The header callback stopped the transfer at a line that is no header.
     private var stoppedMalformed = false
     private var finished = false
-    /// Set by the caller's cancellation handler for a transfer run on the caller's thread
-    /// (`CurlPool.perform`), read by curl's progress callback there.
-    fileprivate let cancelRequested = Atomic<Bool>(false)
-    /// Set before the transfer is shared with the cancellation handler: which way it cancels.
-    var runsOnCallerThread = false
 
     /// Headers beyond this many bytes fail the call: no answer needs more, and a head that never
     /// ends must not grow without bound.
@@ -104,17 +97,6 @@ final class CurlTransfer: @unchecked Sendable {
         record(CCurl_setopt_pointer(handle, CURLOPT_WRITEDATA, context))
         return refusal
     }
-
-    /// For a transfer run by `curl_easy_perform` on the caller's thread: curl's progress callback
-    /// (called at least once a second, and as data moves) ends it once `requestCancel()` was called.
-    func checkCancellation() -> CURLcode {
-        var refusal = CCurl_setopt_long(handle, CURLOPT_NOPROGRESS, 0)
-        if refusal == CURLE_OK { refusal = CCurl_setopt_xferinfo_callback(handle, CurlCallbacks.progress) }
-        if refusal == CURLE_OK { refusal = CCurl_setopt_pointer(handle, CURLOPT_XFERINFODATA, Unmanaged.passUnretained(self).toOpaque()) }
-        return refusal
-    }
-
-    func requestCancel() { cancelRequested.store(true, ordering: .relaxed) }
 
     /// One header line (status lines included, CRLF still on). Returns false to stop the transfer.
     fileprivate func received(headerLine bytes: UnsafeBufferPointer<UInt8>) -> Bool {
@@ -224,11 +206,6 @@ enum CurlCallbacks {
         let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self), count: size * count)
         let transfer = Unmanaged<CurlTransfer>.fromOpaque(context!).takeUnretainedValue()
         return transfer.received(headerLine: bytes) ? size * count : 0
-    }
-
-    static let progress: CCurl_xferinfo_callback = { context, _, _, _, _ in
-        let transfer = Unmanaged<CurlTransfer>.fromOpaque(context!).takeUnretainedValue()
-        return transfer.cancelRequested.load(ordering: .relaxed) ? 1 : 0
     }
 
     static let body: CCurl_write_callback = { data, size, count, context in

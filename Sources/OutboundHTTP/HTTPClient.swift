@@ -53,31 +53,20 @@ package final class HTTPClient: Sendable {
     private static let pools = Locked<[CurlTrust: CurlPool]>([:])
 
     /// Sends `request` and returns the answer, whatever its status; throws when there was no
-    /// whole answer (see `HTTPFailure`). Suspends without holding a thread, except on a thread made
-    /// for bounded blocking calls (the app API's, `CallingThread`), which it holds for the call (at
-    /// most its timeout; see `CurlPool.perform`).
+    /// whole answer (see `HTTPFailure`). Suspends without holding a thread: the transfer runs on the
+    /// pool's thread, bounded by the request's timeout. Cancelling the calling task ends the
+    /// transfer at once (`cancelled`).
     package func send(_ request: HTTPRequest) async throws(HTTPFailure) -> HTTPResponse {
         if let refusal = Self.refusal(of: request.url) { throw HTTPFailure(kind: .refusedURL, detail: refusal) }
         let started = CancelGate()
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Result<HTTPResponse, HTTPFailure>, Never>) in
-                // On a thread meant for bounded blocking calls the call runs right here (resumed
-                // before this closure returns, so the task goes on without a hop).
-                let here = CurlPool.mayRunOnCallerThread()
-                guard let handle = here ? pool.takeCallerHandle() : pool.makeHandle() else {
-                    if here { CurlPool.endCallerThreadCall() }
+                guard let handle = pool.makeHandle() else {
                     continuation.resume(returning: .failure(HTTPFailure(kind: .other, detail: "curl_easy_init failed")))
                     return
                 }
                 let transfer = CurlTransfer(request: request, handle: handle, continuation: continuation)
-                var refused = transfer.configure(trust: pool.trust)
-                if here {
-                    if refused == CURLE_OK { refused = transfer.checkCancellation() }
-                    transfer.runsOnCallerThread = true
-                    if started.set(transfer) { transfer.requestCancel() }
-                    pool.perform(transfer, code: refused, handle: handle)
-                    return
-                }
+                let refused = transfer.configure(trust: pool.trust)
                 guard refused == CURLE_OK else {
                     transfer.finish(refused)
                     pool.giveBack(handle)
@@ -87,9 +76,7 @@ package final class HTTPClient: Sendable {
                 if started.set(transfer) { pool.cancel(transfer) }
             }
         } onCancel: {
-            if let transfer = started.cancel() {
-                if transfer.runsOnCallerThread { transfer.requestCancel() } else { pool.cancel(transfer) }
-            }
+            if let transfer = started.cancel() { pool.cancel(transfer) }
         }
         return try result.get()
     }

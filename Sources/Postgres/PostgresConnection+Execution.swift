@@ -65,14 +65,10 @@ struct CancelObject: @unchecked Sendable {
 }
 
 extension PostgresConnection {
-    /// Runs `work` on the queue and resumes the caller; task cancellation cancels the running
-    /// statement, and so does `statementTimeout` running out (the call then throws `timeout`).
-    ///
-    /// Where a bounded blocking call may run (inside `CallingThread.run`, as the app API's requests
-    /// are, or on a `BlockingCallExecutor` thread) the work runs right there instead (through `queue.sync`,
-    /// which runs it on the calling thread when the queue is idle, as a leased connection's is): no
-    /// hop to the queue's thread and back. The thread blocks for the statement, which its deadline
-    /// bounds; such threads are there for that, never the Swift concurrency pool's.
+    /// Runs `work` on the queue and resumes the caller: the one place a statement blocks is the
+    /// connection's own queue, never the calling task's thread. Cancelling the task sends a cancel
+    /// request for the running statement, and so does `statementTimeout` running out (the call
+    /// then throws `timeout`); either way the statement ends at the server and the call returns.
     func onQueue<T: Sendable>(
         _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
     ) async throws -> T {
@@ -103,10 +99,7 @@ extension PostgresConnection {
         _ operation: UInt64, _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
     ) async throws -> T {
         try await withTaskCancellationHandler {
-            if BlockingCallExecutor.currentThreadAllowsBlocking {
-                return try blocking(operation: operation, work)
-            }
-            return try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
+            try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
         } onCancel: {
             self.cancelRunning(operation)
         }
@@ -136,8 +129,9 @@ extension PostgresConnection {
     func runOnQueue<T>(operation: UInt64?, _ work: (OpaquePointer) throws(PostgresError) -> T) throws(PostgresError)
         -> T
     {
-        // Work runs on the queue's thread or, inline, on a caller's; the queue orders them, and
-        // passing through `handOff` at both ends shows that order to ThreadSanitizer too.
+        // Work runs on the queue's thread or, for the `…Blocking` API, on a dedicated caller's
+        // thread (`queue.sync`); the queue orders them, and passing through `handOff` at both ends
+        // shows that order to ThreadSanitizer too.
         handOff.receive()
         defer { handOff.publish() }
         guard let connection = handle.pointer else {

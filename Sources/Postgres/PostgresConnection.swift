@@ -9,9 +9,8 @@ import Locking
 /// `DispatchQueue` and touches the `PGconn` only there (STYLE §5.3). The async API hops onto the queue
 /// and resumes a continuation, keeping the cooperative pool free. The `…Blocking` API runs the same
 /// work on the caller's thread through `queue.sync` (serialized with the async calls); use it only from
-/// a dedicated thread, never from the Swift concurrency pool. An async call made where a bounded
-/// blocking call may run (inside `CallingThread.run`: the app API's requests, each on its
-/// connection's thread; or on a `BlockingCallExecutor` thread) takes that path by itself: no hop.
+/// a dedicated thread (the receiver's committers), never from the Swift concurrency pool. Which path
+/// a call takes is the caller's choice of API, never the thread it happens to be on.
 ///
 /// Cancelling the task of a running async call sends a libpq cancel request for that statement.
 package final class PostgresConnection: Sendable {
@@ -35,8 +34,8 @@ package final class PostgresConnection: Sendable {
 
     /// The bound on each statement of the calls made inside `$statementTimeout.withValue(...)`:
     /// when it runs out the statement is cancelled at the server and the call throws `timeout`.
-    /// Kept by a timer thread of its own, so it fires whether the call waits in a task or blocks the
-    /// thread it runs on (inside `CallingThread.run`). Nil: no bound but the session's own (`SessionLimits`).
+    /// Kept by `DeadlineTimer` (an entry in one table, no task or timer per statement). Nil: no
+    /// bound but the session's own (`SessionLimits`).
     @TaskLocal package static var statementTimeout: Duration?
 
     struct State {

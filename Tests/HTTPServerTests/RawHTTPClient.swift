@@ -42,6 +42,12 @@ final class RawHTTPClient: @unchecked Sendable {
 
     deinit { if fd >= 0 { close(fd) } }
 
+    /// Closes the connection now (the client has gone).
+    func hangUp() {
+        if fd >= 0 { close(fd) }
+        fd = -1
+    }
+
     func send(_ text: String) { send(Array(text.utf8)) }
 
     func send(_ bytes: [UInt8]) {

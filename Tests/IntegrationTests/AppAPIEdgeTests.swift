@@ -151,6 +151,33 @@ struct AppAPIEdgeTests {
         }
     }
 
+    /// A request whose statement runs past the app API's work deadline (three times the request
+    /// timeout: 3 s here, under the statement's own 5 s bounds): its task is cancelled, which cancels
+    /// the statement at the server (SQLSTATE 57014 as `queryFailed`, not the bound's `timeout`),
+    /// and the client is answered. Before, nothing ended a request's work but its own bounds.
+    @Test(.timeLimit(.minutes(3)))
+    func theWorkDeadlineEndsARequestsWork() async throws {
+        try await withAppAPIWorker(["SIWA_APP_API_REQUEST_TIMEOUT": "1s"]) { served in
+            // The nonce's statement sleeps first (this database is the test's own).
+            try await served.connection.simpleQuery(
+                """
+                ALTER FUNCTION siwa.issue_nonce_bounded(bytea, interval, integer) RENAME TO issue_nonce_bounded_at_once;
+                CREATE FUNCTION siwa.issue_nonce_bounded(
+                    p_nonce_hash bytea, p_ttl interval, p_max_unspent integer, OUT expires_at timestamptz, OUT retry_after integer)
+                LANGUAGE sql AS $$
+                    SELECT pg_sleep(60);
+                    SELECT * FROM siwa.issue_nonce_bounded_at_once(p_nonce_hash, p_ttl, p_max_unspent)
+                $$
+                """)
+            let answer = try await HTTP.request("POST", served.api + "/v1/nonces", bearer: Self.token, timeout: .seconds(60))
+            #expect(answer.status == 503, "\(answer)")
+            let log = served.worker.log
+            #expect(log.contains("http.request.work_ended"))
+            let refused = log.split(separator: "\n").filter { $0.contains("could not issue a nonce") }
+            #expect(refused.count == 1 && refused.allSatisfy { $0.contains("queryFailed, sqlState: 57014") }, "\(refused)")
+        }
+    }
+
     static func timedNonce(_ api: String) async throws -> Duration {
         let start = ContinuousClock.now
         let answer = try await HTTP.request("POST", api + "/v1/nonces", bearer: token, timeout: .seconds(30))

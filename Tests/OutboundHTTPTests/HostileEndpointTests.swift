@@ -2,7 +2,6 @@
     import Glibc
 #endif
 import Foundation
-import Locking
 import OutboundHTTP
 import ScriptedHTTPServer
 import Testing
@@ -193,31 +192,6 @@ import TestTiming
         #expect(server.heads.count == 5)
     }
 
-    /// Calls run on their callers' threads (`CallingThread`, as the app API's), each on a thread of
-    /// its own that ends after its call, as a connection's thread ends with its connection: the
-    /// handles, and their connections, outlive the threads, so five calls open one connection.
-    @Test(arguments: Scheme.allCases) func callsOnThreadsThatComeAndGoShareAConnection(_ scheme: Scheme) async throws {
-        let server = try server(scheme) { _ in .answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") }
-        defer { server.stop() }
-        let client = HTTPClient.withOwnPool(extraCertificatesPEM: TLSFixture.caPEM)
-        for _ in 0..<5 {
-            let status = await Self.onNewThread {
-                CallingThread.run { [self] in
-                    (BlockingCallExecutor.currentThreadAllowsBlocking, (try? await get(server, scheme, client: client).get())?.status)
-                }
-            }
-            #expect(status.0 && status.1 == 200)
-        }
-        #expect(server.accepted == 1)
-        #expect(server.heads.count == 5)
-    }
-
-    static func onNewThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-        await withCheckedContinuation { continuation in
-            Thread.detachNewThread { continuation.resume(returning: body()) }
-        }
-    }
-
     /// A burst of calls, then calls one at a time, then another burst: the second burst finds the
     /// first's connections still open. curl's default cache kept 4 × the calls in flight, so each
     /// call of the quiet spell closed an idle connection and the next burst opened them again (over
@@ -283,21 +257,6 @@ import TestTiming
         try await server.waitForRequests(1)
         call.cancel()
         #expect(failureOf(await call.value)?.kind == .cancelled)
-    }
-
-    /// On a thread made for bounded blocking calls (the app API's) the call runs on that thread
-    /// (`curl_easy_perform`); cancelling its task still ends it, through curl's progress callback,
-    /// long before the call's own timeout. Both schemes, and a second call on the same thread after it.
-    @Test(arguments: Scheme.allCases) func aCancelledCallOnABlockingCallThreadEnds(_ scheme: Scheme) async throws {
-        let server = try server(scheme) { index in index == 0 ? .silent : .answer("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") }
-        defer { server.stop() }
-        let executor = BlockingCallExecutor(maximumThreads: 1)
-        let call = Task(executorPreference: executor) { await get(server, scheme, timeout: TestTimeScale.scaled(.seconds(60))) }
-        try await server.waitForRequests(1)
-        call.cancel()
-        #expect(failureOf(await call.value)?.kind == .cancelled)
-        let next = await Task(executorPreference: executor) { await get(server, scheme) }.value
-        #expect((try? next.get())?.body == Array("ok".utf8))
     }
 }
 

@@ -77,10 +77,17 @@ final class WebhookSink: Sendable {
                     state.attempts[key] = attempt + 1
                     return state.behaviour(received, attempt)
                 }
-                if answer.delay > .zero { try? await Task.sleep(for: answer.delay) }
+                // A client that gives up while the answer is slow or held closes its connection,
+                // and the server then cancels this task (Sources/HTTPServer/README.md): the answer
+                // reaches nobody, so it is not recorded as answered.
                 let holdUntil = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-                while answer.held, gateClosed.withLock({ $0 }), ContinuousClock.now < holdUntil {
-                    try? await Task.sleep(for: .milliseconds(20))
+                do {
+                    if answer.delay > .zero { try await Task.sleep(for: answer.delay) }
+                    while answer.held, gateClosed.withLock({ $0 }), ContinuousClock.now < holdUntil {
+                        try await Task.sleep(for: .milliseconds(20))
+                    }
+                } catch {
+                    return HTTPResponse(status: 499)
                 }
                 received.status = answer.status
                 received.answeredAt = clock.withLock { $0 += 1; return $0 }
