@@ -71,27 +71,15 @@ package struct JobAdministration: Sendable {
         self.connection = connection
     }
 
-    // The revoke of an account still pending deletion: cancelling it would drop the deletion.
-    /// A revoke of an account still `pending_deletion` (`siwa.guards_pending_deletion`, the account rules').
-    private static let pendingDeletionRevokeSQL = "siwa.guards_pending_deletion(j.kind, j.client_id, j.sub)"
-
-    /// Newest first.
+    /// Newest first (`siwa.list_jobs`; `guards_pending_deletion`: a revoke of an account still
+    /// `pending_deletion`, which cancelling would drop).
     package func list(_ filter: Filter) async throws -> [Row] {
         let rows = try await connection.query(
             """
-            SELECT j.id, j.kind, j.state, j.client_id, j.sub, j.attempt, j.max_attempts,
-                   jsonb_array_length(j.errors) AS error_count,
-                   CASE WHEN jsonb_array_length(j.errors) > 0
-                        THEN coalesce(j.errors -> -1 ->> 'error', (j.errors -> -1)::text) END AS last_error,
-                   j.outcome, j.run_at, j.created_at, j.finalized_at,
-                   \(unsafeSQL: Self.pendingDeletionRevokeSQL) AS guards_pending_deletion
-              FROM siwa.jobs j
-             WHERE (\(filter.id)::bigint IS NULL OR j.id = \(filter.id)::bigint)
-               AND (\(filter.state)::text IS NULL OR j.state = \(filter.state)::text)
-               AND (\(filter.kind)::text IS NULL OR j.kind = \(filter.kind)::text)
-               AND (\(filter.sub)::text IS NULL OR j.sub = \(filter.sub)::text)
-             ORDER BY j.id DESC
-             LIMIT \(filter.limit)
+            SELECT id, kind, state, client_id, sub, attempt, max_attempts, error_count, last_error, outcome, run_at,
+                   created_at, finalized_at, guards_pending_deletion
+              FROM siwa.list_jobs(\(filter.id)::bigint, \(filter.state)::text, \(filter.kind)::text, \(filter.sub)::text,
+                                  \(filter.limit)::integer)
             """)
         return try rows.map { row in
             Row(
@@ -130,17 +118,7 @@ package struct JobAdministration: Sendable {
     /// `retry`, with each retried job's kind.
     package func retryReturningKinds(_ target: Target, kind: String? = nil) async throws -> [(id: Int64, kind: String)] {
         let rows = try await connection.query(
-            """
-            UPDATE siwa.jobs
-               SET state = 'available', run_at = now(), finalized_at = NULL, outcome = NULL,
-                   locked_by = NULL, locked_until = NULL, expired_leases = 0,
-                   max_attempts = greatest(max_attempts, jsonb_array_length(errors) + 1)
-             WHERE (\(target.id)::bigint IS NULL OR id = \(target.id)::bigint)
-               AND (\(target.sub)::text IS NULL OR sub = \(target.sub)::text)
-               AND (\(kind)::text IS NULL OR kind = \(kind)::text)
-               AND (state = 'discarded' OR (state = 'available' AND jsonb_array_length(errors) > 0))
-            RETURNING id, kind
-            """)
+            "SELECT id, kind FROM siwa.retry_jobs(\(target.id)::bigint, \(target.sub)::text, \(kind)::text)")
         return try rows.map { (try $0.decode(Int64.self, column: "id"), try $0.decode(String.self, column: "kind")) }
             .sorted { $0.id < $1.id }
     }
@@ -148,55 +126,26 @@ package struct JobAdministration: Sendable {
     /// Cancels the matched jobs that are not final (available or running; a running job's worker
     /// loses its lease check and cannot complete it). A revoke whose account is still
     /// `pending_deletion` is cancelled only with `force`, and the cancellation is recorded in
-    /// `siwa.account_changes` so it is never silent.
+    /// `siwa.account_changes` so it is never silent (`siwa.cancel_jobs`, one statement).
     package func cancel(_ target: Target, kind: String? = nil, force: Bool) async throws -> CancelResult {
-        try await connection.withTransaction { connection in
-            let matched = try await connection.query(
-                """
-                SELECT j.id, j.kind, j.state, j.client_id, j.sub,
-                       \(unsafeSQL: Self.pendingDeletionRevokeSQL) AS guards_pending_deletion
-                  FROM siwa.jobs j
-                 WHERE (\(target.id)::bigint IS NULL OR j.id = \(target.id)::bigint)
-                   AND (\(target.sub)::text IS NULL OR j.sub = \(target.sub)::text)
-                   AND (\(kind)::text IS NULL OR j.kind = \(kind)::text)
-                 ORDER BY j.id
-                   FOR UPDATE OF j
-                """)
-            var result = CancelResult()
-            for row in matched {
-                let id = try row.decode(Int64.self, column: "id")
-                let state = try row.decode(String.self, column: "state")
-                guard state == "available" || state == "running" else {
-                    result.alreadyFinal += 1
-                    continue
-                }
-                result.kinds[id] = try row.decode(String.self, column: "kind")
-                let guardsDeletion = try row.decode(Bool.self, column: "guards_pending_deletion")
-                if guardsDeletion && !force {
-                    result.refused.append(id)
-                    continue
-                }
-                _ = try await connection.execute(
-                    """
-                    UPDATE siwa.jobs
-                       SET state = 'cancelled', finalized_at = now(), locked_by = NULL, locked_until = NULL,
-                           outcome = 'cancelled_by_operator', args = args - 'code'
-                     WHERE id = \(id)
-                    """)
+        let rows = try await connection.query(
+            "SELECT id, kind, result FROM siwa.cancel_jobs(\(target.id)::bigint, \(target.sub)::text, \(kind)::text, \(force))")
+        var result = CancelResult()
+        for row in rows {
+            let id = try row.decode(Int64.self, column: "id")
+            switch try row.decode(String.self, column: "result") {
+            case "already_final":
+                result.alreadyFinal += 1
+                continue
+            case "refused": result.refused.append(id)
+            case "cancelled_pending_deletion":
                 result.cancelled.append(id)
-                if guardsDeletion {
-                    result.cancelledPendingDeletions.append(id)
-                    let clientID = try row.decode(String.self, column: "client_id")
-                    let sub = try row.decode(String.self, column: "sub")
-                    _ = try await connection.query(
-                        """
-                        SELECT siwa.record_change(\(clientID), \(sub), 'deletion_revoke_cancelled',
-                                                  'revoke job cancelled by an operator (--force)', NULL, \(id))
-                        """)
-                }
+                result.cancelledPendingDeletions.append(id)
+            default: result.cancelled.append(id)
             }
-            return result
+            result.kinds[id] = try row.decode(String.self, column: "kind")
         }
+        return result
     }
 }
 

@@ -159,15 +159,11 @@ package struct JobQueue: Sendable {
         }
     }
 
-    /// Back to `available` at now + `duration` without recording an error.
+    /// Back to `available` at now + `duration` without recording an error (`siwa.snooze_job`).
     package func snooze(_ job: Job, for duration: Duration) async throws -> Bool {
         try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs SET state = 'available', run_at = now() + make_interval(secs => \(duration.seconds)),
-                       locked_by = NULL, locked_until = NULL
-                 WHERE id = \(job.id) AND state = 'running' AND attempt = \(job.attempt)
-                """) == 1
+            try await connection.query(
+                "SELECT siwa.snooze_job(\(job.id), \(job.attempt)::integer, \(duration.seconds))")[0].decode(Bool.self, at: 0)
         }
     }
 
@@ -205,29 +201,27 @@ package struct JobQueue: Sendable {
 
     // MARK: Leases
 
-    /// Heartbeat: pushes `locked_until` to now + `lease` for jobs this worker still holds.
+    /// Heartbeat: pushes `locked_until` to now + `lease` for jobs this worker still holds
+    /// (`siwa.extend_job_leases`).
     package func extendLeases(_ jobs: [Job], lease: Duration) async throws -> Int {
         guard !jobs.isEmpty else { return 0 }
         return try await pool.withConnection { connection in
-            try await connection.execute(
+            try await connection.query(
                 """
-                UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => \(lease.seconds))
-                  FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[]) AS h(id, attempt)
-                 WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                """)
+                SELECT siwa.extend_job_leases(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[],
+                                              \(lease.seconds))
+                """)[0].decode(Int.self, at: 0)
         }
     }
 
-    /// Shutdown: hands jobs this worker still holds back to the queue, due now, no error recorded.
+    /// Shutdown: hands jobs this worker still holds back to the queue, due now, no error recorded
+    /// (`siwa.release_jobs`).
     package func release(_ jobs: [Job]) async throws -> Int {
         guard !jobs.isEmpty else { return 0 }
         return try await pool.withConnection { connection in
-            try await connection.execute(
-                """
-                UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
-                  FROM unnest(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[]) AS h(id, attempt)
-                 WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
-                """)
+            try await connection.query(
+                "SELECT siwa.release_jobs(\(jobs.map(\.id))::bigint[], \(jobs.map { Int64($0.attempt) })::bigint[])"
+            )[0].decode(Int.self, at: 0)
         }
     }
 
@@ -256,14 +250,9 @@ package struct JobQueue: Sendable {
     // MARK: Retention of its own rows
 
     /// Deletes completed and cancelled jobs finalized before now - `age`, at most `batch` rows
-    /// (run by the worker's retention pass, `Retention`).
+    /// (`siwa.prune_completed_jobs`, run by the worker's retention pass, `Retention`). Returns one
+    /// row: how many.
     package static func pruneCompletedQuery(olderThan age: Duration, batch: Int) -> PostgresQuery {
-        """
-        DELETE FROM siwa.jobs WHERE id IN (
-            SELECT id FROM siwa.jobs
-             WHERE finalized_at < now() - make_interval(secs => \(age.seconds))
-               AND state IN ('completed', 'cancelled')
-             LIMIT \(batch))
-        """
+        "SELECT siwa.prune_completed_jobs(\(age.seconds), \(batch)::integer)"
     }
 }

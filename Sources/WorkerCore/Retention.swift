@@ -49,7 +49,7 @@ package struct Retention: Sendable {
                 guard try lock.first?.decode(Bool.self, column: "locked") == true else { return nil }
                 func count(_ query: PostgresQuery) async throws -> Int { try await connection.query(query)[0].decode(Int.self, at: 0) }
                 return Removed(
-                    jobs: try await connection.execute(JobQueue.pruneCompletedQuery(olderThan: completedJobs, batch: Self.batch)),
+                    jobs: try await count(JobQueue.pruneCompletedQuery(olderThan: completedJobs, batch: Self.batch)),
                     notifications: try await count(Self.pruneNotificationsQuery(olderThan: age)),
                     rejections: try await count(Self.pruneRejectionsQuery(olderThan: Self.rejections)),
                     accountChanges: try await count(Self.pruneAccountChangesQuery(olderThan: age)),

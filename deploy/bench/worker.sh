@@ -367,9 +367,10 @@ rates() {
                         round(count(*) / (extract(epoch FROM max(finalized_at)) - $1))
                    FROM siwa.jobs WHERE state = 'completed' AND finalized_at > to_timestamp($1)"
 }
-check_books() {  # the worker's run: every job completed, every notification processed, no effect twice
+check_books() {  # the worker's run: every notification job completed, every notification processed, no effect twice
+  # (the revokes that ending events queue in mix (b) are Apple calls, snoozed here: SIWA_APPLE_CALLS=disabled)
   local bad; bad=$(sql -c "SELECT (SELECT count(*) FROM siwa.notifications WHERE processed_at IS NULL)
-                                + (SELECT count(*) FROM siwa.jobs WHERE state <> 'completed')
+                                + (SELECT count(*) FROM siwa.jobs WHERE state <> 'completed' AND kind = 'notification')
                                 + (SELECT count(*) FROM (SELECT notification_jti FROM siwa.account_changes
                                     WHERE notification_jti IS NOT NULL GROUP BY 1 HAVING count(*) > 1) d)
                                 + (SELECT count(*) FROM siwa.notifications WHERE outcome = 'forged')")

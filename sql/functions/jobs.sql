@@ -778,3 +778,175 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The statements JobQueue and JobAdministration used to write inline in Swift, named here so every
+-- write of siwa.jobs is in this file (issue 39). Each is fenced as before: a leased job's write
+-- matches only while its attempt is still the job's and it is `running`.
+
+-- Back to `available` at now + p_seconds without recording an error (a handler's snooze).
+-- Returns whether the fence held.
+CREATE OR REPLACE FUNCTION siwa.snooze_job(p_job_id bigint, p_attempt integer, p_seconds double precision)
+RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH s AS (
+        UPDATE siwa.jobs SET state = 'available', run_at = now() + make_interval(secs => p_seconds),
+               locked_by = NULL, locked_until = NULL
+         WHERE id = p_job_id AND state = 'running' AND attempt = p_attempt
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM s)
+$$;
+
+-- Heartbeat: locked_until = now + p_lease_seconds for the jobs (id, attempt) this worker still
+-- holds. Returns how many it extended.
+CREATE OR REPLACE FUNCTION siwa.extend_job_leases(p_ids bigint[], p_attempts bigint[], p_lease_seconds double precision)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH x AS (
+        UPDATE siwa.jobs j SET locked_until = now() + make_interval(secs => p_lease_seconds)
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM x
+$$;
+
+-- Shutdown: hands the jobs (id, attempt) this worker still holds back to the queue, due now, no
+-- error recorded. Returns how many it released.
+CREATE OR REPLACE FUNCTION siwa.release_jobs(p_ids bigint[], p_attempts bigint[]) RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH r AS (
+        UPDATE siwa.jobs j SET state = 'available', run_at = now(), locked_by = NULL, locked_until = NULL
+          FROM unnest(p_ids, p_attempts) AS h(id, attempt)
+         WHERE j.id = h.id AND j.state = 'running' AND j.attempt = h.attempt
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM r
+$$;
+
+-- Retention of the queue's own rows: deletes completed and cancelled jobs finalized more than
+-- p_age_seconds ago, at most p_batch of them (the worker's retention pass). Returns how many.
+CREATE OR REPLACE FUNCTION siwa.prune_completed_jobs(p_age_seconds double precision, p_batch integer)
+RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH d AS (
+        DELETE FROM siwa.jobs WHERE id IN (
+            SELECT id FROM siwa.jobs
+             WHERE finalized_at < now() - make_interval(secs => p_age_seconds)
+               AND state IN ('completed', 'cancelled')
+             LIMIT p_batch)
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM d
+$$;
+
+-- `siwa jobs list` and the console: jobs matching every filter given (NULL: any), newest first,
+-- with the last recorded error's text and whether each is a revoke guarding a pending deletion
+-- (siwa.guards_pending_deletion).
+CREATE OR REPLACE FUNCTION siwa.list_jobs(p_id bigint, p_state text, p_kind text, p_sub text, p_limit integer)
+RETURNS TABLE (id bigint, kind text, state text, client_id text, sub text, attempt integer, max_attempts integer,
+               error_count integer, last_error text, outcome text, run_at timestamptz, created_at timestamptz,
+               finalized_at timestamptz, guards_pending_deletion boolean)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT j.id, j.kind, j.state, j.client_id, j.sub, j.attempt, j.max_attempts,
+           jsonb_array_length(j.errors),
+           CASE WHEN jsonb_array_length(j.errors) > 0
+                THEN coalesce(j.errors -> -1 ->> 'error', (j.errors -> -1)::text) END,
+           j.outcome, j.run_at, j.created_at, j.finalized_at,
+           siwa.guards_pending_deletion(j.kind, j.client_id, j.sub)
+      FROM siwa.jobs j
+     WHERE (p_id IS NULL OR j.id = p_id)
+       AND (p_state IS NULL OR j.state = p_state)
+       AND (p_kind IS NULL OR j.kind = p_kind)
+       AND (p_sub IS NULL OR j.sub = p_sub)
+     ORDER BY j.id DESC
+     LIMIT p_limit
+$$;
+
+-- `siwa jobs retry`: discarded jobs, and available ones waiting out a retry backoff, of the job
+-- p_id or of every job of p_sub (and of p_kind when given), become available now. Errors are kept;
+-- a job out of attempts gets one more; a `process_died` discard counts expired leases afresh.
+-- Cancelled jobs are not retried. Returns each job retried and its kind.
+CREATE OR REPLACE FUNCTION siwa.retry_jobs(p_id bigint, p_sub text, p_kind text)
+RETURNS TABLE (id bigint, kind text)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.jobs j
+       SET state = 'available', run_at = now(), finalized_at = NULL, outcome = NULL,
+           locked_by = NULL, locked_until = NULL, expired_leases = 0,
+           max_attempts = greatest(j.max_attempts, jsonb_array_length(j.errors) + 1)
+     WHERE (p_id IS NULL OR j.id = p_id)
+       AND (p_sub IS NULL OR j.sub = p_sub)
+       AND (p_kind IS NULL OR j.kind = p_kind)
+       AND (j.state = 'discarded' OR (j.state = 'available' AND jsonb_array_length(j.errors) > 0))
+    RETURNING j.id, j.kind
+$$;
+
+-- `siwa jobs cancel`: the jobs of p_id or of p_sub (and of p_kind when given), locked in id order.
+-- Those not final (available or running: a running job's worker then fails its fence) are
+-- cancelled, except a revoke whose account is still pending_deletion, cancelled only with p_force
+-- and then recorded in siwa.account_changes (`deletion_revoke_cancelled`) so it is never silent.
+-- Returns every matched job with what became of it: `cancelled`, `cancelled_pending_deletion`,
+-- `refused` (a guarding revoke without p_force) or `already_final`.
+CREATE OR REPLACE FUNCTION siwa.cancel_jobs(p_id bigint, p_sub text, p_kind text, p_force boolean)
+RETURNS TABLE (id bigint, kind text, result text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    job record;
+BEGIN
+    FOR job IN
+        SELECT j.id, j.kind, j.state, j.client_id, j.sub,
+               siwa.guards_pending_deletion(j.kind, j.client_id, j.sub) AS guards
+          FROM siwa.jobs j
+         WHERE (p_id IS NULL OR j.id = p_id)
+           AND (p_sub IS NULL OR j.sub = p_sub)
+           AND (p_kind IS NULL OR j.kind = p_kind)
+         ORDER BY j.id
+           FOR UPDATE OF j
+    LOOP
+        id := job.id;
+        kind := job.kind;
+        IF job.state NOT IN ('available', 'running') THEN
+            result := 'already_final';
+        ELSIF job.guards AND NOT p_force THEN
+            result := 'refused';
+        ELSE
+            UPDATE siwa.jobs
+               SET state = 'cancelled', finalized_at = now(), locked_by = NULL, locked_until = NULL,
+                   outcome = 'cancelled_by_operator', args = args - 'code'
+             WHERE siwa.jobs.id = job.id;
+            result := 'cancelled';
+            IF job.guards THEN
+                PERFORM siwa.record_change(job.client_id, job.sub, 'deletion_revoke_cancelled',
+                                           'revoke job cancelled by an operator (--force)', NULL, job.id);
+                result := 'cancelled_pending_deletion';
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION siwa.snooze_job(bigint, integer, double precision),
+                           siwa.extend_job_leases(bigint[], bigint[], double precision),
+                           siwa.release_jobs(bigint[], bigint[]),
+                           siwa.prune_completed_jobs(double precision, integer),
+                           siwa.list_jobs(bigint, text, text, text, integer),
+                           siwa.retry_jobs(bigint, text, text),
+                           siwa.cancel_jobs(bigint, text, text, boolean)
+  FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
+        GRANT EXECUTE ON FUNCTION siwa.snooze_job(bigint, integer, double precision),
+                                  siwa.extend_job_leases(bigint[], bigint[], double precision),
+                                  siwa.release_jobs(bigint[], bigint[]),
+                                  siwa.prune_completed_jobs(double precision, integer),
+                                  -- the console (in the worker) lists, retries and cancels jobs
+                                  siwa.list_jobs(bigint, text, text, text, integer),
+                                  siwa.retry_jobs(bigint, text, text),
+                                  siwa.cancel_jobs(bigint, text, text, boolean)
+           TO siwa_worker;
+    END IF;
+END
+$$;
