@@ -40,23 +40,13 @@ package struct AppleJobContext: Sendable {
     /// Whether calls for `clientID` may go to Apple now. A paused client lets one job through per
     /// `pauseInterval` as the probe (moving `next_probe_at` so concurrent jobs keep waiting).
     func pauseCheck(clientID: String) async throws -> PauseCheck {
-        let interval = Int(pauseInterval.components.seconds)
-        return try await pool.withConnection { connection in
-            let rows = try await connection.query(
-                """
-                WITH probe AS (
-                    UPDATE siwa.paused_clients SET next_probe_at = now() + make_interval(secs => \(interval))
-                     WHERE client_id = \(clientID) AND next_probe_at <= now()
-                    RETURNING 0::float8 AS wait)
-                SELECT wait FROM probe
-                UNION ALL
-                SELECT greatest(extract(epoch FROM next_probe_at - now())::float8, 1) FROM siwa.paused_clients
-                 WHERE client_id = \(clientID) AND NOT EXISTS (SELECT 1 FROM probe)
-                """)
-            guard let row = rows.first else { return .proceed }
-            let wait = try row.decode(Double.self, at: 0)
-            return wait <= 0 ? .proceed : .paused(.seconds(wait.rounded(.up)))
+        let interval = Double(pauseInterval.components.seconds)
+        let wait = try await pool.withConnection { connection in
+            try await connection.query("SELECT siwa.paused_client_wait(\(clientID), \(interval)::float8)")[0]
+                .decode(Double?.self, at: 0)
         }
+        guard let wait, wait > 0 else { return .proceed }
+        return .paused(.seconds(wait.rounded(.up)))
     }
 
     /// Apple refused our credentials for `clientID`: pause its calls, say so loudly, snooze the job.
@@ -65,16 +55,11 @@ package struct AppleJobContext: Sendable {
         logger.error(
             "Apple rejected the client credentials; calls for this client ID are paused. Check SIWA_TEAM_ID, SIWA_KEY_ID, SIWA_PRIVATE_KEY_FILE and the client ID",
             metadata: ["client_id": .string(clientID), "apple.error": .string(error), "job_id": .string(String(job.id))])
-        let interval = Int(pauseInterval.components.seconds)
+        let interval = Double(pauseInterval.components.seconds)
         do {
             try await pool.withConnection { connection in
-                _ = try await connection.execute(
-                    """
-                    INSERT INTO siwa.paused_clients (client_id, reason, paused_at, next_probe_at)
-                    VALUES (\(clientID), \(error), now(), now() + make_interval(secs => \(interval)))
-                    ON CONFLICT (client_id) DO UPDATE
-                       SET reason = EXCLUDED.reason, next_probe_at = EXCLUDED.next_probe_at
-                    """)
+                _ = try await connection.query(
+                    "SELECT siwa.pause_client(\(clientID), \(error), \(interval)::float8)")
             }
         } catch {
             logger.warning("could not record the paused client", metadata: ["client_id": .string(clientID), "error": "\(error)"])
@@ -85,10 +70,10 @@ package struct AppleJobContext: Sendable {
     /// A call for `clientID` succeeded: it is no longer paused.
     func resume(clientID: String, logger: Logger) async {
         do {
-            let deleted = try await pool.withConnection { connection in
-                try await connection.execute("DELETE FROM siwa.paused_clients WHERE client_id = \(clientID)")
+            let wasPaused = try await pool.withConnection { connection in
+                try await connection.query("SELECT siwa.resume_client(\(clientID))")[0].decode(Bool.self, at: 0)
             }
-            if deleted > 0 {
+            if wasPaused {
                 logger.notice("Apple accepted the client credentials again; client ID resumed", metadata: ["client_id": .string(clientID)])
             }
         } catch {

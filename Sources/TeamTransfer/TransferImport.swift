@@ -82,22 +82,10 @@ package struct TransferImport {
         let rows = batch
         batch.removeAll()
         let transferSubs = rows.map(\.transferSub)
-        let existing = try await connection.withTransaction { connection in
-            let existing = try await connection.query(
-                """
-                SELECT transfer_sub, app_user_id FROM siwa.transfer_imports
-                 WHERE client_id = \(clientID) AND transfer_sub = ANY(\(transferSubs))
-                """)
-            _ = try await connection.execute(
-                """
-                INSERT INTO siwa.transfer_imports (client_id, transfer_sub, app_user_id)
-                SELECT \(clientID), line.transfer_sub, line.app_user_id
-                  FROM unnest(\(transferSubs)::text[], \(rows.map(\.appUserID))::text[]) AS line(transfer_sub, app_user_id)
-                ON CONFLICT (client_id, transfer_sub) DO NOTHING
-                """)
-            return try existing.reduce(into: [String: String]()) {
-                $0[try $1.decode(String.self, column: "transfer_sub")] = try $1.decode(String.self, column: "app_user_id")
-            }
+        let recordedBefore = try await connection.query(
+            "SELECT transfer_sub, app_user_id FROM siwa.record_transfer_lines(\(clientID), \(transferSubs)::text[], \(rows.map(\.appUserID))::text[])")
+        let existing = try recordedBefore.reduce(into: [String: String]()) {
+            $0[try $1.decode(String.self, column: "transfer_sub")] = try $1.decode(String.self, column: "app_user_id")
         }
         for row in rows {
             switch existing[row.transferSub] {
@@ -169,11 +157,8 @@ package struct TransferImport {
                     }
                     switch outcome {
                     case .failed(let reason):
-                        _ = try await connection.execute(
-                            """
-                            UPDATE siwa.transfer_imports SET attempts = attempts + 1, last_error = \(reason)
-                             WHERE client_id = \(clientID) AND transfer_sub = \(transferSub) AND state = 'pending'
-                            """)
+                        _ = try await connection.query(
+                            "SELECT siwa.transfer_import_failed(\(clientID), \(transferSub), \(reason))")
                         return .failed(reason)
                     case .success(let identity):
                         let rows = try await connection.query(

@@ -45,21 +45,14 @@ package struct WebhookQueue: Sendable {
 
     /// Makes the database queue a delivery for every change from now on (idempotent; also the
     /// heartbeat `siwa status` shows).
-    package static func registerQuery(endpoint: String) -> PostgresQuery {
-        """
-        INSERT INTO siwa.webhook_endpoint (singleton, endpoint) VALUES (true, \(endpoint))
-        ON CONFLICT (singleton) DO UPDATE SET endpoint = EXCLUDED.endpoint, seen_at = now()
-        """
-    }
-
     package func register(endpoint: String) async throws {
-        _ = try await pool.withConnection { try await $0.execute(Self.registerQuery(endpoint: endpoint)) }
+        _ = try await pool.withConnection { try await $0.query("SELECT siwa.register_webhook_endpoint(\(endpoint))") }
     }
 
     /// The worker's heartbeat on the registration; never re-creates one `siwa webhooks disable` removed
     /// (a worker re-registers only when it starts).
     package func touch() async throws {
-        _ = try await pool.withConnection { try await $0.execute("UPDATE siwa.webhook_endpoint SET seen_at = now()") }
+        _ = try await pool.withConnection { try await $0.query("SELECT siwa.touch_webhook_endpoint()") }
     }
 
     /// `siwa webhooks disable`: no delivery is queued for new changes any more, and the queued

@@ -5,26 +5,14 @@ package import Postgres
 /// (sql/functions/notifications.sql). Written by every worker at start; the groups of the last
 /// worker started win, so every worker of a deployment should carry the same setting.
 package enum AppGroups {
-    /// Advisory lock serializing two workers writing the table at once.
-    static let lockKey: Int64 = 0x5_1_1A_0010
-
-    /// Replaces the table's content with `groups` (each group's first client ID names it).
+    /// Replaces the table's content with `groups` (each group's first client ID names it), in one
+    /// call (`siwa.store_app_groups`, sql/functions/app_groups.sql: serialized against other workers
+    /// starting at once).
     package static func store(_ groups: [[String]], on pool: PostgresPool) async throws {
         let members = groups.flatMap { $0 }
         let names = groups.flatMap { group in group.map { _ in group[0] } }
-        try await pool.withConnection { connection in
-            try await connection.withTransaction { connection in
-                _ = try await connection.query("SELECT pg_advisory_xact_lock(\(lockKey))")
-                _ = try await connection.execute(
-                    "DELETE FROM siwa.app_groups WHERE NOT (client_id = ANY (\(members)::text[]))")
-                _ = try await connection.execute(
-                    """
-                    INSERT INTO siwa.app_groups (client_id, group_id)
-                    SELECT * FROM unnest(\(members)::text[], \(names)::text[])
-                    ON CONFLICT (client_id) DO UPDATE SET group_id = EXCLUDED.group_id
-                     WHERE app_groups.group_id <> EXCLUDED.group_id
-                    """)
-            }
+        _ = try await pool.withConnection { connection in
+            try await connection.query("SELECT siwa.store_app_groups(\(members)::text[], \(names)::text[])")
         }
     }
 

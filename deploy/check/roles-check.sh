@@ -244,8 +244,15 @@ expect "apply_notification (consent-revoked)" "$(q wrk siwa "SELECT siwa.apply_n
 expect "apply_notification (email-disabled)" "$(q wrk siwa "SELECT siwa.apply_notification('n2', $job2)")" applied
 allowed wrk siwa "complete jobs" "UPDATE siwa.jobs SET state = 'completed', outcome = 'applied', finalized_at = now(), locked_by = NULL, locked_until = NULL WHERE id IN ($job1, $job2)"
 allowed wrk siwa "read and update accounts" "UPDATE siwa.accounts SET token_checked_at = now() WHERE client_id = 'com.example.app' RETURNING sub"
-allowed wrk siwa "pause a client" "INSERT INTO siwa.paused_clients (client_id, reason) VALUES ('com.example.app', 'invalid_client') ON CONFLICT (client_id) DO UPDATE SET next_probe_at = now()"
-allowed wrk siwa "unpause a client" "DELETE FROM siwa.paused_clients WHERE client_id = 'com.example.app'"
+allowed wrk siwa "pause a client (siwa.pause_client)" "SELECT siwa.pause_client('com.example.app', 'invalid_client', 300)"
+expect "a paused client's jobs wait for its probe (siwa.paused_client_wait)" \
+    "$(q wrk siwa "SELECT siwa.paused_client_wait('com.example.app', 300) > 0")" t
+expect "unpause a client (siwa.resume_client)" "$(q wrk siwa "SELECT siwa.resume_client('com.example.app')")" t
+allowed wrk siwa "store SIWA_APP_GROUPS (siwa.store_app_groups)" "SELECT siwa.store_app_groups(ARRAY['com.example.app'], ARRAY['com.example.app'])"
+allowed wrk siwa "register its webhook endpoint and touch it" \
+    "SELECT siwa.register_webhook_endpoint('https://app.example/hooks'); SELECT siwa.touch_webhook_endpoint(); SELECT siwa.disable_webhooks()"
+allowed wrk siwa "record and fail team transfer import lines" \
+    "SELECT count(*) FROM siwa.record_transfer_lines('com.example.app', ARRAY['t1'], ARRAY['u1']); SELECT siwa.transfer_import_failed('com.example.app', 't1', 'check')"
 allowed wrk siwa "read account_changes" "SELECT count(*) FROM siwa.account_changes"
 allowed wrk siwa "retention: delete processed notifications" "DELETE FROM siwa.notifications WHERE processed_at < now() - interval '30 days'"
 allowed wrk siwa "retention: delete finalized jobs" "DELETE FROM siwa.jobs WHERE finalized_at < now() - interval '30 days'"

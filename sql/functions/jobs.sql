@@ -416,8 +416,8 @@ CREATE OR REPLACE FUNCTION siwa.job_retry(
 $$;
 
 -- What a failed webhook delivery does, the one rule for deliveries (siwa.finish_webhook_deliveries
--- in webhooks.sql asks it): deliveries end by time, not by count (CONTRACT.md: retried with backoff
--- and jitter for at least 24 h, then discarded and kept). p_failures counts this failure, and
+-- in webhooks.sql asks it): deliveries end by time, not by count (README.md, "Webhooks to the app":
+-- retried with backoff for 24 h, then discarded and kept). p_failures counts this failure, and
 -- p_first_failed_at is when the first recorded one happened (NULL: this is the first). Discarded,
 -- its run_at kept (p_run_at), once p_window_seconds have passed since the first failure, now()
 -- included; the first failure never discards, however long the change waited behind others.

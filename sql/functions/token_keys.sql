@@ -1,8 +1,8 @@
--- `siwa accounts rotate-keys` (WorkerCore/Apple/AccountTokens.swift, TokenKeyRotation): the stored
+-- `siwa accounts rotate-keys` (Sources/StoredTokens/TokenKeyRotation.swift): the stored
 -- refresh tokens sealed with a key other than the current one, read in key order and re-sealed one
 -- by one. Swift opens and seals (the keys never reach the database); these functions are the only
 -- SQL it sends. A sealed token starts with a version byte, then the key id's length and the key id
--- (CryptoCore's TokenBox): `p_key_id` is the current key's id, as bytes.
+-- (StoredTokens' TokenBox): `p_key_id` is the current key's id, as bytes.
 -- Applied after the numbered migrations whenever this file changes (see sql/README.md).
 
 -- Tokens still sealed with another key: current and retired ones (a deletion revokes both).

@@ -127,6 +127,34 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY a.sub LIMIT p_limit
 $$;
 
+-- `siwa transfer import`: records a batch of the file's lines (p_transfer_subs[i] maps to
+-- p_app_user_ids[i]) as pending imports; a line recorded before is left as it is. Returns the lines
+-- of the batch that were recorded before, with the app_user_id they were recorded with, so the
+-- caller tells a line read twice from a conflicting one (same transfer_sub, another app_user_id).
+CREATE OR REPLACE FUNCTION siwa.record_transfer_lines(p_client_id text, p_transfer_subs text[], p_app_user_ids text[])
+RETURNS TABLE (transfer_sub text, app_user_id text)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    -- Both parts see the table as it was before the statement: `recorded` is what was there.
+    WITH recorded AS (
+        SELECT t.transfer_sub, t.app_user_id FROM siwa.transfer_imports t
+         WHERE t.client_id = p_client_id AND t.transfer_sub = ANY (p_transfer_subs)),
+    added AS (
+        INSERT INTO siwa.transfer_imports (client_id, transfer_sub, app_user_id)
+        SELECT p_client_id, line.transfer_sub, line.app_user_id
+          FROM unnest(p_transfer_subs, p_app_user_ids) AS line(transfer_sub, app_user_id)
+        ON CONFLICT (client_id, transfer_sub) DO NOTHING
+        RETURNING 1)
+    SELECT recorded.transfer_sub, recorded.app_user_id FROM recorded
+$$;
+
+-- Apple's migration call failed for a pending line: counted, and why, for the next run's report.
+CREATE OR REPLACE FUNCTION siwa.transfer_import_failed(p_client_id text, p_transfer_sub text, p_reason text)
+RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.transfer_imports SET attempts = attempts + 1, last_error = p_reason
+     WHERE client_id = p_client_id AND transfer_sub = p_transfer_sub AND state = 'pending'
+$$;
+
 -- Privileges: the worker only (app API, and operators running the transfer commands with its
 -- login); siwa_app nothing, it has no proof from Apple to offer (sql/017); PUBLIC nothing (see jobs.sql).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
@@ -137,7 +165,9 @@ BEGIN
                                   siwa.claim_transfer(text, text, text, text, boolean),
                                   siwa.transfer_export_client_ids(), siwa.transfer_export_counts(text, text),
                                   siwa.transfer_export_missing(text, text, text, integer),
-                                  siwa.transfer_export_records(text, text, text, integer)
+                                  siwa.transfer_export_records(text, text, text, integer),
+                                  siwa.record_transfer_lines(text, text[], text[]),
+                                  siwa.transfer_import_failed(text, text, text)
            TO siwa_worker;
     END IF;
 END

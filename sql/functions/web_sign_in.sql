@@ -1,10 +1,10 @@
--- Web and Android sign-in, served (CONTRACT.md; tables in 019_web_sign_in.sql). The receiver
+-- Web and Android sign-in, served (deploy/web-sign-in.md; tables in 019_web_sign_in.sql). The receiver
 -- (internet-facing, no secrets) calls the first two, as its own role, through SECURITY DEFINER:
 -- it may keep a state, spend one and store a ticket, and nothing else of these tables (it reads no
 -- ticket, no state but the one it spends, no nonce). The worker's app API spends tickets and prunes.
 --
--- Lifetimes are fixed here, not passed by the caller (the contract's: a state 10 minutes, a
--- ticket 5), and so is the largest bound a caller may ask for, so a compromised receiver can
+-- Lifetimes are fixed here, not passed by the caller (deploy/web-sign-in.md's: a state 10 minutes,
+-- a ticket 5), and so is the largest bound a caller may ask for, so a compromised receiver can
 -- neither keep rows alive nor grow the tables past 1,000,000 rows each. The bound is checked by
 -- counting at most that many rows: concurrent callers may overshoot it by their own number, no more.
 

@@ -1,11 +1,11 @@
--- Webhooks: the endpoint (siwa.webhook_endpoint, registered by the worker's Swift), the change
+-- Webhooks: the endpoint (siwa.webhook_endpoint, registered by each worker with a webhook URL), the change
 -- object a delivery sends, the backlog, `siwa webhooks disable`. The deliveries are `webhook` jobs:
 -- queued, claimed, finished, leased and cancelled by the functions of jobs.sql (every write of
 -- siwa.jobs lives there). Applied after the numbered migrations whenever this file changes;
 -- sql/007_webhooks.sql holds the table, indexes and trigger.
 
--- The change object of CONTRACT.md ("App API", /v1/changes), as the webhook body: compact JSON,
--- keys in the contract's order, created_at in RFC 3339 UTC with milliseconds (as /v1/changes
+-- The change object of `GET /v1/changes` (Sources/AppAPI/README.md), as the webhook body: compact
+-- JSON, keys in that object's order, created_at in RFC 3339 UTC with milliseconds (as /v1/changes
 -- writes it). Built in one place
 -- so every retry sends the same bytes. No SET clause: the planner inlines it into the claim.
 CREATE OR REPLACE FUNCTION siwa.change_object(c siwa.account_changes) RETURNS text
@@ -51,6 +51,21 @@ BEGIN
 END
 $$;
 
+-- A worker with SIWA_WEBHOOK_URL registers its endpoint at start: from now on every change queues
+-- a delivery (idempotent; seen_at is also the heartbeat `siwa status` shows).
+CREATE OR REPLACE FUNCTION siwa.register_webhook_endpoint(p_endpoint text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO siwa.webhook_endpoint (singleton, endpoint) VALUES (true, p_endpoint)
+    ON CONFLICT (singleton) DO UPDATE SET endpoint = EXCLUDED.endpoint, seen_at = now()
+$$;
+
+-- The worker's heartbeat on its registration. It never re-creates one `siwa webhooks disable`
+-- removed: a worker registers only when it starts.
+CREATE OR REPLACE FUNCTION siwa.touch_webhook_endpoint() RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE siwa.webhook_endpoint SET seen_at = now()
+$$;
+
 -- Privileges: the worker delivers; nobody else (see jobs.sql on PUBLIC).
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA siwa FROM PUBLIC;
 DO $$
@@ -59,6 +74,8 @@ BEGIN
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.change_object(siwa.account_changes) TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.webhook_backlog() TO siwa_worker';
         EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.disable_webhooks() TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.register_webhook_endpoint(text) TO siwa_worker';
+        EXECUTE 'GRANT EXECUTE ON FUNCTION siwa.touch_webhook_endpoint() TO siwa_worker';
     END IF;
 END
 $$;
