@@ -587,6 +587,9 @@ BEGIN
     -- it, it was read (the whole row, jws and claims) for every job scanned, the ones other batches
     -- hold and SKIP LOCKED then passes over too, which with 2 worker processes are most of those
     -- scanned (deploy/bench/worker.sh: this read's time per job doubled from 1 process to 2).
+    -- LATERAL with OFFSET 0: a key probe per locked job whatever the plan; a plain join planned on
+    -- an empty queue walked the whole notifications index instead (WorkerTests,
+    -- heldReadAndBatchPlannedOnAnEmptyQueueReadTheirBatchAsItFills).
     RETURN QUERY
     SELECT h.id, n.jti, n.client_id, n.sub, n.event_type,
            round(extract(epoch FROM n.event_time) * 1000)::int8, n.email, n.is_private_email, n.jws
@@ -597,7 +600,7 @@ BEGIN
              ORDER BY j.priority, j.run_at, j.id
              LIMIT p_limit
                FOR UPDATE OF j SKIP LOCKED) h
-      JOIN siwa.notifications n ON n.jti = h.notification_jti
+      JOIN LATERAL (SELECT n.* FROM siwa.notifications n WHERE n.jti = h.notification_jti OFFSET 0) n ON true
      ORDER BY h.priority, h.run_at, h.id;
 END
 $$;
