@@ -140,6 +140,67 @@ struct HotAccountBatchTests {
         }
     }
 
+    /// Ending events discard every token of their accounts, each queued for a revoke of its own.
+    /// The fast path queues a round's revokes in one INSERT (siwa.revoke_tokens_later); they must
+    /// come out as the isolated path's call per token leaves them: batch order (not the accounts'
+    /// key order), each account's current token before its retired ones, in their order.
+    @Test func aRoundsRevokesAreQueuedInTheOrderOneByOneQueuesThem() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            let pool = PostgresPool(conninfo: database.url, size: 1, logger: TestDatabase.logger)
+            defer { pool.close() }
+            // (sub, event, current token, retired tokens), in event_time order.
+            let accounts = [
+                ("carol", "consent-revoked", "c1", ["c2", "c3"]), ("alice", "account-deleted", "a1", ["a2"]),
+                ("bob", "consent-revoked", "b1", []),
+            ]
+            for path in ["fast", "slow"] {
+                for (index, (name, event, token, retired)) in accounts.enumerated() {
+                    let sub = "\(name)-\(path)"
+                    try await connection.execute(
+                        """
+                        INSERT INTO siwa.accounts (client_id, sub, app_user_id, status, refresh_token_enc, retired_tokens_enc, linked_at)
+                        VALUES ('com.example.app', \(sub), 'user-' || \(sub), 'active', decode(\(token), 'hex'),
+                                ARRAY(SELECT decode(t, 'hex') FROM unnest(\(retired)::text[]) AS t), timestamptz '2026-01-01')
+                        """)
+                    try await connection.execute(
+                        """
+                        INSERT INTO siwa.notifications (jti, client_id, sub, event_type, event_time, claims, jws)
+                        VALUES (\(sub), 'com.example.app', \(sub), \(event),
+                                timestamptz '2026-01-02' + make_interval(secs => \(Double(index))), '{}', 'header.payload.signature')
+                        """)
+                }
+            }
+            for (path, isolate) in [("fast", false), ("slow", true)] {
+                try await connection.execute(
+                    """
+                    UPDATE siwa.jobs SET run_at = CASE WHEN sub LIKE '%-' || \(path) THEN now() ELSE 'infinity' END
+                     WHERE state = 'available' AND kind = 'notification'
+                    """)
+                let results = try await pool.withConnection { connection in
+                    try await connection.withTransaction { connection in
+                        try await JobQueue.runNotificationBatch(
+                            on: connection, worker: "w", limit: 50, lease: .seconds(60),
+                            policy: RetryPolicy(base: .seconds(1), cap: .seconds(1)), isolate: isolate)
+                    }
+                }
+                #expect(results.count == accounts.count && results.allSatisfy { $0.outcome == "applied" }, "\(path): \(results)")
+            }
+            func revokes(_ path: String) async throws -> [String] {
+                try await connection.query(
+                    """
+                    SELECT concat_ws(' ', split_part(sub, '-', 1), encode(decode(args->>'token_enc', 'base64'), 'hex'), args->>'reason')
+                      FROM siwa.jobs WHERE kind = 'revoke' AND sub LIKE '%-' || \(path) ORDER BY id
+                    """
+                ).map { try $0.decode(String.self, at: 0) }
+            }
+            let expected = accounts.flatMap { name, _, token, retired in ([token] + retired).map { "\(name) \($0) grant_ended" } }
+            #expect(try await revokes("fast") == expected)
+            #expect(try await revokes("slow") == expected)
+        }
+    }
+
     /// A loop whose batch left a job queued because another transaction held its account tries
     /// again soon, not at the next poll: nothing tells it when that transaction (an app's, or another
     /// worker process's batch) ends. With the poll at an hour, the job is applied once the account

@@ -32,6 +32,8 @@
 # writes (procrastinate-peer/peer.py), 1 and 2 processes (--concurrency 4, as SIWA_WORKER_CONCURRENCY),
 # from a venv under ~/.cache (SIWA_BENCH_PROCRASTINATE_VENV); if PyPI fails the output says so.
 #
+# Why 2 processes are barely faster than 1 (CPU-bound on 2 cores; a second process adds no core,
+# only contention), and the runs before and after the batch's SQL changes: deploy/bench/README.md.
 # Targets: 2 worker processes >= 50 % of raw at 4 connections on (a)-(c), one process
 # >= 40 %; >= 20x procrastinate; effect delay p50 <= 5 ms, p99 <= 20 ms at 1,000/s; RSS <= 64 MB.
 # The machine is shared: run it when `uptime` is low, and compare ratios, not absolute figures.

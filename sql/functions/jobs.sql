@@ -50,6 +50,30 @@ LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     RETURNING id
 $$;
 
+-- siwa.revoke_token_later for many tokens in one INSERT, in the arrays' order (token i of the
+-- account p_client_ids[i], p_subs[i]): one statement, so one firing of the queue's wake-up trigger
+-- for all of them (the notification batch's ending events: a call per token fired it per token, a
+-- tenth of PostgreSQL's time on mix (b) of deploy/bench/worker.sh). Returns how many it queued.
+CREATE OR REPLACE FUNCTION siwa.revoke_tokens_later(
+    p_client_ids text[], p_subs text[], p_tokens_enc bytea[], p_reason text
+) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    queued integer;
+BEGIN
+    IF coalesce(cardinality(p_tokens_enc), 0) = 0 THEN
+        RETURN 0;  -- no statement, so no trigger firing, for a batch without ending events
+    END IF;
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+    SELECT 'revoke', 1, u.client_id, u.sub, 2147483647,
+           jsonb_build_object('late_token', true, 'token_enc', encode(u.token_enc, 'base64'), 'reason', p_reason)
+      FROM unnest(p_client_ids, p_subs, p_tokens_enc) WITH ORDINALITY AS u(client_id, sub, token_enc, ord)
+     ORDER BY u.ord;
+    GET DIAGNOSTICS queued = ROW_COUNT;
+    RETURN queued;
+END
+$$;
+
 -- A revoke job counts the tokens Apple accepted for it (`args.revoked`, siwa.revoke_succeeded):
 -- its deletion's reason is `revoked` when any was, else `no_token` (siwa.revoke_step).
 CREATE OR REPLACE FUNCTION siwa.count_token_revoked(p_job_id bigint) RETURNS void
@@ -292,7 +316,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'siwa_worker') THEN
         GRANT EXECUTE ON FUNCTION
             siwa.queue_exchange(text, text, jsonb), siwa.queue_revoke(text, text, jsonb),
-            siwa.revoke_token_later(text, text, bytea, text), siwa.count_token_revoked(bigint),
+            siwa.revoke_token_later(text, text, bytea, text), siwa.revoke_tokens_later(text[], text[], bytea[], text),
+            siwa.count_token_revoked(bigint),
             siwa.queue_reconciles(integer),
             siwa.queue_webhook_deliveries(), siwa.claim_webhook_deliveries(text, integer, double precision),
             siwa.finish_webhook_deliveries(bigint[], bigint[], integer[], text[],
@@ -558,18 +583,24 @@ SET plan_cache_mode = force_generic_plan
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
+    -- The notification is read once its job is locked, outside the locking subquery: read inside
+    -- it, it was read (the whole row, jws and claims) for every job scanned, the ones other batches
+    -- hold and SKIP LOCKED then passes over too, which with 2 worker processes are most of those
+    -- scanned (deploy/bench/worker.sh: this read's time per job doubled from 1 process to 2).
+    -- LATERAL with OFFSET 0: a key probe per locked job whatever the plan; a plain join planned on
+    -- an empty queue walked the whole notifications index instead (WorkerTests,
+    -- heldReadAndBatchPlannedOnAnEmptyQueueReadTheirBatchAsItFills).
     RETURN QUERY
-    SELECT h.id, (h.n).jti, (h.n).client_id, (h.n).sub, (h.n).event_type,
-           round(extract(epoch FROM (h.n).event_time) * 1000)::int8, (h.n).email, (h.n).is_private_email, (h.n).jws
-      FROM (SELECT j.id, j.priority, j.run_at,
-                   (SELECT n FROM siwa.notifications n WHERE n.jti = j.notification_jti) AS n
+    SELECT h.id, n.jti, n.client_id, n.sub, n.event_type,
+           round(extract(epoch FROM n.event_time) * 1000)::int8, n.email, n.is_private_email, n.jws
+      FROM (SELECT j.id, j.priority, j.run_at, j.notification_jti
               FROM siwa.jobs j
              WHERE j.state = 'available' AND j.priority = 2 AND j.run_at >= 'infinity' AND j.kind = 'notification'
                AND (NOT p_skip_busy_accounts OR pg_try_advisory_xact_lock(1936291681, hashtext(j.sub)))
              ORDER BY j.priority, j.run_at, j.id
              LIMIT p_limit
                FOR UPDATE OF j SKIP LOCKED) h
-     WHERE (h.n).jti IS NOT NULL
+      JOIN LATERAL (SELECT n.* FROM siwa.notifications n WHERE n.jti = h.notification_jti OFFSET 0) n ON true
      ORDER BY h.priority, h.run_at, h.id;
 END
 $$;
@@ -701,7 +732,11 @@ BEGIN
             ARRAY(SELECT d.attempt FROM d WHERE NOT d.deferred ORDER BY d.id),
             ARRAY(SELECT d.outcome FROM d WHERE NOT d.deferred ORDER BY d.id), true) AS c(id)
     ), completed AS (
-        SELECT d.id, d.jti AS notification_jti, d.outcome, d.received_at FROM d JOIN done ON done.id = d.id
+        -- A membership test against the array, not a join: with hash and merge joins off, a join of
+        -- two CTE scans is a nested loop reading `done` once per job (250 x 250 rows, a third of
+        -- this statement's time in deploy/bench/worker.sh's profile).
+        SELECT d.id, d.jti AS notification_jti, d.outcome, d.received_at
+          FROM d WHERE NOT d.deferred AND d.id = ANY (ARRAY(SELECT done.id FROM done))
     ), released AS (
         UPDATE siwa.jobs j SET run_at = now()
           FROM d

@@ -164,19 +164,17 @@ BEGIN
             SELECT u.jti, u.job_id, u.rank, u.ord, u.target, u.sub, n.event_type, n.event_time, n.email, n.is_private_email
               FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_subs) WITH ORDINALITY AS u(jti, job_id, rank, target, sub, ord)
               LEFT JOIN siwa.notifications n ON n.jti = u.jti
-        ), hot AS (
-            SELECT u.target, u.sub FROM u GROUP BY u.target, u.sub
-            HAVING count(*) > 1 AND bool_and(siwa.email_event(u.event_type))
         ), e AS (
+            -- hot: the account has several events here, all email events (a window, not a join
+            -- with the grouped accounts: with hash joins off that join read every group once per event).
             SELECT u.*, a.status, a.linked_at, a.last_email_event_at, a.email_forwarding, a.app_user_id,
                    siwa.account_effect(a.status, u.event_type) AS effect,
-                   coalesce(hot.target IS NOT NULL
-                            AND NOT siwa.ignores_email_events(a.status), false) AS folded,
+                   coalesce(u.hot AND NOT siwa.ignores_email_events(a.status), false) AS folded,
                    greatest(a.linked_at, a.last_email_event_at) IS NULL
                    OR u.event_time >= greatest(a.linked_at, a.last_email_event_at) AS live
-              FROM u
-              LEFT JOIN hot ON hot.target = u.target AND hot.sub = u.sub
-              LEFT JOIN siwa.accounts a ON hot.target IS NOT NULL AND a.client_id = u.target AND a.sub = u.sub
+              FROM (SELECT u.*, coalesce(count(*) OVER w > 1 AND bool_and(siwa.email_event(u.event_type)) OVER w, false) AS hot
+                      FROM u WINDOW w AS (PARTITION BY u.target, u.sub)) u
+              LEFT JOIN siwa.accounts a ON u.hot AND a.client_id = u.target AND a.sub = u.sub
         ), f AS (
             SELECT e.*, siwa.notification_outcome(
                        e.effect, e.status, e.event_time, e.linked_at,
@@ -273,9 +271,13 @@ BEGIN
         ), revoked AS (
             -- The tokens an ending event discards are revoked by jobs of their own, never dropped:
             -- one issued after the event (a late exchange, an import) may still be live at Apple.
-            SELECT count(siwa.revoke_token_later(n.target, n.sub, tok, 'grant_ended')) AS queued
-              FROM t n, unnest(array_prepend(n.token_before, n.retired_before)) AS tok
-             WHERE n.outcome = 'applied' AND (n.effect).ends_grant AND tok IS NOT NULL
+            -- All of the round's in one INSERT (siwa.revoke_tokens_later), in the order a call per
+            -- token queued them: the targeted accounts as `t` yields them, each one's tokens in turn.
+            SELECT siwa.revoke_tokens_later(array_agg(n.target ORDER BY n.pos, k.i), array_agg(n.sub ORDER BY n.pos, k.i),
+                                            array_agg(k.tok ORDER BY n.pos, k.i), 'grant_ended') AS queued
+              FROM (SELECT t.*, row_number() OVER () AS pos FROM t) n,
+                   unnest(array_prepend(n.token_before, n.retired_before)) WITH ORDINALITY AS k(tok, i)
+             WHERE n.outcome = 'applied' AND (n.effect).ends_grant AND k.tok IS NOT NULL
         ), a AS (
             UPDATE siwa.accounts a
                SET status = (n.effect).next_status,
