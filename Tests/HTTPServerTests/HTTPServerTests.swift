@@ -134,8 +134,9 @@ struct HTTPServerTests {
                 // thread, the fast one could not be served and this would time out.
                 Thread.detachNewThread {
                     usleep(50_000)
-                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(2))
-                    while fastServed.value == 0, ContinuousClock.now < deadline { usleep(1000) }
+                    try? waitUntilBlocking("the fast request was served", timeout: .seconds(2), every: .milliseconds(1)) {
+                        fastServed.value > 0
+                    }
                     respond(.text("slow"))
                 }
             } else {
@@ -188,9 +189,9 @@ struct HTTPServerTests {
             server.stop()
             stopped.increment()
         }
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
-        while stopped.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(stopped.value == 1, "stop() still waits for the reaper's sleep")
+        try await waitUntil("stop() returned (it would wait for the reaper's 15-minute sleep)", timeout: .seconds(60)) {
+            stopped.value == 1
+        }
     }
 
     @Test func keepAliveConnectionServesSuspendedRequestsInTurn() async throws {
@@ -319,9 +320,7 @@ struct HTTPServerTests {
         let client = try RawHTTPClient(port: server.port)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         // Stop only once the handler holds the request: one the server never parsed gets no answer.
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-        while arrived.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(arrived.value == 1)
+        try await waitUntil("the handler holds the request", timeout: .seconds(10)) { arrived.value == 1 }
         await Self.stop(server)
         let (text, _) = await client.read { $0.contains("\r\n\r\n") }
         #expect(text.hasPrefix("HTTP/1.1 503"))

@@ -85,13 +85,13 @@ import Testing
             try await app.simpleQuery("SET application_name = 'slow-app'; BEGIN; SELECT siwa.request_deletion('com.example.app', 's1')")
             let pid = try await app.query("SELECT pg_backend_pid()")[0].decode(Int32.self, at: 0)
             // Named once it has been open longer than the feed waits (1 s).
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
             var feed: [String: Any] = [:]
-            repeat {
+            try await waitUntil("siwa status names the transaction holding the feed back", timeout: .seconds(60), every: .zero, detail: "\(feed)") {
                 let run = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
                 #expect(run.status == 0, "\(run.stderr)")
                 feed = (try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any] ?? [:]
-            } while feed["held_back_by_pid"] as? Int == nil && ContinuousClock.now < deadline
+                return feed["held_back_by_pid"] as? Int != nil
+            }
             #expect(feed["held_back_by_pid"] as? Int == Int(pid))
             #expect((feed["held_back_seconds"] as? Double ?? 0) >= 1)
             let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])

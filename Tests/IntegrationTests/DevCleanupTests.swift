@@ -2,6 +2,7 @@ import ChildProcesses
 import Foundation
 import Synchronization
 import Testing
+import TestTiming
 
 /// `siwa dev` stops everything it started (PostgreSQL, the fake Apple, the receiver, the worker) and
 /// deletes its folders under `$TMPDIR` however it is ended: SIGINT, SIGTERM, SIGHUP, the reader of its

@@ -54,9 +54,8 @@ import Testing
                     "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
                 ]) { $1 })
             // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(90))
-            while dev.isRunning, !dev.log.contains(marker), ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(100))
+            try? await waitUntil("siwa dev printed \(marker) or ended", timeout: .seconds(90), every: .milliseconds(100)) {
+                !dev.isRunning || dev.log.contains(marker)
             }
             if attempt < 3, !dev.isRunning, dev.log.contains("address already in use") { continue }
             return dev

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Synchronization
 import Testing
+import TestTiming
 
 #if canImport(Glibc)
     import Glibc

@@ -2,6 +2,7 @@ import ChildProcesses
 import Foundation
 import LocalPostgres
 import Testing
+import TestTiming
 
 /// A test process that dies by SIGKILL leaves no PostgreSQL and no child service behind, nor the
 /// cluster's folder: the orphan reaper the test support and `siwa dev` share cleans up after it. The
