@@ -173,27 +173,6 @@ struct HTTPServerTests {
         }
     }
 
-    @Test func stopDoesNotWaitForTheDeadlineReapersNextPass() async throws {
-        // A one-hour request deadline: the reaper passes every 15 minutes. Stopping must not wait
-        // for its next pass (it did: SIGTERM took the receiver, whose deadline is 30 s, 7.5 s).
-        let server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: 0, threadCount: 1, requestDeadline: .seconds(3600))
-        ) { _ in .text("x") }
-        try server.start()
-        #expect(try await send("GET", "/", port: server.port).status == 200)
-        // Let the reaper reach its sleep (if it has not, stop() is quick whatever the code: this
-        // can make the test pass without the fix, never fail with it).
-        try await Task.sleep(for: .milliseconds(200))
-        let stopped = Counter()
-        Thread.detachNewThread {
-            server.stop()
-            stopped.increment()
-        }
-        try await waitUntil("stop() returned (it would wait for the reaper's 15-minute sleep)", timeout: .seconds(60)) {
-            stopped.value == 1
-        }
-    }
-
     @Test func keepAliveConnectionServesSuspendedRequestsInTurn() async throws {
         let handler = AsyncHTTPHandler { request in
             try? await Task.sleep(for: .milliseconds(5))
