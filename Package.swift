@@ -37,7 +37,10 @@ let package = Package(
         // Building blocks.
         .target(name: "JSON", exclude: ["README.md"], swiftSettings: strict),
         .target(name: "JOSE", dependencies: ["CryptoCore", "JSON"], exclude: ["README.md"], swiftSettings: strict),
-        .target(name: "LocalPostgres", dependencies: ["Locking", "Logging"], exclude: ["README.md"], swiftSettings: strict),
+        // The one way a child process is started, signalled and reaped, and the watchdog that stops
+        // what is left when we die.
+        .target(name: "ChildProcesses", dependencies: ["Locking"], exclude: ["README.md"], swiftSettings: strict),
+        .target(name: "LocalPostgres", dependencies: ["ChildProcesses", "Locking", "Logging"], exclude: ["README.md"], swiftSettings: strict),
         // Configuration: flags, environment and `X_FILE` sources, the catalog of every setting, its documents.
         .target(name: "Settings", dependencies: ["Logging"], exclude: ["README.md"], swiftSettings: strict),
         // The Prometheus registry: counters, gauges, histograms.
@@ -98,7 +101,7 @@ let package = Package(
                           exclude: ["README.md"], swiftSettings: strict),
         // The operator CLI's commands (`siwa migrate`, `status`, `jobs`, `dev`, ...), their help and flag checks.
         .target(name: "OperatorCommands",
-                dependencies: ["Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics", "StoredTokens"],
+                dependencies: ["ChildProcesses", "Locking", "Migrations", "Postgres", "LocalPostgres", "FakeApple", "JobQueue", "CryptoCore", "Logging", "TeamTransfer", "Webhooks", "AppleClient", "HTTPServer", "OutboundHTTP", "Console", "Lifecycle", "Settings", "Metrics", "StoredTokens"],
                 exclude: ["README.md"], swiftSettings: strict),
         .executableTarget(name: "siwa", dependencies: ["OperatorCommands"], exclude: ["README.md"], swiftSettings: strict),
 
@@ -123,7 +126,7 @@ let package = Package(
         .testTarget(name: "JobQueueTests", dependencies: ["JobQueue"], swiftSettings: strict),
         .testTarget(name: "StoredTokensTests", dependencies: ["StoredTokens", "CryptoCore"], swiftSettings: strict),
         .testTarget(name: "AppleClientTests", dependencies: ["AppleClient", "JOSE", "CryptoCore", "ScriptedHTTPServer", "TestTiming"], swiftSettings: strict),
-        .testTarget(name: "WorkerCoreTests", dependencies: ["WorkerCore", "Webhooks", "TeamTransfer", "Locking", "Postgres", "ScriptedHTTPServer", "Settings", "TestTiming"],
+        .testTarget(name: "WorkerCoreTests", dependencies: ["ChildProcesses", "WorkerCore", "Webhooks", "TeamTransfer", "Locking", "Postgres", "ScriptedHTTPServer", "Settings", "TestTiming"],
                     swiftSettings: strict),
         // A TCP server that answers byte for byte as a test scripts it (for the HTTP clients' tests).
         // Over TLS too, with libssl (which no product links).
@@ -134,7 +137,7 @@ let package = Package(
 
         // Real PostgreSQL (started by the test support), real processes over HTTP.
         .testTarget(name: "IntegrationTests",
-                    dependencies: ["Postgres", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
+                    dependencies: ["Postgres", "ChildProcesses", "LocalPostgres", "Locking", "Migrations", "JOSE", "CryptoCore", "FakeApple", "JobQueue", "Logging", "HTTPServer", "AppleClient", "WorkerCore", "AppAPI", "AppleJobs", "TeamTransfer", "Webhooks", "OutboundHTTP", "ScriptedHTTPServer", "TestTiming", "Metrics", "Settings", "SiwaModel", "StoredTokens"],
                     swiftSettings: strict),
     ]
 )

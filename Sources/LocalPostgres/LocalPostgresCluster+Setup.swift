@@ -1,3 +1,5 @@
+import ChildProcesses
+
 #if canImport(Glibc)
     internal import Glibc
 #elseif canImport(Darwin)
@@ -19,7 +21,7 @@ extension LocalPostgresCluster {
             }
             return override
         }
-        if let outcome = try? await ChildProcess(executable: "/usr/bin/env", arguments: ["pg_config", "--bindir"])
+        if let outcome = try? await HelperProgram(executable: "/usr/bin/env", arguments: ["pg_config", "--bindir"])
             .run(timeout: .seconds(10)), outcome.exitCode == 0
         {
             let directory = outcome.output.split(separator: "\n").first.map(String.init) ?? ""
@@ -66,7 +68,10 @@ extension LocalPostgresCluster {
         return directory
     }
 
-    /// Binds port 0 on 127.0.0.1, reads the port the kernel chose, closes the socket.
+    /// Binds port 0 on 127.0.0.1, reads the port the kernel chose, closes the socket. The one place
+    /// a port is chosen before its server binds it: PostgreSQL cannot be told port 0 (`port` must be
+    /// 1-65535, and it reports no port it did not configure), so the port is free when chosen but not
+    /// reserved; `start` retries on a fresh port when the server finds it taken.
     static func freePort() throws -> Int {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { throw LocalPostgresError("socket failed: errno \(errno)") }

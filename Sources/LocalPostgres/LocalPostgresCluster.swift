@@ -1,5 +1,6 @@
 package import Logging
 import Locking
+import ChildProcesses
 
 #if canImport(Glibc)
     internal import Glibc
@@ -182,7 +183,7 @@ package final class LocalPostgresCluster: Sendable {
     package func destroy() async {
         guard markDestroyed() else { return }
         if isRunning {
-            _ = try? await ChildProcess(
+            _ = try? await HelperProgram(
                 executable: binDirectory + "/pg_ctl",
                 arguments: ["-D", dataDirectory, "-m", "immediate", "-w", "-t", "30", "stop"], user: user,
                 directory: directory
@@ -195,7 +196,7 @@ package final class LocalPostgresCluster: Sendable {
     package func destroyBlocking() {
         guard markDestroyed() else { return }
         if isRunning {
-            _ = try? ChildProcess(
+            _ = try? HelperProgram(
                 executable: binDirectory + "/pg_ctl",
                 arguments: ["-D", dataDirectory, "-m", "immediate", "-w", "-t", "30", "stop"], user: user,
                 directory: directory
@@ -258,7 +259,7 @@ package final class LocalPostgresCluster: Sendable {
 
     /// Runs a server program (as the server user when we are root).
     func server(_ program: String, _ arguments: [String], failure: String) async throws {
-        let process = ChildProcess(
+        let process = HelperProgram(
             executable: binDirectory + "/" + program, arguments: arguments, user: user, directory: directory)
         let outcome = try await process.run(timeout: options.timeout + .seconds(10))
         guard outcome.exitCode == 0 else {
@@ -271,7 +272,7 @@ package final class LocalPostgresCluster: Sendable {
     /// Runs a client program as the current user; returns its output.
     @discardableResult
     func client(_ program: String, _ arguments: [String]) async throws -> String {
-        let outcome = try await ChildProcess(executable: binDirectory + "/" + program, arguments: arguments)
+        let outcome = try await HelperProgram(executable: binDirectory + "/" + program, arguments: arguments)
             .run(timeout: .seconds(30))
         guard outcome.exitCode == 0 else {
             throw LocalPostgresError("\(program) failed (exit code \(outcome.exitCode))", output: outcome.output)
@@ -288,7 +289,7 @@ package final class LocalPostgresCluster: Sendable {
     }
 
     private func removeDirectory() {
-        _ = try? ChildProcess(executable: "/bin/rm", arguments: ["-rf", directory]).runBlocking(timeout: .seconds(30))
+        _ = try? HelperProgram(executable: "/bin/rm", arguments: ["-rf", directory]).runBlocking(timeout: .seconds(30))
         state.withLock { $0.running = false }
         OrphanReaper.shared?.forget(clusterIn: directory)
     }

@@ -134,8 +134,9 @@ struct HTTPServerTests {
                 // thread, the fast one could not be served and this would time out.
                 Thread.detachNewThread {
                     usleep(50_000)
-                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(2))
-                    while fastServed.value == 0, ContinuousClock.now < deadline { usleep(1000) }
+                    try? waitUntilBlocking("the fast request was served", timeout: .seconds(2), every: .milliseconds(1)) {
+                        fastServed.value > 0
+                    }
                     respond(.text("slow"))
                 }
             } else {
@@ -170,27 +171,6 @@ struct HTTPServerTests {
             #expect(result.status == 200)
             #expect(String(decoding: result.body, as: UTF8.self) == #"{"path":"/async"}"#)
         }
-    }
-
-    @Test func stopDoesNotWaitForTheDeadlineReapersNextPass() async throws {
-        // A one-hour request deadline: the reaper passes every 15 minutes. Stopping must not wait
-        // for its next pass (it did: SIGTERM took the receiver, whose deadline is 30 s, 7.5 s).
-        let server = HTTPServer(
-            configuration: .init(host: "127.0.0.1", port: 0, threadCount: 1, requestDeadline: .seconds(3600))
-        ) { _ in .text("x") }
-        try server.start()
-        #expect(try await send("GET", "/", port: server.port).status == 200)
-        // Let the reaper reach its sleep (if it has not, stop() is quick whatever the code: this
-        // can make the test pass without the fix, never fail with it).
-        try await Task.sleep(for: .milliseconds(200))
-        let stopped = Counter()
-        Thread.detachNewThread {
-            server.stop()
-            stopped.increment()
-        }
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
-        while stopped.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(stopped.value == 1, "stop() still waits for the reaper's sleep")
     }
 
     @Test func keepAliveConnectionServesSuspendedRequestsInTurn() async throws {
@@ -319,9 +299,7 @@ struct HTTPServerTests {
         let client = try RawHTTPClient(port: server.port)
         client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         // Stop only once the handler holds the request: one the server never parsed gets no answer.
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-        while arrived.value == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(arrived.value == 1)
+        try await waitUntil("the handler holds the request", timeout: .seconds(10)) { arrived.value == 1 }
         await Self.stop(server)
         let (text, _) = await client.read { $0.contains("\r\n\r\n") }
         #expect(text.hasPrefix("HTTP/1.1 503"))

@@ -44,8 +44,7 @@ struct RequestWorkTests {
     }
 
     static func waitFor(_ counter: Counter, _ value: Int = 1) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
-        while counter.value < value, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        try await waitUntil("the counter reached \(value)", timeout: .seconds(60), every: .milliseconds(5)) { counter.value >= value }
     }
 
     @Test func aWaitingRequestHoldsUpNoOtherConnection() async throws {
@@ -81,8 +80,7 @@ struct RequestWorkTests {
             stopped.increment()
         }
         // Answers only once `stop()` is under way (the port reads 0 from its first step).
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while server.port != 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        try await waitUntil("stop() is under way (the port reads 0)", timeout: .seconds(30), every: .milliseconds(5)) { server.port == 0 }
         work.released.increment()
         let (text, _) = await client.read { $0.hasSuffix("finished /") }
         #expect(text.hasPrefix("HTTP/1.1 200"))

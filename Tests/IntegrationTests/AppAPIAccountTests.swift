@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Testing
+import TestTiming
 
 /// The app API's account endpoints: state, app user id, deletion, the change feed.
 @Suite(.serialized) struct AppAPIAccountTests {

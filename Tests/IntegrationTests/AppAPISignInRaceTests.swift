@@ -2,6 +2,7 @@ import FakeApple
 import Foundation
 import Postgres
 import Testing
+import TestTiming
 
 /// A sign-in reads the account, asks Apple, then writes: a deletion can commit, and even finish,
 /// between its two halves. Whatever the order of the transactions, the deletion stands.

@@ -85,13 +85,13 @@ import Testing
             try await app.simpleQuery("SET application_name = 'slow-app'; BEGIN; SELECT siwa.request_deletion('com.example.app', 's1')")
             let pid = try await app.query("SELECT pg_backend_pid()")[0].decode(Int32.self, at: 0)
             // Named once it has been open longer than the feed waits (1 s).
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
             var feed: [String: Any] = [:]
-            repeat {
+            try await waitUntil("siwa status names the transaction holding the feed back", timeout: .seconds(60), every: .zero, detail: "\(feed)") {
                 let run = try await Siwa.run(["status", "--json"], environment: ["DATABASE_URL": database.url])
                 #expect(run.status == 0, "\(run.stderr)")
                 feed = (try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])?["change_feed"] as? [String: Any] ?? [:]
-            } while feed["held_back_by_pid"] as? Int == nil && ContinuousClock.now < deadline
+                return feed["held_back_by_pid"] as? Int != nil
+            }
             #expect(feed["held_back_by_pid"] as? Int == Int(pid))
             #expect((feed["held_back_seconds"] as? Double ?? 0) >= 1)
             let text = try await Siwa.run(["status"], environment: ["DATABASE_URL": database.url])
@@ -297,35 +297,11 @@ enum Siwa {
         _ arguments: [String], environment: [String: String], executable: String = "siwa",
         timeout: Duration = .seconds(60)
     ) async throws -> Run {
-        let process = Process()
         // A full path runs a system tool (curl) the same way.
-        process.executableURL = executable.hasPrefix("/") ? URL(fileURLWithPath: executable) : try binary(executable)
-        process.arguments = arguments
-        process.environment = ServiceProcess.childEnvironment(environment)
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-cli-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let outPath = directory.appendingPathComponent("out"), errPath = directory.appendingPathComponent("err")
-        _ = FileManager.default.createFile(atPath: outPath.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errPath.path, contents: nil)
-        process.standardOutput = try FileHandle(forWritingTo: outPath)
-        process.standardError = try FileHandle(forWritingTo: errPath)
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while process.isRunning && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
-        if process.isRunning {
-            process.interrupt()
-            try await Task.sleep(for: .seconds(5))
-            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-            process.waitUntilExit()
-            Issue.record("siwa \(arguments.joined(separator: " ")) did not finish within \(timeout)")
-        }
-        process.waitUntilExit()
-        return Run(
-            status: process.terminationStatus,
-            stdout: (try? String(contentsOf: outPath, encoding: .utf8)) ?? "",
-            stderr: (try? String(contentsOf: errPath, encoding: .utf8)) ?? "")
+        let path = executable.hasPrefix("/") ? executable : try binary(executable).path
+        let outcome = try await ProgramRun.run(
+            path, arguments, environment: ServiceProcess.childEnvironment(environment), timeout: timeout)
+        return Run(status: outcome.status, stdout: outcome.stdout, stderr: outcome.stderr)
     }
 
     /// Whether this build's `siwa` has the `fake-apple` command (another branch adds it).

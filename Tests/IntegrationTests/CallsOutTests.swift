@@ -78,24 +78,13 @@ import Testing
     }
 }
 
-/// Runs a program and returns its exit status and its own peak RSS (wait4's ru_maxrss, kB);
-/// killed after `timeout` (times `TestTimeScale`).
+/// Runs a program and returns its exit status and its own peak RSS (wait4's ru_maxrss, kB, which
+/// `ChildProcess` records as it reaps); killed after `timeout` (times `TestTimeScale`).
 enum PeakMemory {
     static func run(_ path: String, _ arguments: [String], environment: [String: String], timeout: Duration = .seconds(60))
         async throws -> (status: Int32, peakKilobytes: Int)
     {
-        let argv = ([path] + arguments).map { strdup($0) } + [nil]
-        let envp = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawn(&pid, path, nil, nil, argv, envp) == 0 else { throw CocoaError(.executableLoad) }
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        var status: Int32 = 0
-        var usage = rusage()
-        while wait4(pid, &status, WNOHANG, &usage) == 0 {
-            if ContinuousClock.now > deadline { kill(pid, SIGKILL) }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return ((status >> 8) & 0xff, usage.ru_maxrss)
+        let outcome = try await ProgramRun.run(path, arguments, environment: environment, timeout: timeout)
+        return (outcome.status, outcome.peakKilobytes)
     }
 }

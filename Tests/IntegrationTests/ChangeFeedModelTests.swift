@@ -146,15 +146,17 @@ import Testing
                     // End the writers only once the reader waits for them (or has answered: with
                     // no committed id past the cursor there is nothing to wait for), so a page
                     // that needed the wait can only be right by having waited.
-                    let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
-                    while try await observer.query(
-                        """
-                        SELECT 1 FROM pg_stat_activity WHERE pid = \(readerPID) AND strpos(query, \(marker)) > 0
-                           AND (wait_event = 'PgSleep' OR state = 'idle')
-                        """
-                    ).isEmpty {
-                        guard ContinuousClock.now < deadline else { return "the reader neither waited nor answered" }
-                        try await Task.sleep(for: .milliseconds(2))
+                    do {
+                        try await waitUntil("the reader waits or has answered", timeout: .seconds(60), every: .milliseconds(2)) {
+                            try await !observer.query(
+                                """
+                                SELECT 1 FROM pg_stat_activity WHERE pid = \(readerPID) AND strpos(query, \(marker)) > 0
+                                   AND (wait_event = 'PgSleep' OR state = 'idle')
+                                """
+                            ).isEmpty
+                        }
+                    } catch is WaitTimedOut {
+                        return "the reader neither waited nor answered"
                     }
                 }
                 for writer in open.keys.sorted() { try await end(writer, commit: commit) }

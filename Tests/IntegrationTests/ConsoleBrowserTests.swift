@@ -63,32 +63,17 @@ import Testing
     /// Also WebSignInBrowserTests'.
     static func runChromium(_ arguments: [String], stdout: URL, in folder: URL) async throws {
         let profile = folder.appendingPathComponent("profile-\(UUID().uuidString)")
-        _ = FileManager.default.createFile(atPath: stdout.path, contents: nil)
-        let log = folder.appendingPathComponent("chromium-\(UUID().uuidString).log")
-        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.chromium)
-        process.arguments = [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
-            "--disable-background-networking", "--user-data-dir=\(profile.path)",
-        ] + arguments
-        process.environment = ["HOME": folder.path, "PATH": "/usr/bin:/bin"]
-        process.standardOutput = try FileHandle(forWritingTo: stdout)
-        process.standardError = try FileHandle(forWritingTo: log)
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(120))
-        while process.isRunning && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-            throw ServiceProcessError(message: "chromium did not finish within 120 s (times SIWA_TEST_TIME_SCALE):\n\((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
-        }
-        process.waitUntilExit()
-        try? FileManager.default.removeItem(at: profile)
-        guard process.terminationStatus == 0 else {
-            throw ServiceProcessError(
-                message: "chromium exited \(process.terminationStatus):\n\((try? String(contentsOf: log, encoding: .utf8)) ?? "")")
+        defer { try? FileManager.default.removeItem(at: profile) }
+        let outcome = try await ProgramRun.run(
+            Self.chromium,
+            [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
+                "--disable-background-networking", "--user-data-dir=\(profile.path)",
+            ] + arguments,
+            environment: ["HOME": folder.path, "PATH": "/usr/bin:/bin"], timeout: .seconds(120))
+        try outcome.stdout.write(to: stdout, atomically: true, encoding: .utf8)
+        guard outcome.status == 0 else {
+            throw ServiceProcessError(message: "chromium exited \(outcome.status):\n\(outcome.stderr)")
         }
     }
 }

@@ -50,7 +50,7 @@ import StoredTokens
         let code = try await stack.code(sub: sub, email: "\(sub)@privaterelay.appleid.com")
         secrets.append(code)
         _ = try await db.query("SELECT siwa.link_account(\(Self.clientID), \(sub), 'user-console-1', \(code))")
-        try await waitForStatus(sub, "active", db)
+        try await db.waitForStatus(sub, "active")
         let stored = try await db.query(
             "SELECT refresh_token_enc FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub)")[0].decode([UInt8].self, at: 0)
         secrets.append(try TokenBox(configuration: stack.tokenKeys).open(stored, clientID: Self.clientID, sub: sub))
@@ -70,7 +70,7 @@ import StoredTokens
 
         // Apple accepts; then sends its follow-up consent-revoked, which changes nothing.
         try await stack.inject("revoke", [])
-        try await waitForStatus(sub, "deleted", db, timeout: .seconds(90))
+        try await db.waitForStatus(sub, "deleted", timeout: .seconds(90))
         let simulate = try await Siwa.run(
             ["simulate", "consent-revoked", "--sub", sub, "--client-id", Self.clientID, "--receiver-url", stack.endpoint,
              "--fake-apple-url", stack.fakeURL], environment: stack.trustEnvironment)
@@ -102,10 +102,4 @@ import StoredTokens
         print("console timeline page: \(body.utf8.count) bytes")
     }
 
-    private func waitForStatus(_ sub: String, _ wanted: String, _ db: PostgresConnection, timeout: Duration = .seconds(15)) async throws {
-        try await db.waitFor(
-            "SELECT count(*) FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub) AND status = \(wanted)",
-            timeout: timeout, sourceLocation: "\(sub) becoming \(wanted)"
-        ) { $0 == 1 }
-    }
 }

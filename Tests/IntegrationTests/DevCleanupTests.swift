@@ -1,5 +1,8 @@
+import ChildProcesses
 import Foundation
+import Synchronization
 import Testing
+import TestTiming
 
 /// `siwa dev` stops everything it started (PostgreSQL, the fake Apple, the receiver, the worker) and
 /// deletes its folders under `$TMPDIR` however it is ended: SIGINT, SIGTERM, SIGHUP, the reader of its
@@ -37,14 +40,13 @@ import Testing
         let started = children + [server]
         #expect(started.allSatisfy(ProcessTree.isAlive))
 
-        if let signal = ending.signal { kill(dev.pid, signal) } else { dev.closeOutput() }
+        if let signal = ending.signal { #expect(dev.child.signal(signal)) } else { dev.child.closeOutput() }
 
-        // Bounded: the contract gives SIGKILL 10 s; the orderly stops take about as long.
-        let deadline = ContinuousClock.now + .seconds(ending == .kill ? 10 : 30)
-        while ContinuousClock.now < deadline {
+        // Bounded: the contract gives SIGKILL 10 s; the orderly stops take about as long. The
+        // expectations below say what was left if the wait ran out.
+        try? await waitUntil("siwa dev and all it started are gone", timeout: .seconds(ending == .kill ? 10 : 30), every: .milliseconds(100)) {
             let left = (try? FileManager.default.contentsOfDirectory(atPath: temporary.path)) ?? []
-            if !started.contains(where: ProcessTree.isAlive), left.isEmpty, !dev.isRunning { break }
-            try await Task.sleep(for: .milliseconds(100))
+            return !started.contains(where: ProcessTree.isAlive) && left.isEmpty && !dev.isRunning
         }
         let alive = started.filter(ProcessTree.isAlive).map(ProcessTree.commandLine)
         #expect(alive.isEmpty, "\(ending): still running: \(alive)")
@@ -73,7 +75,7 @@ import Testing
             let shared = ProcessTree.descriptorTargets(of: child).intersection(devHolds)
             #expect(shared.isEmpty, "\(ProcessTree.commandLine(child)) holds dev's \(shared.sorted())")
         }
-        kill(dev.pid, SIGTERM)
+        dev.child.signal(SIGTERM)
         try await waitUntil("siwa dev has stopped") { !dev.isRunning }
     }
 
@@ -90,54 +92,40 @@ import Testing
 }
 
 /// `siwa dev` with its output on a pipe the test reads (and can close), in a `TMPDIR` of its own.
-final class DevUnderTest: @unchecked Sendable {
-    // @unchecked: touched only from the test's own task.
-    private let process = Process()
-    private let output = Pipe()
+final class DevUnderTest: Sendable {
+    let child: ChildProcess
+    private let seen = Mutex("")
 
     init(temporary: String) throws {
-        process.executableURL = try Siwa.binary()
-        process.arguments = ["dev"]
-        process.environment = ServiceProcess.childEnvironment([
-            "TMPDIR": temporary, "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-            "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())", "SIWA_DEV_EXIT_AFTER": "120",
-            "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
-        ])
-        process.standardOutput = output
-        process.standardError = FileHandle(forWritingAtPath: "/dev/null")
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
+        child = try ChildProcess(
+            try Siwa.binary().path, ["dev"],
+            options: .init(
+                environment: ServiceProcess.childEnvironment([
+                    "TMPDIR": temporary, "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
+                    "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())", "SIWA_DEV_EXIT_AFTER": "120",
+                    "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
+                ]), output: .pipe, error: .discard))
     }
 
-    var pid: Int32 { process.processIdentifier }
-    var isRunning: Bool { process.isRunning }
-    private var seen = ""
+    var pid: Int32 { child.pid }
+    var isRunning: Bool { child.isRunning }
 
-    /// Reads the output (without blocking a thread for long) until the banner's last line.
+    /// Reads the output (never blocking a thread) until the banner's last line.
     func waitForBanner(timeout: Duration = .seconds(90)) async throws {
-        let handle = output.fileHandleForReading
-        let descriptor = handle.fileDescriptor
-        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
-        let deadline = ContinuousClock.now + timeout
-        var buffer = [UInt8](repeating: 0, count: 65_536)
-        while !seen.contains(" status\n") {
-            let count = read(descriptor, &buffer, buffer.count)
-            if count > 0 {
-                seen += String(decoding: buffer[0..<count], as: UTF8.self)
-                continue
+        try await waitUntil("siwa dev printed its banner", timeout: timeout, every: .milliseconds(50), detail: seen.withLock { $0 }) {
+            while let bytes = child.readOutput(), !bytes.isEmpty {
+                seen.withLock { $0 += String(decoding: bytes, as: UTF8.self) }
             }
-            guard process.isRunning, ContinuousClock.now < deadline else {
-                throw ServiceProcessError(message: "siwa dev printed no banner:\n\(seen)")
-            }
-            try await Task.sleep(for: .milliseconds(50))
+            if seen.withLock({ $0.contains(" status\n") }) { return true }
+            guard child.isRunning else { throw ServiceProcessError(message: "siwa dev exited before its banner:\n\(seen.withLock { $0 })") }
+            return false
         }
     }
 
-    /// As `siwa dev | head -1` does once it has its line.
-    func closeOutput() { try? output.fileHandleForReading.close() }
-
+    /// SIGKILL while it is still our unreaped child, then the reap.
     func forceStop() {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        child.signal(SIGKILL)
+        _ = child.waitForExitBlocking(timeout: .seconds(10))
     }
 }
 
@@ -170,7 +158,8 @@ enum ProcessTree {
 
     /// Running (a zombie has ended: it only waits for its parent to read its status).
     static func isAlive(_ pid: Int32) -> Bool {
-        guard kill(pid, 0) == 0, let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        // Read from /proc only: no signal, not even 0, goes to a pid that is not our child.
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
             let close = stat.lastIndex(of: ")")
         else { return false }
         return stat[stat.index(after: close)...].split(separator: " ").first != "Z"

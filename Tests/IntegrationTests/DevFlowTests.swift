@@ -54,9 +54,8 @@ import Testing
                     "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
                 ]) { $1 })
             // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(90))
-            while dev.isRunning, !dev.log.contains(marker), ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(100))
+            try? await waitUntil("siwa dev printed \(marker) or ended", timeout: .seconds(90), every: .milliseconds(100)) {
+                !dev.isRunning || dev.log.contains(marker)
             }
             if attempt < 3, !dev.isRunning, dev.log.contains("address already in use") { continue }
             return dev
@@ -131,23 +130,11 @@ import Testing
         #expect(FileManager.default.isExecutableFile(atPath: executable), "\(line)")
         // Output to a file and a polled, bounded wait: a blocking read here would hold one of the
         // test process's few cooperative threads for the whole run and stall other suites.
-        let outputPath = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-printed-\(UUID().uuidString)").path
-        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
-        defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = Array(words.dropFirst())
-        process.environment = ProcessInfo.processInfo.environment.merging(assignments) { $1 }
-        let output = FileHandle(forWritingAtPath: outputPath)  // one file offset for both streams
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let exitDeadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
-        while process.isRunning, ContinuousClock.now < exitDeadline { try await Task.sleep(for: .milliseconds(20)) }
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
-        #expect(process.terminationStatus == 0, "\(text)")
+        let outcome = try await ProgramRun.run(
+            executable, Array(words.dropFirst()),
+            environment: ProcessInfo.processInfo.environment.merging(assignments) { $1 }, mergeOutput: true)
+        let text = outcome.stdout
+        #expect(outcome.status == 0, "\(text)")
         #expect(text.hasPrefix("200"), "\(text)")
         lastAssignments = assignments
         return (words, text)

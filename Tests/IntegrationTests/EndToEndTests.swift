@@ -33,7 +33,7 @@ import StoredTokens
             let first = try await requestDeletion(sub, db)
             let second = try await requestDeletion(sub, db)
             #expect(first == second)
-            try await waitForStatus(sub, "deleted", db)
+            try await db.waitForStatus(sub, "deleted")
             let revokes = try await stack.calls().filter { $0.endpoint == "revoke" }
             #expect(revokes.count == 1)
             #expect(revokes.first?.status == 200 && revokes.first?.validClientSecret == true)
@@ -91,7 +91,7 @@ import StoredTokens
             secrets.refreshTokens.append(try await link(flapping, stack, db, tokenBox, &secrets))
             try await stack.inject("revoke", [503, 503, 503])
             let flappingJob = try await requestDeletion(flapping, db)
-            try await waitForStatus(flapping, "deleted", db)
+            try await db.waitForStatus(flapping, "deleted")
             let errors = try await db.query(
                 "SELECT jsonb_array_length(errors) AS n, state FROM siwa.jobs WHERE id = \(flappingJob)")[0]
             #expect(try errors.decode(Int.self, column: "n") == 3)
@@ -108,7 +108,7 @@ import StoredTokens
             secrets.refreshTokens.append(try await link(limited, stack, db, tokenBox, &secrets))
             try await stack.inject("revoke", [429], retryAfter: 1)
             let limitedJob = try await requestDeletion(limited, db)
-            try await waitForStatus(limited, "deleted", db)
+            try await db.waitForStatus(limited, "deleted")
             let waited = try await db.query(
                 """
                 SELECT extract(epoch FROM finalized_at - (errors->0->>'at')::timestamptz)::float8 AS waited,
@@ -143,7 +143,7 @@ import StoredTokens
             let statusText = try await Siwa.run(["status"], environment: ["DATABASE_URL": stack.database.url])
             #expect(statusText.stdout.contains("paused \(Self.clientID): invalid_client"), "\(statusText.stdout)")
             try await stack.inject("revoke", [])  // Apple accepts our credentials again
-            try await waitForStatus(paused, "deleted", db)
+            try await db.waitForStatus(paused, "deleted")
             #expect(try await db.int("SELECT count(*) FROM siwa.paused_clients") == 0)
 
             // The real `siwa status` after all of it (the table form), for the record.
@@ -214,7 +214,7 @@ import StoredTokens
         secrets.codes.append(code)
         let job = try await db.query(
             "SELECT siwa.link_account(\(Self.clientID), \(sub), \("user-\(sub)"), \(code))")[0].decode(Int64.self, at: 0)
-        try await waitForStatus(sub, "active", db)
+        try await db.waitForStatus(sub, "active")
         let stored = try #require(try await token(sub, db))
         let refreshToken = try tokenBox.open(stored, clientID: Self.clientID, sub: sub)
         #expect(refreshToken.hasPrefix("r") && refreshToken.count == 49, "the fake's token shape")
@@ -237,13 +237,6 @@ import StoredTokens
         try await db.query(
             "SELECT refresh_token_enc FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub)"
         ).first?.decode([UInt8]?.self, at: 0)
-    }
-
-    private func waitForStatus(_ sub: String, _ wanted: String, _ db: PostgresConnection) async throws {
-        try await db.waitFor(
-            "SELECT count(*) FROM siwa.accounts WHERE client_id = \(Self.clientID) AND sub = \(sub) AND status = \(wanted)",
-            sourceLocation: "\(sub) becoming \(wanted)"
-        ) { $0 == 1 }
     }
 
     /// No authorization code, refresh token, client_secret or notification JWS in any log line.

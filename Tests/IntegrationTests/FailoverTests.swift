@@ -3,6 +3,7 @@ import Foundation
 import LocalPostgres
 import Postgres
 import Testing
+import TestTiming
 
 /// PostgreSQL failing over under a receiver and a worker that keep running: a primary and a
 /// synchronous streaming standby on 127.0.0.1, both processes on a multi-host URL

@@ -113,11 +113,12 @@ struct ForgedNotificationTests {
     /// The worker's /metrics once it shows `line`, or as it is after a bounded wait: forged
     /// notifications are reported right after their batch commits, so just after the rows show them.
     static func metrics(port: Int, showing line: String) async throws -> String {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-        while true {
-            let metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
-            if metrics.contains(line) || ContinuousClock.now >= deadline { return metrics }
-            try await Task.sleep(for: .milliseconds(20))
+        var metrics = ""
+        // A wait that runs out returns what was seen: the caller's expectation names the line.
+        try? await waitUntil("/metrics shows \(line)", timeout: .seconds(10)) {
+            metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
+            return metrics.contains(line)
         }
+        return metrics
     }
 }

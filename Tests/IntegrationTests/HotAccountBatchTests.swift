@@ -130,11 +130,11 @@ struct HotAccountBatchTests {
             }
             // One NOTIFY per change row, on either path.
             var told: [String: Int] = [:]
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-            while told.values.reduce(0, +) < fastChanges.count * 2, ContinuousClock.now < deadline {
+            try? await waitUntil("every change row was told", timeout: .seconds(10), every: .zero) {
                 for notification in try await listener.waitForNotifications(timeout: .milliseconds(200)) {
                     told[notification.payload.contains("-fast\"") ? "fast" : "slow", default: 0] += 1
                 }
+                return told.values.reduce(0, +) >= fastChanges.count * 2
             }
             #expect(told == ["fast": fastChanges.count, "slow": fastChanges.count])
         }

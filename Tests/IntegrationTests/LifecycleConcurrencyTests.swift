@@ -176,14 +176,13 @@ import Testing
         }
         // The second either finishes its statements or waits for a lock the first holds (nothing
         // else holds any).
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(60))
         var blocked = false
-        while !finished.value {
+        try await waitUntil("the second operation ran or waited for a lock", timeout: .seconds(60), every: .milliseconds(2)) {
+            if finished.value { return true }
             let waitType = try await observer.query("SELECT wait_event_type FROM pg_stat_activity WHERE pid = \(secondPID)")
                 .first?.decode(String?.self, at: 0)
-            if waitType == "Lock" { blocked = true; break }
-            guard ContinuousClock.now < deadline else { throw HarnessError(message: "the second operation neither ran nor waited") }
-            try await Task.sleep(for: .milliseconds(2))
+            blocked = waitType == "Lock"
+            return blocked
         }
         let secondRefusal: String?
         let between: [String]

@@ -79,9 +79,8 @@ struct LocalHTTPSTests {
                     if dev.isRunning { dev.signal(SIGINT) }
                     _ = await dev.waitForExit(timeout: .seconds(30))
                 }
-                let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(90))
-                while dev.isRunning, !dev.log.contains("[dev] fake Apple listening on "), ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(100))
+                _ = try await dev.firstLogLine("its fake Apple's address", timeout: .seconds(90)) {
+                    $0.contains("[dev] fake Apple listening on ") ? true : nil
                 }
                 let log = dev.log
                 let fakeURL = try #require(DevFlowTests.capture(#"fake Apple listening on (https://127\.0\.0\.1:[0-9]+)"#, in: log), "\(log)")

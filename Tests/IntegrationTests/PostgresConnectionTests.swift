@@ -342,15 +342,12 @@ struct PostgresConnectionTests {
             // one the server never sees, and the test would wait out the sleep instead.
             let observer = try await schema.connect()
             defer { observer.close() }
-            let deadline = clock.now + TestTimeScale.scaled(.seconds(10))
-            while clock.now < deadline {
-                let running = try await observer.query(
+            try await waitUntil("the statement runs on the server", timeout: .seconds(10)) {
+                try await observer.query(
                     """
                     SELECT count(*) FROM pg_stat_activity
                      WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE '%' || \(marker) || '%'
-                    """)[0].decode(Int.self, at: 0)
-                if running == 1 { break }
-                try await Task.sleep(for: .milliseconds(20))
+                    """)[0].decode(Int.self, at: 0) == 1
             }
             task.cancel()
             let error = await #expect(throws: PostgresError.self) { try await task.value }

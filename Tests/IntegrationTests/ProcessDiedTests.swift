@@ -3,6 +3,7 @@ import Foundation
 import JobQueue
 import Postgres
 import Testing
+import TestTiming
 
 #if canImport(Glibc)
     import Glibc

@@ -7,6 +7,7 @@ import Logging
 import Postgres
 import Testing
 import TeamTransfer
+import TestTiming
 
 /// `siwa accounts transfer export` / `import` against a fake Apple that knows two teams, over real
 /// databases (the sending team's and the recipient's), as the operator would run them.
@@ -400,7 +401,7 @@ private func count(_ connection: PostgresConnection, _ sql: String) async throws
 
 /// `waitUntil`, failing early when the command exits first (its stderr says why).
 private func waitUntil(_ run: CommandRun, _ what: String, _ condition: () async throws -> Bool) async throws {
-    try await waitUntil(what, timeout: .seconds(60), every: .milliseconds(10), detail: run.stderr) {
+    try await TestTiming.waitUntil(what, timeout: .seconds(60), every: .milliseconds(10), detail: run.stderr) {
         if try await condition() { return true }
         guard run.isRunning else { throw ServiceProcessError(message: "exited (\(run.status)) before \(what):\n\(run.stderr)") }
         return false

@@ -1,17 +1,21 @@
+import ChildProcesses
 import Foundation
 import LocalPostgres
 import Testing
+import TestTiming
 
 /// A test process that dies by SIGKILL leaves no PostgreSQL and no child service behind, nor the
 /// cluster's folder: the orphan reaper the test support and `siwa dev` share cleans up after it. The
 /// test runs this very test bundle as a child, with only the helper test selected.
 @Suite struct TestProcessCrashTests {
     static let helperVariable = "SIWA_CRASH_HELPER_FOLDER"
+    static let isHelper = ProcessInfo.processInfo.environment[helperVariable] != nil
 
     /// The child's part: a throwaway cluster and a service started the way tests start them, then
-    /// a wait to be killed in. Does nothing in an ordinary run.
-    @Test func helperStartsAClusterAndAServiceThenWaits() async throws {
-        guard let folder = ProcessInfo.processInfo.environment[Self.helperVariable] else { return }
+    /// a wait to be killed in. Skipped (and reported so) in an ordinary run, never passed empty.
+    @Test(.enabled(if: isHelper, "runs only as the child of aKilledTestProcessLeavesNothingBehind"))
+    func helperStartsAClusterAndAServiceThenWaits() async throws {
+        let folder = try #require(ProcessInfo.processInfo.environment[Self.helperVariable])
         let cluster = try await LocalPostgresCluster.start(logger: TestDatabase.logger)
         let service = try ServiceProcess("siwa", arguments: ["fake-apple", "--listen", "127.0.0.1:0"], environment: [:])
         _ = try await ServiceProcessPort.wait(service)
@@ -20,20 +24,16 @@ import Testing
         withExtendedLifetime((cluster, service)) {}
     }
 
-    @Test func aKilledTestProcessLeavesNothingBehind() async throws {
-        guard ProcessInfo.processInfo.environment[Self.helperVariable] == nil else { return }
+    @Test(.enabled(if: !isHelper, "the helper's own run does not start another helper"))
+    func aKilledTestProcessLeavesNothingBehind() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-crash-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         chmod(folder, 0o755)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: CommandLine.arguments[0])
-        child.arguments = ["--testing-library", "swift-testing", "--filter", "helperStartsAClusterAndAServiceThenWaits"]
-        child.environment = ServiceProcess.childEnvironment([Self.helperVariable: folder, "TMPDIR": folder])
-        child.standardOutput = FileHandle(forWritingAtPath: "/dev/null")
-        child.standardError = FileHandle(forWritingAtPath: "/dev/null")
-        try child.run()
-        defer { if child.isRunning { kill(child.processIdentifier, SIGKILL) } }
+        let child = try ChildProcess(
+            CommandLine.arguments[0], ["--testing-library", "swift-testing", "--filter", "helperStartsAClusterAndAServiceThenWaits"],
+            options: .init(environment: ServiceProcess.childEnvironment([Self.helperVariable: folder, "TMPDIR": folder])))
+        defer { child.signal(SIGKILL) }
 
         try await waitUntil("the helper wrote its ready file, or ended", timeout: .seconds(120), every: .milliseconds(100)) {
             FileManager.default.fileExists(atPath: folder + "/ready") || !child.isRunning
@@ -43,7 +43,7 @@ import Testing
         let server = try #require(DevCleanupTests.postmasterPID(in: folder))
         #expect(ProcessTree.isAlive(service) && ProcessTree.isAlive(server))
 
-        kill(child.processIdentifier, SIGKILL)
+        #expect(child.signal(SIGKILL), "the helper ended before it was killed")
         func clusterFolders() -> [String] {
             ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.hasPrefix("siwa-pg-") }
         }

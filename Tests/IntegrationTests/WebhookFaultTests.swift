@@ -72,12 +72,10 @@ struct WebhookFaultTests {
             // The counters move once the results are written: read /metrics until they do (bounded).
             let port = try await worker.boundHTTPPort()
             var metrics = ""
-            let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(15))
-            repeat {
+            try? await waitUntil("/metrics counts 4 deliveries", timeout: .seconds(15), every: .milliseconds(50)) {
                 metrics = try await HTTP.request("GET", "http://127.0.0.1:\(port)/metrics").body
-                if metrics.contains("siwa_webhook_delivered_total 4") { break }
-                try await Task.sleep(for: .milliseconds(50))
-            } while ContinuousClock.now < deadline
+                return metrics.contains("siwa_webhook_delivered_total 4")
+            }
             await worker.stop()
             let changes = try await connection.int("SELECT count(*) FROM siwa.account_changes")
             #expect(changes == 4)

@@ -97,6 +97,14 @@ extension PostgresConnection {
         return value
     }
 
+    /// Waits until the account `sub` of the end-to-end stack's app has status `wanted`.
+    func waitForStatus(_ sub: String, _ wanted: String, timeout: Duration = .seconds(15)) async throws {
+        try await waitFor(
+            "SELECT count(*) FROM siwa.accounts WHERE client_id = \(EndToEndStack.clientID) AND sub = \(sub) AND status = \(wanted)",
+            timeout: timeout, sourceLocation: "\(sub) becoming \(wanted)"
+        ) { $0 == 1 }
+    }
+
     /// The invariants every worker test ends with: each notification processed, each job completed,
     /// at most one account change per notification, and one per applied effect.
     func expectExactlyOnce(total: Int) async throws -> (processed: Int, applied: Int, changes: Int, notCompleted: Int, duplicates: Int) {

@@ -123,19 +123,15 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
 
     /// Waits (30 s at most, times `TestTimeScale`) until `count` requests were read.
     package func waitForRequests(_ count: Int) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while state.withLock({ $0.heads.count }) < count {
-            guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
-            try await Task.sleep(for: .milliseconds(10))
+        try await waitUntil("\(count) requests were read", timeout: .seconds(30), every: .milliseconds(10)) {
+            state.withLock { $0.heads.count } >= count
         }
     }
 
     /// Waits (10 s at most, times `TestTimeScale`) until `count` connections were closed by the server.
     package func waitForClosed(_ count: Int) async throws {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(10))
-        while state.withLock({ $0.closed }) < count {
-            guard ContinuousClock.now < deadline else { throw CocoaError(.fileReadUnknown) }
-            try await Task.sleep(for: .milliseconds(10))
+        try await waitUntil("the server closed \(count) connections", timeout: .seconds(10), every: .milliseconds(10)) {
+            state.withLock { $0.closed } >= count
         }
     }
 
@@ -208,8 +204,8 @@ package final class ScriptedHTTPServer: @unchecked Sendable {
                     state.held += 1
                     state.mostHeld = max(state.mostHeld, state.held)
                 }
-                let deadline = Date().addingTimeInterval(TestTimeScale.scaled(seconds: 60))
-                while !state.withLock({ $0.gateOpen }), Date() < deadline { usleep(5_000) }
+                // Held at most 60 s (scaled), then answered anyway: a bound for a test that never opens it.
+                try? waitUntilBlocking("the gate opened", timeout: .seconds(60)) { state.withLock { $0.gateOpen } }
                 state.withLock { $0.held -= 1 }
                 _ = write(Array(text.utf8))
             case .answer(let text, let thenClose):

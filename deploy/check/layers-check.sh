@@ -18,7 +18,7 @@ import json, os, re, sys
 
 LAYERS = [
     ("C wrapper", "CLibpq COpenSSL CMicroHTTPD CCurl CLibssl"),
-    ("building block", "Logging Locking Postgres CryptoCore HTTPServer OutboundHTTP JSON JOSE LocalPostgres"
+    ("building block", "Logging Locking Postgres CryptoCore HTTPServer OutboundHTTP JSON JOSE ChildProcesses LocalPostgres"
                        " Metrics Settings Lifecycle ScriptedHTTPServer TestTiming"),
     ("domain", "SiwaModel AppleClient JobQueue Migrations Accounts StoredTokens"),
     ("application", "AppleJobs AppAPI Webhooks TeamTransfer ReceiverCore WorkerCore Console FakeApple"),
@@ -35,7 +35,8 @@ SAME_LAYER = {
     "HTTPServer": {"Locking", "Logging"},
     "OutboundHTTP": {"Locking"},
     "JOSE": {"CryptoCore", "JSON"},
-    "LocalPostgres": {"Locking", "Logging"},
+    "ChildProcesses": {"Locking"},
+    "LocalPostgres": {"ChildProcesses", "Locking", "Logging"},
     "Metrics": {"Locking"},
     "Settings": {"Logging"},
     "Lifecycle": {"Logging"},

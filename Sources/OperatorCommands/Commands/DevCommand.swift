@@ -1,4 +1,5 @@
 import AppleClient
+import ChildProcesses
 import Console
 import HTTPServer
 import CryptoCore

@@ -1,6 +1,5 @@
+import ChildProcesses
 import Foundation
-import LocalPostgres
-import Locking
 
 #if canImport(Glibc)
     import Glibc
@@ -8,13 +7,12 @@ import Locking
     import Darwin
 #endif
 
-/// A child of `siwa dev`: spawned in its own process group (so the terminal's Ctrl-C reaches only
-/// `siwa dev`, which then stops the children in order), stdout and stderr read line by line on a
-/// dedicated thread and handed to `onLine`.
+/// A child of `siwa dev`: a `ChildProcess` in its own process group (so the terminal's Ctrl-C
+/// reaches only `siwa dev`, which then stops the children in order), stdout and stderr read line by
+/// line on a dedicated thread and handed to `onLine`.
 final class DevProcess: Sendable {
     let name: String
-    let pid: pid_t
-    private let exitStatus = Locked<Int32?>(nil)
+    private let child: ChildProcess
 
     /// Starts `executable` with `arguments` and exactly `environment`.
     init(
@@ -22,92 +20,26 @@ final class DevProcess: Sendable {
         onLine: @escaping @Sendable (String) -> Void
     ) throws {
         self.name = name
-        var pipeFDs: [Int32] = [0, 0]
-        guard pipe(&pipeFDs) == 0 else { throw DevError("\(name): pipe failed (errno \(errno))") }
-        let (readEnd, writeEnd) = (pipeFDs[0], pipeFDs[1])
-        // Close-on-exec: another child must not hold this child's pipe open.
-        _ = fcntl(readEnd, F_SETFD, FD_CLOEXEC)
-        _ = fcntl(writeEnd, F_SETFD, FD_CLOEXEC)
-
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, writeEnd, 1)
-        posix_spawn_file_actions_adddup2(&actions, writeEnd, 2)
-        // Nothing else of ours goes along (the pipe's ends are close-on-exec already): a service
-        // holding one of dev's sockets keeps it open after dev closed it.
-        for descriptor in InheritedDescriptors.aboveStandardError() {
-            posix_spawn_file_actions_addclose(&actions, descriptor)
+        do {
+            child = try ChildProcess(
+                executable, arguments,
+                options: .init(environment: environment, output: .pipe, error: .sameAsOutput, ownProcessGroup: true))
+        } catch {
+            throw DevError("\(name): \(error)")
         }
-
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        // Own process group; default dispositions for the signals `siwa dev` ignores; empty mask.
-        posix_spawnattr_setpgroup(&attributes, 0)
-        var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for signal in [SIGINT, SIGTERM, SIGPIPE, SIGHUP] { sigaddset(&defaults, signal) }
-        posix_spawnattr_setsigdefault(&attributes, &defaults)
-        var mask = sigset_t()
-        sigemptyset(&mask)
-        posix_spawnattr_setsigmask(&attributes, &mask)
-        posix_spawnattr_setflags(
-            &attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
-
-        let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
-        let envp: [UnsafeMutablePointer<CChar>?] =
-            environment.sorted { $0.key < $1.key }.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer {
-            argv.forEach { free($0) }
-            envp.forEach { free($0) }
-        }
-        var pid: pid_t = 0
-        let result = posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
-        close(writeEnd)
-        guard result == 0 else {
-            close(readEnd)
-            throw DevError("could not start \(executable): \(String(cString: strerror(result)))")
-        }
-        self.pid = pid
-        // Stopped by the orphan reaper should `siwa dev` be killed outright.
-        OrphanReaper.shared?.watch(pid: pid)
-        Thread.detachNewThread { Self.readLines(readEnd, onLine) }
+        if let output = child.takeOutputDescriptor() { Thread.detachNewThread { Self.readLines(output, onLine) } }
     }
 
+    var pid: Int32 { child.pid }
     /// The exit status once the child has ended (128+signal when killed), nil while it runs.
-    var status: Int32? {
-        exitStatus.withLock { saved in
-            if let saved { return saved }
-            var raw: Int32 = 0
-            let result = waitpid(pid, &raw, WNOHANG)
-            guard result == pid else { return nil }
-            let signal = raw & 0x7f
-            saved = signal == 0 ? (raw >> 8) & 0xff : 128 + signal
-            OrphanReaper.shared?.forget(pid: pid)
-            return saved
-        }
-    }
+    var status: Int32? { child.exitCode }
+    var isRunning: Bool { child.isRunning }
 
-    var isRunning: Bool { status == nil }
-
-    func send(_ signal: Int32) {
-        if isRunning { _ = kill(pid, signal) }
-    }
+    func send(_ signal: Int32) { child.signal(signal) }
 
     /// SIGTERM, up to `grace` for it to end, then SIGKILL. Returns the exit status.
     @discardableResult
-    func stop(grace: Duration) async -> Int32? {
-        send(SIGTERM)
-        let deadline = ContinuousClock.now + grace
-        while isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(50)) }
-        if isRunning {
-            send(SIGKILL)
-            while isRunning { try? await Task.sleep(for: .milliseconds(20)) }
-        }
-        return status
-    }
+    func stop(grace: Duration) async -> Int32? { await child.stop(grace: grace)?.code }
 
     static func readLines(_ fd: Int32, _ onLine: @Sendable (String) -> Void) {
         defer { close(fd) }
@@ -132,7 +64,9 @@ struct DevError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Ports for the listeners `siwa dev` starts.
+/// Ports for the listeners `siwa dev` starts. Chosen before the child binds them, not port 0 read
+/// back: dev prints the receiver's URL and hands it to the receiver as its public URL (web sign-in's
+/// return address) before the receiver starts, and the default (8080) is tried first.
 enum DevPorts {
     /// True when nothing listens on host:port (we could bind it).
     static func isFree(host: String, port: Int) -> Bool {

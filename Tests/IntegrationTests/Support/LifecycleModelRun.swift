@@ -376,10 +376,8 @@ final class ModelRun {
             return try await world.execute(job, answer: .ok, clientID: clientID)
         }
         // Until the call reaches Apple (or the job ends without calling Apple): bounded.
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while !finished.value, !holds.contains(where: \.hasArrived) {
-            guard ContinuousClock.now < deadline else { throw HarnessError(message: "held call never arrived") }
-            try await Task.sleep(for: .milliseconds(2))
+        try await waitUntil("the held call arrived, or the job ended", timeout: .seconds(30), every: .milliseconds(2)) {
+            finished.value || holds.contains(where: \.hasArrived)
         }
         // Only the first call is held: the others go through (another job's call must not wait).
         for hold in holds where !hold.hasArrived { hold.release() }
@@ -518,10 +516,8 @@ final class ModelRun {
             defer { finished.value = true }
             return try await api.signIn(body)
         }
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(.seconds(30))
-        while !finished.value, !hold.hasArrived {
-            guard ContinuousClock.now < deadline else { throw HarnessError(message: "the sign-in's exchange never reached Apple") }
-            try await Task.sleep(for: .milliseconds(2))
+        try await waitUntil("the sign-in's exchange reached Apple, or the sign-in ended", timeout: .seconds(30), every: .milliseconds(2)) {
+            finished.value || hold.hasArrived
         }
         guard hold.hasArrived else {
             // Answered without an exchange (a token held, or a deletion pending).

@@ -1,4 +1,5 @@
 import Foundation
+import TestTiming
 
 /// A real `siwa-receiver` process for a test: started against a database with `TestAppleKeys` as
 /// Apple's key endpoint, on a port of its own.

@@ -1,14 +1,15 @@
+import ChildProcesses
 import Foundation
-import LocalPostgres
 import TestTiming
 
 /// One of our executables (`siwa-receiver`, `siwa-worker`, `siwa`) run as a real child process,
-/// with its stderr (JSON log lines) captured to a file the test can read.
-final class ServiceProcess: @unchecked Sendable {
-    // @unchecked: `process` is only touched from the test's own task.
+/// with its stdout and stderr (JSON log lines) captured to a file the test can read. The process
+/// itself is a `ChildProcess`: its only reaper, which signals it only while it is unreaped, and
+/// registers it with the watchdog that stops it should the test process die.
+final class ServiceProcess: Sendable {
     let name: String
     let logPath: String
-    private let process: Process
+    let child: ChildProcess
 
     /// The build folder holding the executables: the one this test bundle runs from.
     static var binDirectory: URL {
@@ -40,26 +41,26 @@ final class ServiceProcess: @unchecked Sendable {
     init(_ name: String, arguments: [String] = [], environment: [String: String]) throws {
         self.name = name
         logPath = FileManager.default.temporaryDirectory.appendingPathComponent("\(name)-\(UUID().uuidString).log").path
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        process = Process()
-        process.executableURL = try Self.executable(name)
-        process.arguments = arguments
-        process.environment = Self.childEnvironment(environment)
-        process.standardOutput = FileHandle(forWritingAtPath: logPath)
-        process.standardError = FileHandle(forWritingAtPath: logPath)
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        // A test process that crashes takes this child with it (the watchdog sees us go).
-        OrphanReaper.shared?.watch(pid: process.processIdentifier)
+        child = try ChildProcess(
+            try Self.executable(name).path, arguments,
+            options: .init(environment: Self.childEnvironment(environment), output: .file(logPath)))
     }
 
-    var isRunning: Bool { process.isRunning }
-    /// "exit" or "signal" once it has ended (a status read as a signal's number otherwise).
-    var terminationReason: String { process.isRunning ? "running" : process.terminationReason == .exit ? "exit" : "signal" }
-    var processIdentifier: Int32 { process.processIdentifier }
+    var isRunning: Bool { child.isRunning }
+    /// "exit" or "signal" once it has ended.
+    var terminationReason: String {
+        switch child.termination {
+        case nil: "running"
+        case .exit: "exit"
+        case .signal: "signal"
+        }
+    }
+    var processIdentifier: Int32 { child.pid }
     var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
 
-    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+    /// Sent only while the child is unreaped (see `ChildProcess.signal`); false once it has ended.
+    @discardableResult
+    func signal(_ number: Int32) -> Bool { child.signal(number) }
 
     /// The port from the first `http.server.started` log line: services started on port 0 bind one
     /// the kernel picks, so no two tests running side by side can ever be handed the same port.
@@ -98,30 +99,16 @@ final class ServiceProcess: @unchecked Sendable {
         return found!
     }
 
-    /// Waits for exit (bounded); returns the status, or nil if it is still running at the deadline.
+    /// Waits for exit (bounded, scaled); the exit code (128 + signal when killed), or nil if it is
+    /// still running at the deadline.
     func waitForExit(timeout: Duration = .seconds(20)) async -> Int32? {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
-        if process.isRunning { return nil }
-        OrphanReaper.shared?.forget(pid: process.processIdentifier)
-        return process.terminationStatus
+        await child.waitForExit(timeout: TestTimeScale.scaled(timeout))?.code
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL.
-    func stop() async {
-        guard process.isRunning else { return }
-        signal(SIGTERM)
-        if await waitForExit(timeout: .seconds(10)) == nil {
-            signal(SIGKILL)
-            _ = await waitForExit(timeout: .seconds(5))
-        }
-    }
+    func stop() async { await child.stop(grace: TestTimeScale.scaled(.seconds(10))) }
 
-    deinit {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        OrphanReaper.shared?.forget(pid: process.processIdentifier)
-        try? FileManager.default.removeItem(atPath: logPath)
-    }
+    deinit { try? FileManager.default.removeItem(atPath: logPath) }
 }
 
 struct ServiceProcessError: Error, CustomStringConvertible {
@@ -129,7 +116,11 @@ struct ServiceProcessError: Error, CustomStringConvertible {
     var description: String { message }
 }
 
-/// A TCP port nothing listens on right now (bind to 0, read it, close).
+/// A TCP port nothing listens on right now (bind to 0, read it, close): only for a child that must
+/// know its port before it starts and so cannot be told port 0 and read it back. Two do:
+/// `siwa dev` (it hands the receiver its own URL as the public URL and checks each listener's
+/// readiness at the address it chose) and a receiver serving web sign-in (`SIWA_PUBLIC_URL` names its
+/// own port). Their callers retry on "address already in use". Everything else listens on port 0.
 func freePort() -> Int {
     let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     defer { close(socketFD) }
@@ -143,4 +134,46 @@ func freePort() -> Int {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(socketFD, $0, &length) }
     }
     return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A program run to its end through `ChildProcess`, stdout and stderr captured in files: the tests'
+/// one way to run a command (`siwa ...`, curl, chromium, a printed line).
+enum ProgramRun {
+    struct Outcome: Sendable {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+        /// The child's own peak RSS (wait4's ru_maxrss), kB.
+        var peakKilobytes: Int
+    }
+
+    struct TimedOut: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    /// Runs `executable` with exactly `environment` (nil: ours), feeding `input` then closing it;
+    /// SIGKILLed and thrown as `TimedOut` after `timeout` (scaled). `mergeOutput` sends stderr to
+    /// stdout's file (one offset for both, in the order written).
+    static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String]?, input: ChildProcess.Input = .none,
+        mergeOutput: Bool = false, timeout: Duration = .seconds(60)
+    ) async throws -> Outcome {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("siwa-run-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let outPath = directory.appendingPathComponent("out").path, errPath = directory.appendingPathComponent("err").path
+        let child = try ChildProcess(
+            executable, arguments,
+            options: .init(
+                environment: environment, input: input, output: .file(outPath), error: mergeOutput ? .sameAsOutput : .file(errPath)))
+        let ended = await child.waitForExit(timeout: TestTimeScale.scaled(timeout))
+        let stdout = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+        let stderr = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
+        guard let ended else {
+            await child.stop(SIGKILL, grace: .seconds(10))
+            throw TimedOut(
+                description: "\(executable) \(arguments.joined(separator: " ")) did not finish within \(timeout) (times SIWA_TEST_TIME_SCALE):\n\(stdout)\n\(stderr)")
+        }
+        return Outcome(status: ended.code, stdout: stdout, stderr: stderr, peakKilobytes: child.peakKilobytes)
+    }
 }

@@ -1,4 +1,5 @@
 import AppleClient
+import ChildProcesses
 import CryptoCore
 import FakeApple
 import Foundation
@@ -91,10 +92,10 @@ final class TransferHarness: Sendable {
     }
 }
 
-/// One `siwa` child process with files for its standard streams.
-final class CommandRun: @unchecked Sendable {
-    // @unchecked: `process` is only touched from the test's own task.
-    private let process = Process()
+/// One `siwa` child process (a `ChildProcess`) with files for stdout and stderr, and stdin fed
+/// whole and then closed (a command reading a file from `-` sees all of it, then its end).
+final class CommandRun: Sendable {
+    private let child: ChildProcess
     private let outPath: URL
     private let errPath: URL
 
@@ -102,42 +103,29 @@ final class CommandRun: @unchecked Sendable {
         let id = UUID().uuidString
         outPath = directory.appendingPathComponent("out-\(id)")
         errPath = directory.appendingPathComponent("err-\(id)")
-        _ = FileManager.default.createFile(atPath: outPath.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errPath.path, contents: nil)
-        process.executableURL = try ServiceProcess.executable("siwa")
-        process.arguments = arguments
-        process.environment = ServiceProcess.childEnvironment(environment)
-        process.standardOutput = try FileHandle(forWritingTo: outPath)
-        process.standardError = try FileHandle(forWritingTo: errPath)
-        if let stdin {
-            let inPath = directory.appendingPathComponent("in-\(id)")
-            try stdin.write(to: inPath, atomically: true, encoding: .utf8)
-            process.standardInput = try FileHandle(forReadingFrom: inPath)
-        } else {
-            process.standardInput = FileHandle.nullDevice
-        }
-        try process.run()
+        child = try ChildProcess(
+            try ServiceProcess.executable("siwa").path, arguments,
+            options: .init(
+                environment: ServiceProcess.childEnvironment(environment), input: stdin.map { .text($0) } ?? .none,
+                output: .file(outPath.path), error: .file(errPath.path)))
     }
 
     var stdout: String { (try? String(contentsOf: outPath, encoding: .utf8)) ?? "" }
     var stderr: String { (try? String(contentsOf: errPath, encoding: .utf8)) ?? "" }
-    var isRunning: Bool { process.isRunning }
-    var status: Int32 { process.terminationStatus }
+    var isRunning: Bool { child.isRunning }
+    /// The exit code (128 + signal when killed); -1 while running.
+    var status: Int32 { child.exitCode ?? -1 }
 
-    /// Waits for exit (bounded); the status, or nil when it is still running at the deadline.
+    /// Waits for exit (bounded, scaled); the status, or nil when it is still running at the deadline.
     func waitForExit(timeout: Duration) async -> Int32? {
-        let deadline = ContinuousClock.now + TestTimeScale.scaled(timeout)
-        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
-        return process.isRunning ? nil : process.terminationStatus
+        await child.waitForExit(timeout: TestTimeScale.scaled(timeout))?.code
     }
 
-    /// SIGKILL: the harshest interruption (no chance to finish anything).
+    /// SIGKILL: the harshest interruption (no chance to finish anything), then the reap.
     func kill() {
-        if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
+        child.signal(SIGKILL)
+        _ = child.waitForExitBlocking(timeout: .seconds(10))
     }
-
-    deinit { if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) } }
 }
 
 /// The app API (`POST /v1/sign-in`) served in process as the recipient team would run it: over

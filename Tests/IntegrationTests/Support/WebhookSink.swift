@@ -126,7 +126,7 @@ final class WebhookSink: Sendable {
     func waitUntil(
         timeout: Duration = .seconds(60), _ what: String = #function, _ condition: ([Received]) -> Bool
     ) async throws {
-        try await IntegrationTests.waitUntil(
+        try await TestTiming.waitUntil(
             what, timeout: timeout, detail: "received \(received.map { "\($0.changeID ?? -1)/\($0.status)" })"
         ) { condition(received) }
     }

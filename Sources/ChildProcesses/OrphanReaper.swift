@@ -24,39 +24,26 @@ package final class OrphanReaper: Sendable {
     private let writeEnd: Int32
     private let writing = Locked(0)
 
-    private init() throws(LocalPostgresError) {
+    private let watchdog: ChildProcess
+
+    private init() throws(ChildProcessError) {
         var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw LocalPostgresError("pipe failed: errno \(errno)") }
+        guard pipe(&fds) == 0 else { throw ChildProcessError("pipe failed: errno \(errno)") }
         let (readEnd, writeEnd) = (fds[0], fds[1])
         _ = fcntl(readEnd, F_SETFD, FD_CLOEXEC)
         _ = fcntl(writeEnd, F_SETFD, FD_CLOEXEC)
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_adddup2(&actions, readEnd, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        // The watchdog lives as long as this process: it must not hold any of our sockets open.
-        for descriptor in InheritedDescriptors.aboveStandardError() where descriptor != readEnd {
-            posix_spawn_file_actions_addclose(&actions, descriptor)
-        }
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        // Its own process group: the terminal's Ctrl-C or hang-up reaches the owner, not the watchdog.
-        posix_spawnattr_setpgroup(&attributes, 0)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
-        let command = ["/bin/bash", "-c", Self.script, "siwa-orphan-reaper"]
-        var argv: [UnsafeMutablePointer<CChar>?] = command.map { strdup($0) } + [nil]
-        defer { argv.forEach { free($0) } }
-        var pid: pid_t = 0
-        let result = posix_spawn(&pid, command[0], &actions, &attributes, &argv, environ)
-        close(readEnd)
-        guard result == 0 else {
+        defer { close(readEnd) }
+        do {
+            // Its own process group: the terminal's Ctrl-C or hang-up reaches the owner, not the
+            // watchdog. Not watched by itself, and never reaped: it lives as long as we do.
+            watchdog = try ChildProcess(
+                "/bin/bash", ["-c", Self.script, "siwa-orphan-reaper"],
+                options: .init(input: .descriptor(readEnd), ownProcessGroup: true, diesWithUs: false))
+        } catch {
             close(writeEnd)
-            throw LocalPostgresError("could not start the watchdog: errno \(result)")
+            throw error
         }
-        watchdogPID = pid
+        watchdogPID = watchdog.pid
         self.writeEnd = writeEnd
     }
 
@@ -66,13 +53,13 @@ package final class OrphanReaper: Sendable {
     package func forget(folder: String) { send("undir \(folder)") }
 
     /// A cluster in `directory` (data in `directory/data`), stopped with `pgCtl` run as `user`.
-    func watch(clusterIn directory: String, pgCtl: String, user: String?) {
+    package func watch(clusterIn directory: String, pgCtl: String, user: String?) {
         send("pgctl \(pgCtl)")
         send("pguser \(user ?? "")")
         send("pg \(directory)")
     }
 
-    func forget(clusterIn directory: String) { send("unpg \(directory)") }
+    package func forget(clusterIn directory: String) { send("unpg \(directory)") }
 
     private func send(_ line: String) {
         // Paths with a newline cannot be told apart from two lines: such a folder is not watched.
