@@ -32,7 +32,9 @@ for lib in $(printf '%s\n' "${needed[@]}" | sort -u); do
   case $lib in
     libswift*|libFoundation*|lib_Foundation*|libdispatch.so|libBlocksRuntime.so) continue ;;  # linked in statically by the image
   esac
-  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64|x86_64|AArch64|aarch64/ {print $NF; exit}')
+  # awk reads to the end (no `exit`): ldconfig killed by SIGPIPE would fail the pipeline under
+  # pipefail and stop the script here, as it did once in a fresh clone's CI.
+  path=$(ldconfig -p | awk -v l="$lib" '!found && $1 == l && /x86-64|x86_64|AArch64|aarch64/ {print $NF; found = 1}')
   [[ -n "$path" ]] || { fail "$lib: not found on this machine"; continue; }
   package=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1) || true
   [[ -n "$package" ]] || package=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1) || true
