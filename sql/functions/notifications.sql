@@ -135,37 +135,42 @@ BEGIN
         SELECT t.*, NOT grouped AND count(*) OVER (PARTITION BY t.target, t.sub) = 1 AS single FROM t
          WHERE NOT EXISTS (SELECT 1 FROM busy
                             WHERE busy.user_key = coalesce(t.group_id, t.client_id) AND busy.sub = t.sub)
-    ), fresh AS (
-        -- What round 1 would write on an account created 'active' for a single event, written by the
-        -- INSERT itself: a new account is one heap tuple and one index entry, not an insert then an
-        -- update (the round judges such an event against that 'active' account, and skips the write).
-        SELECT t.*, siwa.account_effect('active', t.event_type) AS effect,
-               siwa.notification_outcome(siwa.account_effect('active', t.event_type), 'active', t.event_time,
-                                         NULL, NULL, NULL) = 'applied' AS applies
-          FROM kept t WHERE t.single AND t.known
     ), locked AS (
+        -- A single event's new account gets what round 1 would write on an account created
+        -- 'active' for it, from the INSERT itself: one heap tuple and one index entry, not an insert
+        -- then an update (the round judges such an event against that 'active' account, and skips
+        -- the write). No join of CTEs: with hash and merge joins off it is a nested loop, one CTE
+        -- read once per row of the other.
         INSERT INTO siwa.accounts AS a (client_id, sub, status, sessions_revoked_at, email_forwarding, email,
                                         is_private_email, last_email_event_at)
-        SELECT DISTINCT ON (t.target, t.sub) t.target, t.sub,
+        SELECT DISTINCT ON (f.target, f.sub) f.target, f.sub,
                CASE WHEN f.applies THEN (f.effect).next_status ELSE 'active' END,
                CASE WHEN f.applies AND (f.effect).ends_sessions THEN now() END,
                CASE WHEN f.applies THEN (f.effect).email_forwarding END,
-               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(t.event_type) THEN t.email END,
-               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(t.event_type)
-                    THEN t.is_private_email END,
-               CASE WHEN f.applies AND siwa.email_event(t.event_type) THEN t.event_time END
-          FROM kept t LEFT JOIN fresh f ON f.target = t.target AND f.sub = t.sub
-         WHERE t.known
-         ORDER BY t.target, t.sub
+               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(f.event_type) THEN f.email END,
+               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(f.event_type)
+                    THEN f.is_private_email END,
+               CASE WHEN f.applies AND siwa.email_event(f.event_type) THEN f.event_time END
+          FROM (SELECT e.*, e.single AND siwa.notification_outcome(e.effect, 'active', e.event_time, NULL, NULL, NULL)
+                                         = 'applied' AS applies
+                  -- OFFSET 0: the effect made once a row (flattened, each use of a field evaluates the call).
+                  FROM (SELECT t.*, siwa.account_effect('active', t.event_type) AS effect FROM kept t WHERE t.known
+                        OFFSET 0) e) f
+         ORDER BY f.target, f.sub
         ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
         RETURNING a.client_id, a.sub  -- the rows inserted (a conflict's DO UPDATE ... WHERE false returns none)
     )
+    -- fresh: a single event whose account this statement inserted, looked up in one jsonb object of
+    -- the inserted keys (an uncorrelated subquery: made once; a binary search a row, not a scan of
+    -- `locked`).
     SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
            array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
            array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank),
-           array_agg(t.single AND l.sub IS NOT NULL ORDER BY t.ord, t.target)
+           array_agg(t.single AND (SELECT coalesce(jsonb_object_agg(length(l.client_id) || ':' || l.client_id || l.sub, true), '{}')
+                                     FROM locked l) ? (length(t.target) || ':' || t.target || t.sub)
+                     ORDER BY t.ord, t.target)
       INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds, ev_fresh
-      FROM kept t LEFT JOIN locked l ON l.client_id = t.target AND l.sub = t.sub;
+      FROM kept t;
 
     -- Several email events of one account in this batch (a hot account) are applied in one
     -- set-based round, not one round each (a round costs as much for one event as for a batch):
