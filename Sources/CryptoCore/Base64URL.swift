@@ -51,26 +51,47 @@ package enum Base64URL {
     }
 
     /// `decode(_:)` over bytes: a concrete type, so the hot loop is compiled for it (a generic
-    /// across modules runs unspecialised, an order of magnitude slower).
+    /// across modules runs unspecialised, an order of magnitude slower). Four characters to three
+    /// bytes at a time into an output sized once: the worker decodes every held notification's
+    /// token (about 1 KB), and a byte-at-a-time loop with an append each was its hottest code
+    /// after the RSA itself.
     package static func decode(bytes characters: ArraySlice<UInt8>) -> [UInt8]? {
-        if characters.count % 4 == 1 { return nil }
-        var output: [UInt8] = []
-        output.reserveCapacity(characters.count * 3 / 4)
-        var accumulator: UInt32 = 0
-        var bitCount = 0
-        for character in characters {
-            let value = decodingTable[Int(character)]
-            if value == invalid { return nil }
-            accumulator = accumulator << 6 | UInt32(value)
-            bitCount += 6
-            if bitCount >= 8 {
-                bitCount -= 8
-                output.append(UInt8(truncatingIfNeeded: accumulator >> UInt32(bitCount)))
-                accumulator &= (1 << UInt32(bitCount)) - 1
-            }
+        let remainder = characters.count % 4
+        if remainder == 1 { return nil }
+        let groups = characters.count / 4
+        let table = decodingTable  // read the lazily made global once, not once a character
+        var output = [UInt8](repeating: 0, count: groups * 3 + (remainder == 0 ? 0 : remainder - 1))
+        var input = characters.startIndex
+        var index = 0
+        for _ in 0..<groups {
+            let first = table[Int(characters[input])], second = table[Int(characters[input + 1])]
+            let third = table[Int(characters[input + 2])], fourth = table[Int(characters[input + 3])]
+            // Every valid value is below 64, `invalid` has the top bit set.
+            if (first | second | third | fourth) & 0x80 != 0 { return nil }
+            let group = UInt32(first) << 18 | UInt32(second) << 12 | UInt32(third) << 6 | UInt32(fourth)
+            output[index] = UInt8(truncatingIfNeeded: group >> 16)
+            output[index + 1] = UInt8(truncatingIfNeeded: group >> 8)
+            output[index + 2] = UInt8(truncatingIfNeeded: group)
+            input += 4
+            index += 3
         }
-        // The 2 or 4 unused bits of a final partial group must be zero (canonical encoding).
-        if accumulator != 0 { return nil }
+        // A final partial group's 4 (two characters) or 2 (three) unused bits must be zero
+        // (canonical encoding).
+        switch remainder {
+        case 2:
+            let first = table[Int(characters[input])], second = table[Int(characters[input + 1])]
+            if (first | second) & 0x80 != 0 || second & 0x0F != 0 { return nil }
+            output[index] = first << 2 | second >> 4
+        case 3:
+            let first = table[Int(characters[input])], second = table[Int(characters[input + 1])]
+            let third = table[Int(characters[input + 2])]
+            if (first | second | third) & 0x80 != 0 || third & 0x03 != 0 { return nil }
+            let group = UInt32(first) << 12 | UInt32(second) << 6 | UInt32(third)
+            output[index] = UInt8(truncatingIfNeeded: group >> 10)
+            output[index + 1] = UInt8(truncatingIfNeeded: group >> 2)
+        default:
+            break
+        }
         return output
     }
 }

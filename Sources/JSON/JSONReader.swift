@@ -94,26 +94,39 @@ struct JSONReader {
 
     // MARK: Strings
 
-    /// Reads `"..."`. Runs without escapes are copied as they are, after UTF-8 validation.
+    /// Reads `"..."`. Runs without escapes are copied as they are, after UTF-8 validation. With
+    /// escapes (Apple's `events` claim is a JSON string holding JSON: a dozen `\"` in one string)
+    /// the runs and the escaped characters gather as bytes, made a String once at the end, not
+    /// appended to one a run and an escape at a time.
     private mutating func readString() throws(JSONParseError) -> String {
         position += 1  // opening quote
         var runStart = position
-        var text: String?  // only built once an escape forces it
+        var unescaped: [UInt8]?  // only made once an escape forces it
         while position < bytes.count {
             let byte = bytes[position]
             switch byte {
             case UInt8(ascii: "\""):
-                let run = try validated(runStart..<position)
+                guard unescaped != nil else {
+                    let run = try validated(runStart..<position)
+                    position += 1
+                    return run
+                }
+                try checkUTF8(runStart..<position)
+                unescaped!.append(contentsOf: bytes[runStart..<position])
                 position += 1
-                guard var built = text else { return run }
-                built += run
-                return built
+                // Valid runs and whole encoded scalars: valid UTF-8 as a whole.
+                return String(decoding: unescaped!, as: UTF8.self)
             case UInt8(ascii: "\\"):
-                var built = text ?? ""
-                built += try validated(runStart..<position)
+                try checkUTF8(runStart..<position)
+                if unescaped == nil { unescaped = [] }
+                unescaped!.append(contentsOf: bytes[runStart..<position])
                 position += 1
-                built.unicodeScalars.append(try readEscape())
-                text = built
+                let scalar = try readEscape()
+                if scalar.isASCII {
+                    unescaped!.append(UInt8(truncatingIfNeeded: scalar.value))
+                } else {
+                    unescaped!.append(contentsOf: UTF8.encode(scalar)!)  // every scalar has a UTF-8 form
+                }
                 runStart = position
             case 0..<0x20:
                 throw error("control character in a string")
@@ -134,6 +147,15 @@ struct JSONReader {
             throw JSONParseError(reason: "invalid UTF-8 in a string", offset: range.lowerBound)
         }
         return text
+    }
+
+    /// `validated(_:)`'s check alone, for a run gathered as bytes.
+    private func checkUTF8(_ range: Range<Int>) throws(JSONParseError) {
+        let run = UnsafeBufferPointer(rebasing: bytes[range])
+        if run.allSatisfy({ $0 < 0x80 }) { return }
+        guard String(validating: run, as: UTF8.self) != nil else {
+            throw JSONParseError(reason: "invalid UTF-8 in a string", offset: range.lowerBound)
+        }
     }
 
     /// After a backslash: one escape, `\uXXXX` surrogate pairs joined.

@@ -108,7 +108,7 @@ extension AppleNotification {
             events = eventObject
         case .string(let eventString)?:
             // Real tokens carry the event as a JSON string inside the claims.
-            guard let nested = JSONValue.object(Array(eventString.utf8)) else {
+            guard let nested = JSONValue.object(eventString.utf8) else {  // the String's own bytes, no copy
                 throw .eventsMalformed("events string does not hold a JSON object")
             }
             events = nested

@@ -42,6 +42,16 @@ import Testing
         }
     }
 
+    @Test func escapedStringsKeepEveryRunAndCheckEachOne() throws {
+        let text = #""é\"ü\u00e9x\\y😀\n\ud83d\ude00""#
+        #expect(try JSONValue.parse(Array(text.utf8)) == .string("é\"üéx\\y😀\n😀"))
+        // Invalid UTF-8 in the run after an escape, and in the run before one: refused where that run starts.
+        for (bytes, offset): ([UInt8], Int) in [([0x22, 0x61, 0x5C, 0x6E, 0xC3, 0x22], 4), ([0x22, 0x61, 0xC3, 0x5C, 0x6E, 0x22], 1)] {
+            let error = #expect(throws: JSONParseError.self) { try JSONValue.parse(bytes) }
+            #expect(error?.reason == "invalid UTF-8 in a string" && error?.offset == offset, "\(bytes)")
+        }
+    }
+
     @Test func rejectsDuplicateMemberNamesAnywhere() {
         for text in [#"{"alg":"RS256","alg":"none"}"#, #"{"a":{"b":1,"b":2}}"#, #"[{"k":1,"k":1}]"#] {
             let error = #expect(throws: JSONParseError.self) { try JSONValue.parse(Array(text.utf8)) }

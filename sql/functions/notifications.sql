@@ -46,7 +46,8 @@ $$;
 -- (siwa.run_notification_batch reports those jobs `deferred`), so concurrent batches on shared
 -- accounts do not queue up behind each other's locks. Every
 -- notification row is written once (outcome and, when its account is deleted, the erasure);
--- every account row once per applied event; account_changes gets one row and one
+-- every account row once per applied event (a new account with one event here: once, by the
+-- statement that creates it); account_changes gets one row and one
 -- NOTIFY siwa_account_changes per applied effect, with the account's state after it.
 CREATE OR REPLACE FUNCTION siwa.apply_notifications(p_jtis text[], p_job_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
@@ -63,6 +64,7 @@ DECLARE
     ev_targets text[];
     ev_subs text[];
     ev_primary boolean[];
+    ev_fresh boolean[];
     grouped boolean;
     rounds bigint;
     round_clients text[];
@@ -85,8 +87,8 @@ BEGIN
     -- notification records that account's outcome.
     grouped := EXISTS (SELECT 1 FROM siwa.app_groups);
     WITH b AS (
-        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, g.group_id,
-               siwa.apple_event_known(n.event_type) AS known,
+        SELECT n.jti, u.job_id, u.ord, n.client_id, n.sub, n.event_type, n.event_time, n.email, n.is_private_email,
+               g.group_id, siwa.apple_event_known(n.event_type) AS known,
                CASE WHEN siwa.apple_event_known(n.event_type)
                     THEN row_number() OVER (
                         PARTITION BY coalesce(g.group_id, n.client_id), n.sub,
@@ -129,20 +131,45 @@ BEGIN
                    FOR UPDATE SKIP LOCKED) IS NULL
     ), kept AS (
         -- Whole users only: ranks stay gapless, and a user's events are applied together or not at all.
-        SELECT t.* FROM t
+        -- single: the account's only event here, outside a group (a new account gets it written at once).
+        SELECT t.*, NOT grouped AND count(*) OVER (PARTITION BY t.target, t.sub) = 1 AS single FROM t
          WHERE NOT EXISTS (SELECT 1 FROM busy
                             WHERE busy.user_key = coalesce(t.group_id, t.client_id) AND busy.sub = t.sub)
     ), locked AS (
-        INSERT INTO siwa.accounts AS a (client_id, sub, status)
-        SELECT DISTINCT t.target, t.sub, 'active' FROM kept t
-         WHERE t.known
-         ORDER BY 1, 2
+        -- A single event's new account gets what round 1 would write on an account created
+        -- 'active' for it, from the INSERT itself: one heap tuple and one index entry, not an insert
+        -- then an update (the round judges such an event against that 'active' account, and skips
+        -- the write). No join of CTEs: with hash and merge joins off it is a nested loop, one CTE
+        -- read once per row of the other.
+        INSERT INTO siwa.accounts AS a (client_id, sub, status, sessions_revoked_at, email_forwarding, email,
+                                        is_private_email, last_email_event_at)
+        SELECT DISTINCT ON (f.target, f.sub) f.target, f.sub,
+               CASE WHEN f.applies THEN (f.effect).next_status ELSE 'active' END,
+               CASE WHEN f.applies AND (f.effect).ends_sessions THEN now() END,
+               CASE WHEN f.applies THEN (f.effect).email_forwarding END,
+               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(f.event_type) THEN f.email END,
+               CASE WHEN f.applies AND NOT (f.effect).erases_personal_data AND siwa.email_event(f.event_type)
+                    THEN f.is_private_email END,
+               CASE WHEN f.applies AND siwa.email_event(f.event_type) THEN f.event_time END
+          FROM (SELECT e.*, e.single AND siwa.notification_outcome(e.effect, 'active', e.event_time, NULL, NULL, NULL)
+                                         = 'applied' AS applies
+                  -- OFFSET 0: the effect made once a row (flattened, each use of a field evaluates the call).
+                  FROM (SELECT t.*, siwa.account_effect('active', t.event_type) AS effect FROM kept t WHERE t.known
+                        OFFSET 0) e) f
+         ORDER BY f.target, f.sub
         ON CONFLICT (client_id, sub) DO UPDATE SET status = a.status WHERE false
+        RETURNING a.client_id, a.sub  -- the rows inserted (a conflict's DO UPDATE ... WHERE false returns none)
     )
+    -- fresh: a single event whose account this statement inserted, looked up in one jsonb object of
+    -- the inserted keys (an uncorrelated subquery: made once; a binary search a row, not a scan of
+    -- `locked`).
     SELECT array_agg(t.jti ORDER BY t.ord, t.target), array_agg(t.job_id ORDER BY t.ord, t.target),
            array_agg(t.rank ORDER BY t.ord, t.target), array_agg(t.target ORDER BY t.ord, t.target),
-           array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank)
-      INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds
+           array_agg(t.is_primary ORDER BY t.ord, t.target), array_agg(t.sub ORDER BY t.ord, t.target), max(t.rank),
+           array_agg(t.single AND (SELECT coalesce(jsonb_object_agg(length(l.client_id) || ':' || l.client_id || l.sub, true), '{}')
+                                     FROM locked l) ? (length(t.target) || ':' || t.target || t.sub)
+                     ORDER BY t.ord, t.target)
+      INTO ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, rounds, ev_fresh
       FROM kept t;
 
     -- Several email events of one account in this batch (a hot account) are applied in one
@@ -232,17 +259,20 @@ BEGIN
         -- The event's effect once per event (MATERIALIZED: inlined, every column read below would
         -- evaluate siwa.account_effect again).
         WITH x AS MATERIALIZED (
-            SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, n.sub, n.event_type, n.event_time,
-                   n.email, n.is_private_email, a.status, a.email IS NOT NULL AS account_has_email,
+            SELECT n.jti, u.job_id, u.ord, n.client_id, u.target, u.is_primary, u.fresh, n.sub, n.event_type, n.event_time,
+                   n.email, n.is_private_email, CASE WHEN u.fresh THEN 'active' ELSE a.status END AS status,
+                   a.email IS NOT NULL AS account_has_email,
                    a.app_user_id AS app_user_id_before, a.refresh_token_enc AS token_before,
                    a.retired_tokens_enc AS retired_before,
                    a.linked_at, a.last_email_event_at, a.email_forwarding,
-                   siwa.account_effect(a.status, n.event_type) AS effect
-              FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs)
-                   WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, ord)
+                   siwa.account_effect(CASE WHEN u.fresh THEN 'active' ELSE a.status END, n.event_type) AS effect
+              FROM unnest(ev_jtis, ev_jobs, ev_ranks, ev_targets, ev_primary, ev_subs, ev_fresh)
+                   WITH ORDINALITY AS u(jti, job_id, rank, target, is_primary, sub, fresh, ord)
               JOIN siwa.notifications n ON n.jti = u.jti
               -- Both key columns from u: one primary-key probe per event, never a scan by sub alone.
-              LEFT JOIN siwa.accounts a ON a.client_id = u.target AND a.sub = u.sub
+              -- A fresh account (written whole by the INSERT above) is judged as it was created:
+              -- 'active', nothing else set (no row joined).
+              LEFT JOIN siwa.accounts a ON NOT u.fresh AND a.client_id = u.target AND a.sub = u.sub
              WHERE u.rank = r
         ), e AS (
             SELECT x.*, siwa.notification_outcome(x.effect, x.status, x.event_time, x.linked_at,
@@ -299,9 +329,14 @@ BEGIN
                                               THEN n.event_time ELSE a.last_email_event_at END,
                    updated_at = now()
               FROM t n
-             WHERE n.outcome = 'applied' AND a.client_id = n.target AND a.sub = n.sub
+             WHERE n.outcome = 'applied' AND NOT n.fresh AND a.client_id = n.target AND a.sub = n.sub
             RETURNING a.client_id, a.sub, n.app_user_id_before AS app_user_id, a.status, n.jti, n.job_id, n.ord,
                       (n.effect).change AS change
+        ), written AS (
+            SELECT * FROM a
+            UNION ALL
+            SELECT n.target, n.sub, n.app_user_id_before, (n.effect).next_status, n.jti, n.job_id, n.ord, (n.effect).change
+              FROM t n WHERE n.outcome = 'applied' AND n.fresh
         ), told AS (
             -- The change rows and their NOTIFYs in batch order, the whole round in one call.
             SELECT count(*) AS sent
@@ -309,7 +344,7 @@ BEGIN
                            array_agg(a.app_user_id ORDER BY a.ord) AS app_user_ids,
                            array_agg(a.change ORDER BY a.ord) AS changes, array_agg(a.status ORDER BY a.ord) AS statuses,
                            array_agg(a.jti ORDER BY a.ord) AS jtis, array_agg(a.job_id ORDER BY a.ord) AS job_ids
-                      FROM a) x,
+                      FROM written a) x,
                    siwa.record_changes(x.client_ids, x.subs, x.app_user_ids, x.changes, x.statuses, NULL,
                                        x.jtis, x.job_ids)
         )

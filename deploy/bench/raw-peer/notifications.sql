@@ -1,9 +1,12 @@
 -- Raw peer of mixes (a) and (b) (deploy/bench/worker.sh): the writes the worker makes for 50
 -- notification jobs, set-based: read 50 held jobs
 -- with what verifying them needs (FOR UPDATE SKIP LOCKED), then in one statement, mark the
--- notifications processed (erasing a deleted account's), upsert the 50 account rows, append 50
--- change rows with one pg_notify each, complete the jobs. Every sub appears once in these mixes,
+-- notifications processed (erasing a deleted account's), upsert the 50 account rows, queue a
+-- revoke job for each token an ending event (consent-revoked, account-deleted) discards, as the
+-- worker does (siwa.revoke_tokens_later: mix (b)'s accounts hold one each; (a)'s hold none), append
+-- 50 change rows with one pg_notify each, complete the jobs. Every sub appears once in these mixes,
 -- so each event is applied (the worker decides that with the ordering rules; this peer knows it).
+-- Until 6 December 2026 this peer did not queue the revokes, so on (b) it did less than the worker.
 -- The notifications are stored by a siwa_receiver login, so their jobs are held until verified
 -- (sql/functions/queue.sql); the RSA verification itself is the worker's CPU, not SQL.
 BEGIN;
@@ -30,6 +33,16 @@ WITH c AS (
       FROM c
      WHERE n.jti = c.notification_jti
     RETURNING n.jti, n.client_id, n.sub, n.event_type, n.event_time, n.email, n.is_private_email, c.id AS job_id
+), revoked AS (
+    -- The tokens as they were before this statement (every part of it reads the same snapshot),
+    -- one job each, in batch order and each account's tokens in turn, one INSERT for the batch.
+    INSERT INTO siwa.jobs (kind, priority, client_id, sub, max_attempts, args)
+    SELECT 'revoke', 1, n.client_id, n.sub, 2147483647,
+           jsonb_build_object('late_token', true, 'token_enc', encode(k.tok, 'base64'), 'reason', 'grant_ended')
+      FROM n JOIN siwa.accounts b ON b.client_id = n.client_id AND b.sub = n.sub,
+           unnest(array_prepend(b.refresh_token_enc, b.retired_tokens_enc)) WITH ORDINALITY AS k(tok, i)
+     WHERE n.event_type IN ('consent-revoked', 'account-deleted') AND k.tok IS NOT NULL
+     ORDER BY n.job_id, k.i
 ), a AS (
     INSERT INTO siwa.accounts AS a (client_id, sub, status, email, is_private_email, email_forwarding,
                                     sessions_revoked_at, last_email_event_at, updated_at)
@@ -47,6 +60,7 @@ WITH c AS (
     ON CONFLICT (client_id, sub) DO UPDATE
        SET status = CASE WHEN excluded.status = 'active' THEN a.status ELSE excluded.status END,
            refresh_token_enc = CASE WHEN excluded.sessions_revoked_at IS NULL THEN a.refresh_token_enc END,
+           retired_tokens_enc = CASE WHEN excluded.sessions_revoked_at IS NULL THEN a.retired_tokens_enc ELSE '{}' END,
            sessions_revoked_at = coalesce(excluded.sessions_revoked_at, a.sessions_revoked_at),
            email_forwarding = coalesce(excluded.email_forwarding, a.email_forwarding),
            email = CASE WHEN excluded.status = 'apple_account_deleted' THEN NULL
