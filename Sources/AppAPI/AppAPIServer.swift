@@ -1,6 +1,5 @@
 internal import AppleClient
 import CryptoCore
-import Dispatch
 import Locking
 import Foundation
 internal import HTTPServer
@@ -95,24 +94,18 @@ package final class AppAPIServer: Sendable {
             refusalLog.record(reason.rawValue, count: count)
         }
         let http = HTTPServer(configuration: settings, logger: logger, asyncRespond: { [self] request in await respond(to: request) })
-        try http.start()
+        // `port` reads the server's own, 0 until it has started and again once it has stopped.
         server.withLock { $0 = http }
-        logger.info(
-            "siwa-worker app API listening",
-            metadata: ["app_api.listen": .string("\(configuration.listen.host):\(http.port)"), "app_api.tokens": .int(tokens.count)])
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.keys.run() }
-            group.addTask { await self.pruneLoop() }
-            while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
-            group.cancelAll()
-        }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            DispatchQueue.global().async {
-                http.stop()
-                continuation.resume()
+        defer { server.withLock { $0 = nil } }
+        try await http.run { [self] in
+            logger.info(
+                "siwa-worker app API listening",
+                metadata: ["app_api.listen": .string("\(configuration.listen.host):\(http.port)"), "app_api.tokens": .int(tokens.count)])
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await self.keys.run() }
+                group.addTask { await self.pruneLoop() }
             }
         }
-        server.withLock { $0 = nil }
     }
 
     /// Every 30 s: deletes every expired nonce, in batches (so each is gone within a minute of

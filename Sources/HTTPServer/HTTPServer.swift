@@ -246,11 +246,17 @@ package final class HTTPServer: Sendable {
     }
 
     /// Starts, runs until the task is cancelled, then stops (for a service task group). The
-    /// blocking `stop()` runs on a Dispatch thread, off the cooperative pool.
-    package func run() async throws {
+    /// blocking `stop()` runs on a Dispatch thread, off the cooperative pool. `whileServing` runs
+    /// once the server has started (its port is known), as a child task cancelled before the
+    /// server stops: a server's own background work (the app API's key refresh and pruning).
+    package func run(whileServing: @escaping @Sendable () async -> Void = {}) async throws {
         try start()
-        while !Task.isCancelled {
-            try? await Task.sleep(for: .seconds(3600))
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await whileServing() }
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(3600))
+            }
+            group.cancelAll()
         }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             DispatchQueue.global().async {

@@ -119,4 +119,15 @@ struct RequestWorkTests {
         try await Self.waitFor(work.cancelled)
         #expect(work.cancelled.value == 1)
     }
+
+    /// A handler that does not wait is answered on the thread that started it, before `start`
+    /// returns: the task runs there until its first wait (`Task.immediate`), so such a request never
+    /// goes through an executor thread (and one that waits skips that hand-off at its start).
+    @Test func aHandlerThatDoesNotWaitAnswersBeforeStartReturns() {
+        let answered = Counter()
+        let handler = AsyncHTTPHandler { request in .text("at once \(request.path)") }
+        let endWork = handler.start(HTTPRequest(method: "GET", path: "/")) { _ in answered.increment() }
+        #expect(answered.value == 1)
+        #expect(endWork != nil)
+    }
 }
