@@ -87,7 +87,7 @@ package enum SettingCatalog {
             "`id:base64(32 bytes)` comma-separated; the first encrypts, all decrypt (rotation)"),
         Setting(
             "SIWA_APPLE_CALLS", [.worker, .dev], default: "enabled",
-            "`disabled`: no calls to Apple (no exchange, no revoke); then the Apple credentials are not required"),
+            "`disabled`: no calls to Apple (no exchange, no revoke): such a worker claims no exchange, revoke or reconcile job, so they wait for a worker with credentials; then the Apple credentials are not required"),
         Setting("SIWA_WORKER_CONCURRENCY", [.worker, .dev], default: "4", "jobs in flight per process"),
         Setting(
             "SIWA_RETENTION_DAYS", [.worker, .dev], default: "30",

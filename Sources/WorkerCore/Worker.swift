@@ -130,7 +130,10 @@ package final class Worker: Sendable {
             ])
         await withTaskGroup(of: Void.self) { group in
             for _ in 0..<configuration.notificationConnections { group.addTask { await self.notificationLoop() } }
-            group.addTask { await self.dispatchLoop() }
+            // Without Apple credentials there is no handler to run an Apple-calling job: such a
+            // worker claims none, so they wait, untouched, for one that has them (claiming them only
+            // to snooze each for a minute delayed the revokes a capable worker beside it would run).
+            if !handlers.isEmpty { group.addTask { await self.dispatchLoop() } }
             group.addTask { await self.maintenanceLoop() }
             if configuration.listenNotify { group.addTask { await self.listenLoop() } }
             if let webhooks { group.addTask { await webhooks.run() } }

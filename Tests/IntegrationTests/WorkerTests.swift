@@ -132,6 +132,32 @@ struct WorkerTests {
         }
     }
 
+    /// A worker without Apple credentials (SIWA_APPLE_CALLS=disabled) never claims an Apple-calling
+    /// job: the revoke waits untouched (attempt 0, due now) for a worker that can run it. Before, it
+    /// was claimed and snoozed for a minute, so a capable worker beside it could not revoke it sooner.
+    @Test func aWorkerWithoutAppleCredentialsLeavesAppleJobsUntouched() async throws {
+        try await withMigratedDatabase { database in
+            let connection = try await database.connect()
+            defer { connection.close() }
+            _ = try await connection.query("SELECT siwa.request_deletion('com.example.app', 'bob')")
+            let worker = try database.startWorker()
+            // The worker is serving: a notification queued after its start is applied.
+            try await database.queueNotifications(1, on: connection)
+            try await connection.waitFor(processedCount) { $0 == 1 }
+            // A negative, so an observation window: five of its poll intervals (200 ms) after it
+            // proved it runs; the old dispatch loop claimed at its first pass, right at start.
+            try await Task.sleep(for: .seconds(1))
+            let revoke = try await connection.query(
+                "SELECT state, attempt, run_at <= now() FROM siwa.jobs WHERE kind = 'revoke'")
+            #expect(try revoke.first?.decode(String.self, at: 0) == "available")
+            #expect(try revoke.first?.decode(Int.self, at: 1) == 0)
+            #expect(try revoke.first?.decode(Bool.self, at: 2) == true)
+            #expect(!worker.log.contains("has no handler"))
+            #expect(worker.log.contains("jobs wait until a worker with Apple credentials runs"))
+            await worker.stop()
+        }
+    }
+
     /// A batch does not wait on an account another transaction holds: with one notification loop
     /// (SIWA_NOTIFICATION_CONNECTIONS=1), the busy account's job is left queued while the rest of
     /// its batch is applied, and it is applied, once, when the lock is gone. (Before, the batch

@@ -29,9 +29,12 @@
 #     native flow. The Python peer has no web flow (it would be the app's own callback): not compared.
 # With PERF=1, a perf profile of the worker during each scheme's run (by library, then by function;
 # with two schemes, then where the second costs more than the first, samples per sign-in by library):
-# its sampling costs the worker CPU, so the figures of that run are not comparable.
+# its sampling costs the worker CPU, so the figures of that run are not comparable. PERF_EVENT records
+# every occurrence of one event instead, with its stack (kept in /tmp/siwa-bench-sign-in-SCHEME.perf.data,
+# read with `perf script`): sched:sched_switch says which wait each thread switch is, and
+# probe_libc:malloc (after `perf probe -x /lib/x86_64-linux-gnu/libc.so.6 malloc`) who allocates.
 # Usage: deploy/bench/sign-in.sh [N=3000] [CONNECTIONS=16]   (env: SCHEMES="http https", WEB=1, ALLOCS=1, PERF=0, PERF_FREQ=499,
-#        SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
+#        PERF_EVENT=, SIWA_BENCH_BIN=a folder with release siwa and siwa-worker, to skip the build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
@@ -229,7 +232,11 @@ run_scheme() {  # run_scheme http|https: the app API, then the peer, against a f
   allocs_before=$(allocations "$worker_pid")
   window_start "worker-$scheme"
   if [[ "$PERF" == 1 ]]; then
-    perf record -F "${PERF_FREQ:-499}" -g -p "$worker_pid" -o "$work/perf-$scheme.data" >/dev/null 2>&1 &
+    if [[ -n "${PERF_EVENT:-}" ]]; then
+      perf record -e "$PERF_EVENT" -g -p "$worker_pid" -o "$work/perf-$scheme.data" >/dev/null 2>&1 &
+    else
+      perf record -F "${PERF_FREQ:-499}" -g -p "$worker_pid" -o "$work/perf-$scheme.data" >/dev/null 2>&1 &
+    fi
     perf_record_pid=$!
   fi
   cpu_before=$(cpu_s "$worker_pid"); fake_before=$(cpu_s "$fake_pid"); pg_before=$(cpu_s $(pg_pids)); ticks_before=$(ticks)

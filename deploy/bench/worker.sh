@@ -372,7 +372,7 @@ rates() {
                    FROM siwa.jobs WHERE state = 'completed' AND finalized_at > to_timestamp($1)"
 }
 check_books() {  # the worker's run: every notification job completed, every notification processed, no effect twice
-  # (the revokes that ending events queue in mix (b) are Apple calls, snoozed here: SIWA_APPLE_CALLS=disabled)
+  # (the revokes that ending events queue in mix (b) are Apple calls, left queued here: SIWA_APPLE_CALLS=disabled, so these workers claim none)
   local bad; bad=$(sql -c "SELECT (SELECT count(*) FROM siwa.notifications WHERE processed_at IS NULL)
                                 + (SELECT count(*) FROM siwa.jobs WHERE state <> 'completed' AND kind = 'notification')
                                 + (SELECT count(*) FROM (SELECT notification_jti FROM siwa.account_changes
