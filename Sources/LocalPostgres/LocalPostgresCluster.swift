@@ -111,7 +111,8 @@ package final class LocalPostgresCluster: Sendable {
         }
     }
 
-    private struct PortTaken: Error {
+    /// The server found its port taken (`start` and `startStandby` then try a fresh one).
+    struct PortTaken: Error {
         var port: Int
         var underlying: any Error
     }
