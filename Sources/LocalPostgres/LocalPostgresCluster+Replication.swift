@@ -10,18 +10,7 @@ extension LocalPostgresCluster {
     package func startStandby(name: String = "standby") async throws -> LocalPostgresCluster {
         // Its port is chosen before the server binds it, as `start`'s is: a port taken meanwhile
         // costs a fresh standby on a fresh port, a bounded number of times.
-        var attempt = 1
-        while true {
-            do {
-                return try await startStandbyOnce(name: name)
-            } catch let error as PortTaken where attempt < 3 {
-                logger.warning("local postgres standby port taken before the server bound it; trying another",
-                               metadata: ["db.port": .int(error.port), "attempt": .int(attempt)])
-                attempt += 1
-            } catch let error as PortTaken {
-                throw error.underlying
-            }
-        }
+        try await Self.onFreshPorts(logger: logger) { try await startStandbyOnce(name: name) }
     }
 
     private func startStandbyOnce(name: String) async throws -> LocalPostgresCluster {
