@@ -59,8 +59,9 @@ package final class Receiver: Service {
                 applicationName: "siwa-receiver-web", logger: logger)
             webSignInPool = pool
             webSignIn = WebSignIn(
-                settings: settings, listeningPort: { listeningPort.port }, clientIDs: configuration.clientIDs, appleBaseURL: configuration.appleBaseURL, pool: pool,
-                timeout: configuration.commitTimeout, metrics: metrics, logger: logger)
+                settings: settings, listeningPort: { listeningPort.port }, clientIDs: configuration.clientIDs,
+                appleBaseURL: configuration.appleBaseURL, pool: pool, timeout: configuration.commitTimeout, metrics: metrics,
+                logger: logger)
         } else {
             webSignInPool = nil
         }
