@@ -8,6 +8,12 @@ extension LocalPostgresCluster {
     /// its own free port, started and accepting read-only connections. `name` is its `cluster_name`,
     /// which it reports to the primary as `application_name` (what `synchronous_standby_names` lists).
     package func startStandby(name: String = "standby") async throws -> LocalPostgresCluster {
+        // Its port is chosen before the server binds it, as `start`'s is: a port taken meanwhile
+        // costs a fresh standby on a fresh port, a bounded number of times.
+        try await Self.onFreshPorts(logger: logger) { try await startStandbyOnce(name: name) }
+    }
+
+    private func startStandbyOnce(name: String) async throws -> LocalPostgresCluster {
         let directory = try Self.makeDirectory(owner: user)
         let standby = LocalPostgresCluster(
             binDirectory: binDirectory, directory: directory, port: try Self.freePort(), user: user, options: options,
@@ -26,7 +32,9 @@ extension LocalPostgresCluster {
             ])
             try await standby.startAgain()
         } catch {
+            let serverLog = readFile(standby.logPath) ?? ""
             await standby.destroy()
+            if serverLog.contains("Address already in use") { throw PortTaken(port: standby.port, underlying: error) }
             throw error
         }
         logger.info("local postgres standby started", metadata: ["db.port": .int(standby.port), "db.primary_port": .int(port)])

@@ -97,10 +97,16 @@ package final class LocalPostgresCluster: Sendable {
         // The port is free when chosen but not reserved: an outgoing connection or another
         // process may take it before the server binds. That loses the race, not the run: a fresh
         // cluster on a fresh port.
+        try await onFreshPorts(logger: logger) { try await startOnce(logger: logger, options: options) }
+    }
+
+    /// `start` again, up to three times in all, while the server finds its port taken
+    /// (`PortTaken`); the last attempt's own error then.
+    package static func onFreshPorts<Started>(logger: Logger, _ start: () async throws -> Started) async throws -> Started {
         var attempt = 1
         while true {
             do {
-                return try await startOnce(logger: logger, options: options)
+                return try await start()
             } catch let error as PortTaken where attempt < 3 {
                 logger.warning("local postgres port taken before the server bound it; trying another",
                                metadata: ["db.port": .int(error.port), "attempt": .int(attempt)])
@@ -111,9 +117,15 @@ package final class LocalPostgresCluster: Sendable {
         }
     }
 
-    private struct PortTaken: Error {
-        var port: Int
-        var underlying: any Error
+    /// The server found its port taken (`start` and `startStandby` then try a fresh one).
+    package struct PortTaken: Error {
+        package var port: Int
+        package var underlying: any Error
+
+        package init(port: Int, underlying: any Error) {
+            self.port = port
+            self.underlying = underlying
+        }
     }
 
     private static func startOnce(logger: Logger, options: Options) async throws -> LocalPostgresCluster {

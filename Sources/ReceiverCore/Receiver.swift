@@ -4,6 +4,7 @@ import HTTPServer
 package import Logging
 package import Metrics
 import Lifecycle
+import Locking
 import Postgres
 import Settings
 
@@ -51,14 +52,16 @@ package final class Receiver: Service {
                     "siwa_receiver_commit_failures_total",
                     help: "Commits that failed for a reason other than the rows (answered 503).")))
         var webSignIn: WebSignIn?
+        let listeningPort = ListeningPort()
         if let settings = configuration.webSignIn {
             let pool = PostgresPool(
                 conninfo: configuration.databaseURL, size: 2, acquireTimeout: configuration.commitTimeout,
                 applicationName: "siwa-receiver-web", logger: logger)
             webSignInPool = pool
             webSignIn = WebSignIn(
-                settings: settings, clientIDs: configuration.clientIDs, appleBaseURL: configuration.appleBaseURL, pool: pool,
-                timeout: configuration.commitTimeout, metrics: metrics, logger: logger)
+                settings: settings, listeningPort: { listeningPort.port }, clientIDs: configuration.clientIDs,
+                appleBaseURL: configuration.appleBaseURL, pool: pool, timeout: configuration.commitTimeout, metrics: metrics,
+                logger: logger)
         } else {
             webSignInPool = nil
         }
@@ -73,6 +76,7 @@ package final class Receiver: Service {
                 perIPConnectionLimit: configuration.perAddressLimit, connectionTimeout: .seconds(configuration.connectionTimeout), maxBodyBytes: 64 * 1024,
                 requestDeadline: configuration.requestTimeout),
             handler: handler, logger: logger)
+        listeningPort.attach(server)
     }
 
     package var port: Int { server.port }
@@ -88,7 +92,7 @@ package final class Receiver: Service {
                 "listen": "\(configuration.listen.host):\(server.port)", "path": .string(configuration.notificationPath),
                 "client_ids": .string(configuration.clientIDs.joined(separator: ",")),
             ])
-        if let settings = configuration.webSignIn {
+        if let settings = configuration.webSignIn?.resolved(listeningPort: server.port) {
             logger.info(
                 "siwa-receiver serves web sign-in",
                 metadata: [
@@ -106,5 +110,26 @@ package final class Receiver: Service {
             group.cancelAll()
         }
         logger.info("siwa-receiver stopped")
+    }
+}
+
+/// The server's port for its own handler, which is made before the server is. Weak: the server
+/// holds the handler that holds this. The first port read is kept, so that a request still in
+/// flight while the server stops (its port then reads 0) is answered with the same URL.
+final class ListeningPort: Sendable {
+    private struct State {
+        weak var server: HTTPServer?
+        var port = 0
+    }
+
+    private let state = Locked(State())
+
+    func attach(_ server: HTTPServer) { state.withLock { $0.server = server } }
+
+    var port: Int {
+        state.withLock { state in
+            if state.port == 0 { state.port = state.server?.port ?? 0 }
+            return state.port
+        }
     }
 }

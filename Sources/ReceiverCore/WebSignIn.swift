@@ -23,7 +23,9 @@ package struct WebSignIn: Sendable {
     static let maximumCallbackBytes = 16 * 1024
     static let maximumAppStateLength = 512
 
-    let settings: WebSignInSettings
+    private let configured: WebSignInSettings
+    /// The receiver's bound port, read per request when the public URL follows it.
+    private let listeningPort: @Sendable () -> Int
     let clientIDs: Set<String>
     let appleBaseURL: URL
     let pool: PostgresPool
@@ -32,10 +34,11 @@ package struct WebSignIn: Sendable {
     let outcomes: [String: Counter]
 
     package init(
-        settings: WebSignInSettings, clientIDs: [String], appleBaseURL: URL, pool: PostgresPool, timeout: Duration,
-        metrics: MetricsRegistry, logger: Logger
+        settings: WebSignInSettings, listeningPort: @escaping @Sendable () -> Int, clientIDs: [String], appleBaseURL: URL,
+        pool: PostgresPool, timeout: Duration, metrics: MetricsRegistry, logger: Logger
     ) {
-        self.settings = settings
+        configured = settings
+        self.listeningPort = listeningPort
         self.clientIDs = Set(clientIDs)
         self.appleBaseURL = appleBaseURL
         self.pool = pool
@@ -52,6 +55,11 @@ package struct WebSignIn: Sendable {
                 labels: ["step": step, "outcome": outcome])
         }
         self.outcomes = outcomes
+    }
+
+    /// The settings with the public URL's port 0 replaced by the one the receiver bound.
+    var settings: WebSignInSettings {
+        configured.followsListeningPort ? configured.resolved(listeningPort: listeningPort()) : configured
     }
 
     /// Takes the request when its path is one of this flow's; false otherwise.
@@ -88,6 +96,7 @@ package struct WebSignIn: Sendable {
         if let appState, appState.unicodeScalars.count > Self.maximumAppStateLength || appState.unicodeScalars.contains("\u{0}") {
             return refuse("start", 400, "app_state_invalid")
         }
+        let redirectURI = settings.redirectURI
         let state = Base64URL.encode(SecureRandom.bytes(count: 32))
         let nonce = Base64URL.encode(SecureRandom.bytes(count: 32))
         let kept: Bool
@@ -96,7 +105,7 @@ package struct WebSignIn: Sendable {
                 try await connection.query(
                     """
                     SELECT siwa.begin_web_sign_in(\(SHA256.hash(Array(state.utf8))), \(clientID), \(returnTo), \(appState),
-                                                  \(nonce), \(settings.redirectURI), \(Int32(settings.maxPending)))
+                                                  \(nonce), \(redirectURI), \(Int32(settings.maxPending)))
                     """
                 )[0].decode(Bool.self, at: 0)
             }
@@ -114,7 +123,7 @@ package struct WebSignIn: Sendable {
         logger.debug("web sign-in started", metadata: ["client_id": .string(clientID)])
         let fields = [
             ("response_type", "code id_token"), ("response_mode", "form_post"), ("client_id", clientID),
-            ("redirect_uri", settings.redirectURI), ("scope", scope), ("state", state),
+            ("redirect_uri", redirectURI), ("scope", scope), ("state", state),
             ("nonce", IdentityTokenVerifier.nonceClaim(rawNonce: nonce)),
         ]
         let authorize = appleBaseURL.absoluteString + "/auth/authorize?" + FormEncoding.encode(fields)

@@ -13,6 +13,19 @@ package struct WebSignInSettings: Sendable {
     /// What Apple posts to, and what the Services ID must list.
     package var redirectURI: String { publicURL + WebSignIn.callbackPath }
 
+    /// The public URL names port 0 (`http://127.0.0.1:0`): the receiver's own port, known once it
+    /// has bound `SIWA_LISTEN`. A receiver on loopback is its own public URL (`siwa dev`, tests), and
+    /// a port chosen before binding could be taken by another process in between.
+    package var followsListeningPort: Bool { URLComponents(string: publicURL)?.port == 0 }
+
+    /// These settings with the public URL's port 0 replaced by `port`.
+    package func resolved(listeningPort port: Int) -> WebSignInSettings {
+        guard followsListeningPort, let colon = publicURL.lastIndex(of: ":") else { return self }
+        var resolved = self
+        resolved.publicURL = String(publicURL[..<colon]) + ":\(port)"
+        return resolved
+    }
+
     package init(publicURL: String, returnURLs: [String], maxPending: Int = 10_000) {
         self.publicURL = publicURL
         self.returnURLs = returnURLs
@@ -53,6 +66,9 @@ package struct WebSignInSettings: Sendable {
         guard components.path.isEmpty, components.query == nil, components.fragment == nil, components.user == nil,
             components.password == nil
         else { return "expected a scheme, a host and a port only (no path, query, fragment or user)" }
+        if components.port == 0 && scheme != "http" {
+            return "port 0 (the receiver's own port, once bound) only with http:// to a loopback address"
+        }
         return nil
     }
 

@@ -60,7 +60,7 @@ package enum SettingCatalog {
             "least seconds between two fetches of Apple's keys caused by unknown `kid`s"),
         Setting(
             "SIWA_PUBLIC_URL", [.receiver], note: "unset: web sign-in not served", example: "https://auth.example.com",
-            "public base URL of the receiver behind its TLS proxy (`https://`; `http://` only to a loopback address; no path); Apple's redirect URI is `{SIWA_PUBLIC_URL}/apple/sign-in/callback` (register it for the Services ID)"),
+            "public base URL of the receiver behind its TLS proxy (`https://`; `http://` only to a loopback address, where port 0 means the port the receiver bound; no path); Apple's redirect URI is `{SIWA_PUBLIC_URL}/apple/sign-in/callback` (register it for the Services ID)"),
         Setting(
             "SIWA_WEB_RETURN_URLS", [.receiver], note: "required with `SIWA_PUBLIC_URL`",
             example: "https://app.example.com/signed-in,com.example.app:/signed-in",

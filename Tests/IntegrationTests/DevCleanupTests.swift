@@ -101,8 +101,8 @@ final class DevUnderTest: Sendable {
             try Siwa.binary().path, ["dev"],
             options: .init(
                 environment: ServiceProcess.childEnvironment([
-                    "TMPDIR": temporary, "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                    "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())", "SIWA_DEV_EXIT_AFTER": "120",
+                    "TMPDIR": temporary, "SIWA_LISTEN": "127.0.0.1:0", "SIWA_OPS_LISTEN": "127.0.0.1:0",
+                    "SIWA_APP_API_LISTEN": "127.0.0.1:0", "SIWA_DEV_EXIT_AFTER": "120",
                     "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
                 ]), output: .pipe, error: .discard))
     }

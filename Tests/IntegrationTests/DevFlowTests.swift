@@ -1,4 +1,5 @@
 import Foundation
+import OutboundHTTP
 import Postgres
 import Synchronization
 import TestTiming
@@ -15,6 +16,7 @@ import Testing
             let output = try await runPrintedSimulateLine(dev)
             try await expectApplied(output, databaseURL: database.url)
             try await expectPrintedSignInLineSignsIn(dev, databaseURL: database.url)
+            try await expectPrintedWebSignInStartsAtTheFake(dev)
             try await interruptAndExpectCleanStop(dev, output: output)
         } catch {
             await database.drop()
@@ -38,29 +40,23 @@ import Testing
 
     // MARK: Steps
 
-    /// Explicit free ports: other tests may hold 8080/9090 (dev would pick free ones itself too).
-    /// `freePort()` binds, reads and closes, so another process may take a port before dev's
-    /// children bind it: a start that ends in "address already in use" is tried again on new ports.
+    /// Every listener on port 0 (other tests may hold 8080/9090): dev reads back the ports its
+    /// children bound and prints those, so the printed lines below only work when it read them right.
     private func startDev(_ environment: [String: String], ready marker: String = " simulate consent-revoked ")
         async throws -> ServiceProcess
     {
-        for attempt in 1...3 {
-            let dev = try ServiceProcess(
-                "siwa", arguments: ["dev"],
-                environment: environment.merging([
-                    "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                    "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
-                    "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
-                    "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
-                ]) { $1 })
-            // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
-            try? await waitUntil("siwa dev printed \(marker) or ended", timeout: .seconds(90), every: .milliseconds(100)) {
-                !dev.isRunning || dev.log.contains(marker)
-            }
-            if attempt < 3, !dev.isRunning, dev.log.contains("address already in use") { continue }
-            return dev
+        let dev = try ServiceProcess(
+            "siwa", arguments: ["dev"],
+            environment: environment.merging([
+                "SIWA_LISTEN": "127.0.0.1:0", "SIWA_OPS_LISTEN": "127.0.0.1:0", "SIWA_APP_API_LISTEN": "127.0.0.1:0",
+                "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies before its SIGINT
+                "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
+            ]) { $1 })
+        // Up (it printed its lines), or gone; the callers' own bounded waits judge the rest.
+        try? await waitUntil("siwa dev printed \(marker) or ended", timeout: .seconds(90), every: .milliseconds(100)) {
+            !dev.isRunning || dev.log.contains(marker)
         }
-        preconditionFailure("unreachable: the last attempt returns")
+        return dev
     }
 
     struct PrintedLine {
@@ -109,6 +105,21 @@ import Testing
         let loaded = try await db.query(
             "SELECT count(*) FROM siwa.accounts WHERE sub LIKE \(sub + "-load-%") AND status = 'active' AND refresh_token_enc IS NOT NULL")
         #expect(try loaded[0].decode(Int.self, at: 0) == 7)
+    }
+
+    /// The printed web sign-in URL starts a sign-in at the fake Apple whose redirect URI is the
+    /// receiver's own: its public URL named port 0, which the receiver took as the port it bound.
+    private func expectPrintedWebSignInStartsAtTheFake(_ dev: ServiceProcess) async throws {
+        let log = dev.log
+        let receiver = try #require(Self.capture(#"receiver health +(http://\S+)/healthz"#, in: log), "\(log)")
+        let apple = try #require(Self.capture(#" Apple +(https?://\S+)"#, in: log), "\(log)")
+        let start = try #require(Self.capture(#"web sign-in +(http://\S+)"#, in: log), "\(log)")
+        #expect(!receiver.hasSuffix(":0") && start.hasPrefix(receiver + "/apple/sign-in?"), "\(receiver) \(start)")
+        let answer = try await HTTP.client.send(
+            HTTPRequest(method: "GET", url: start, headers: [], body: [], timeout: TestTimeScale.scaled(.seconds(30))))
+        let location = answer.headers["location"] ?? ""
+        #expect(answer.status == 302 && location.hasPrefix(apple + "/auth/authorize?"), "\(answer.status) \(location)")
+        #expect(WebSignInStack.query(of: location)["redirect_uri"] == receiver + "/apple/sign-in/callback", "\(location)")
     }
 
     /// Waits for a printed line containing `marker`, runs it exactly as printed, expects exit 0 and

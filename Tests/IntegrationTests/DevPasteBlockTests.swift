@@ -20,8 +20,8 @@ import Testing
         let dev = try ServiceProcess(
             "siwa", arguments: ["dev", "--no-worker"],
             environment: [
-                "DATABASE_URL": databaseURL, "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())", "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies
+                "DATABASE_URL": databaseURL, "SIWA_LISTEN": "127.0.0.1:0", "SIWA_OPS_LISTEN": "127.0.0.1:0",
+                "SIWA_APP_API_LISTEN": "127.0.0.1:0", "SIWA_DEV_EXIT_AFTER": "120",  // a bound if the test dies
                 "HOME": ProcessInfo.processInfo.environment["HOME"] ?? "/tmp",
             ])
         do {
@@ -32,6 +32,11 @@ import Testing
             let exports = dev.log.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { $0.hasPrefix("export ") }
             #expect(exports.first?.hasPrefix("export PATH=") == true, "the block puts siwa on PATH: \(exports)")
             #expect(exports.contains { $0.hasPrefix("export SIWA_CA_FILE=") }, "dev's fake serves https: \(exports)")
+            // Every listener was given port 0: the URLs printed are the ports dev read back.
+            let receiver = try #require(DevFlowTests.capture(#"receiver health +(http://\S+)/healthz"#, in: dev.log), "\(dev.log)")
+            #expect(exports.contains("export SIWA_RECEIVER_URL=\(receiver)/apple/notifications"), "\(exports)")
+            let health = try await HTTP.request("GET", receiver + "/healthz")
+            #expect(health.status == 200 && !receiver.hasSuffix(":0"), "\(receiver): \(health)")
 
             let help = try await Siwa.run(["help", "fake-apple"], environment: [:], timeout: .seconds(30))
             let examples = Self.curlExamples(help.stdout)

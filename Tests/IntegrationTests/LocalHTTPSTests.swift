@@ -71,8 +71,8 @@ struct LocalHTTPSTests {
                         // waiting for it while the test looks at the fake, then stop on the test's SIGINT.
                         "DATABASE_URL": database.url, "SIWA_DEV_FAKE_APPLE_TLS": "on", "SIWA_DEV_READY_TIMEOUT": "600",
                         "SIWA_DEV_EXIT_AFTER": "300",
-                        "SIWA_LISTEN": "127.0.0.1:\(freePort())", "SIWA_OPS_LISTEN": "127.0.0.1:\(freePort())",
-                        "SIWA_APP_API_LISTEN": "127.0.0.1:\(freePort())",
+                        "SIWA_LISTEN": "127.0.0.1:0", "SIWA_OPS_LISTEN": "127.0.0.1:0",
+                        "SIWA_APP_API_LISTEN": "127.0.0.1:0",
                     ])
                 // Its children live in their own process groups: only dev's own stop ends them.
                 teardown.add {

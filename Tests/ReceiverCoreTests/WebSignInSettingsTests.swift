@@ -32,7 +32,24 @@ import Testing
         #expect(settings.returnURLs == ["https://app.example.com/done", "com.example.app:/signed-in", "http://127.0.0.1:3000/cb"])
     }
 
+    /// A loopback public URL naming port 0 follows the port the receiver binds (`siwa dev`, tests);
+    /// any other keeps its own.
+    @Test func portZeroOnLoopbackFollowsTheBoundPort() throws {
+        for (url, resolved) in [
+            ("http://127.0.0.1:0", "http://127.0.0.1:53117"), ("http://[::1]:0/", "http://[::1]:53117"),
+            ("http://localhost:0", "http://localhost:53117"),
+        ] {
+            let settings = try #require(try Self.settings(["SIWA_PUBLIC_URL": url, "SIWA_WEB_RETURN_URLS": "https://app.example.com/done"]))
+            #expect(settings.followsListeningPort, "\(url)")
+            #expect(settings.resolved(listeningPort: 53117).redirectURI == resolved + "/apple/sign-in/callback")
+        }
+        let fixed = try #require(
+            try Self.settings(["SIWA_PUBLIC_URL": "http://127.0.0.1:8080", "SIWA_WEB_RETURN_URLS": "https://app.example.com/done"]))
+        #expect(!fixed.followsListeningPort && fixed.resolved(listeningPort: 53117).publicURL == "http://127.0.0.1:8080")
+    }
+
     @Test(arguments: [
+        "https://auth.example.com:0", "http://auth.example.com:0",
         "http://auth.example.com", "ftp://auth.example.com", "https://", "https://auth.example.com/prefix",
         "https://auth.example.com?x=1", "auth.example.com",
     ])

@@ -108,6 +108,7 @@ final class DevStack: @unchecked Sendable {
     private let logger: Logger
     private var cluster: LocalPostgresCluster?
     private var children: [DevProcess] = []
+    private let boundPorts = DevBoundPorts()
     private var console: ConsoleServer?
     private var temporaryDirectory: String?
     private var apiTokenFile = ""
@@ -240,22 +241,24 @@ final class DevStack: @unchecked Sendable {
             appleBase = fakeApple!
         }
 
-        // Listeners: the defaults, or a free port when the default is busy.
+        // Listeners: as given, else the defaults, or port 0 when a default is busy. A port 0 is
+        // read back from the child's log once it has bound one (`DevListener`), before anything
+        // that names it: the readiness checks, the printed URLs.
         var listen = settings.listen
-        if !settings.listenGiven && !DevPorts.isFree(host: listen.host, port: listen.port) {
-            listen.port = DevPorts.free() ?? 0
-            say("port 8080 is busy; the receiver listens on \(listen.port)")
-        }
+        let defaultListenBusy = !settings.listenGiven && !DevPorts.isFree(host: listen.host, port: listen.port)
+        if defaultListenBusy { listen.port = 0 }
         var opsListen = settings.opsListen
         if !settings.opsListenGiven && !DevPorts.isFree(host: opsListen.host, port: opsListen.port) {
-            opsListen.port = DevPorts.free() ?? 0
+            opsListen.port = 0
         }
 
         var environment = ProcessInfo.processInfo.environment
         environment["DATABASE_URL"] = databaseURL
         environment["SIWA_CLIENT_IDS"] = settings.clientIDs
         environment["SIWA_APPLE_BASE_URL"] = appleBase
-        environment["SIWA_LOG_LEVEL"] = "\(settings.logLevel)"
+        // At least info: the lines that say where a child listens are info lines. Dev shows only
+        // those at the level asked for (`spawn`).
+        environment["SIWA_LOG_LEVEL"] = "\(min(settings.logLevel, .info))"
         environment["SIWA_NOTIFICATION_PATH"] = settings.notificationPath
         if let certificates {
             environment["SIWA_CA_FILE"] = certificates.caFile  // replaces any file twin
@@ -277,21 +280,22 @@ final class DevStack: @unchecked Sendable {
             receiverEnvironment[secret + "_FILE"] = nil
         }
         // Web sign-in, served: the receiver on loopback is its own public URL, and the fake Apple's
-        // page shows where a sign-in returns (unless the operator set either).
+        // page shows where a sign-in returns (unless the operator set either). With port 0 the
+        // public URL names port 0 too, which the receiver takes as the port it bound.
         var webReturnURL: String?
-        if let fakeApple, environment["SIWA_PUBLIC_URL"] == nil, CommonSettings.isLoopback(listen.host), listen.port != 0 {
+        if let fakeApple, environment["SIWA_PUBLIC_URL"] == nil, CommonSettings.isLoopback(listen.host) {
             let returnURL = fakeApple + "/fake/signed-in"
             receiverEnvironment["SIWA_PUBLIC_URL"] = "http://\(Self.dialHost(listen.host)):\(listen.port)"
             receiverEnvironment["SIWA_WEB_RETURN_URLS"] = environment["SIWA_WEB_RETURN_URLS"] ?? returnURL
             webReturnURL = environment["SIWA_WEB_RETURN_URLS"] == nil ? returnURL : nil
         }
-        try spawn("receiver", receiverPath, environment: receiverEnvironment)
+        try spawn("receiver", receiverPath, environment: receiverEnvironment, listeners: [.receiver])
 
         var workerEnvironment = environment
         workerEnvironment["SIWA_OPS_LISTEN"] = opsListen.description
         var apiListen = settings.apiListen
         if !settings.apiListenGiven && !DevPorts.isFree(host: apiListen.host, port: apiListen.port) {
-            apiListen.port = DevPorts.free() ?? 0
+            apiListen.port = 0
         }
         let servesAPI = settings.startWorker && (settings.hasAppleCredentials || throwawayCredentials != nil)
         if servesAPI {
@@ -312,10 +316,15 @@ final class DevStack: @unchecked Sendable {
             say("no Apple credentials: worker runs with SIWA_APPLE_CALLS=disabled (no exchange, no revoke)")
         }
         if settings.startWorker {
-            try spawn("worker", workerPath, environment: workerEnvironment)
+            try spawn("worker", workerPath, environment: workerEnvironment, listeners: servesAPI ? [.workerOps, .appAPI] : [.workerOps])
         } else {
             say("--no-worker: no worker started; jobs wait in siwa.jobs")
         }
+
+        if listen.port == 0 { listen.port = try await boundPort(of: .receiver, child: "receiver") }
+        if defaultListenBusy { say("port 8080 is busy; the receiver listens on \(listen.port)") }
+        if settings.startWorker && opsListen.port == 0 { opsListen.port = try await boundPort(of: .workerOps, child: "worker") }
+        if servesAPI && apiListen.port == 0 { apiListen.port = try await boundPort(of: .appAPI, child: "worker") }
 
         let receiver = "http://\(Self.dialHost(listen.host)):\(listen.port)"
         try await waitForReady(url: receiver + "/readyz", what: "receiver")
@@ -402,12 +411,31 @@ final class DevStack: @unchecked Sendable {
         throw DevError("siwa fake-apple printed no \"listening on ...\" line within 20 s")
     }
 
-    private func spawn(_ name: String, _ path: String, environment: [String: String]) throws {
+    /// Starts a child whose log lines are shown from the level asked for up, and whose `listeners`
+    /// report their ports to `boundPorts`.
+    private func spawn(_ name: String, _ path: String, environment: [String: String], listeners: [DevListener]) throws {
         let output = output
+        let boundPorts = boundPorts
+        let level = settings.logLevel
         children.append(
             try DevProcess(name: name, executable: path, arguments: [], environment: environment) { line in
-                output.line(DevLogFormatter.format(line, prefix: name))
+                boundPorts.read(line, for: listeners)
+                if let shown = DevLogFormatter.format(line, prefix: name, from: level) { output.line(shown) }
             })
+    }
+
+    /// The port `listener` bound, once its child has logged it; an error if the child ends first.
+    private func boundPort(of listener: DevListener, child name: String) async throws -> Int {
+        let deadline = ContinuousClock.now + .seconds(settings.readyTimeout)
+        while ContinuousClock.now < deadline {
+            try checkSignal()
+            if let port = boundPorts.port(of: listener) { return port }
+            if let dead = children.first(where: { $0.name == name && !$0.isRunning }) {
+                throw DevError("\(dead.name) exited with status \(dead.status ?? -1) during start-up")
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw DevError("the \(name) logged no \"\(listener.message)\" line within \(settings.readyTimeout) s")
     }
 
     /// A P-256 `.p8`, a team and key ID, and one AES-256 token key, all in the temp dir.

@@ -3,10 +3,23 @@ import Foundation
     import Glibc
 #endif
 import Locking
+import Logging
 
 /// Turns the children's JSON log lines (`{"ts","level","logger","msg",...}`) into
 /// `[receiver] 12:04:05 info  siwa-receiver listening listen=127.0.0.1:8080`; other lines pass through.
 enum DevLogFormatter {
+    /// The line formatted, or nil when its level is below `minimum` (children log at least info,
+    /// whatever `SIWA_LOG_LEVEL` says, so that dev reads where they listen).
+    static func format(_ line: String, prefix: String, from minimum: Logger.Level) -> String? {
+        if minimum > .info, line.hasPrefix("{"),
+            let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+            let name = object["level"] as? String, let level = Logger.Level(configurationValue: name), level < minimum
+        {
+            return nil
+        }
+        return format(line, prefix: prefix)
+    }
+
     static func format(_ line: String, prefix: String) -> String {
         guard line.hasPrefix("{"),
             let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],

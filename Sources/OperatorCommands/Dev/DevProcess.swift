@@ -64,18 +64,12 @@ struct DevError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Ports for the listeners `siwa dev` starts. Chosen before the child binds them, not port 0 read
-/// back: dev prints the receiver's URL and hands it to the receiver as its public URL (web sign-in's
-/// return address) before the receiver starts, and the default (8080) is tried first.
+/// Whether a default port of `siwa dev` (8080, 9090, 8081) is free: when it is not, the listener
+/// gets port 0 and dev reads back the one its child bound (`DevListener`).
 enum DevPorts {
     /// True when nothing listens on host:port (we could bind it).
     static func isFree(host: String, port: Int) -> Bool {
         bind(host: host, port: port) != nil
-    }
-
-    /// A port the kernel just handed out (free at the time of asking).
-    static func free(host: String = "127.0.0.1") -> Int? {
-        bind(host: host, port: 0)
     }
 
     private static func bind(host: String, port: Int) -> Int? {

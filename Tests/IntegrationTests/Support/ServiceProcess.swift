@@ -116,26 +116,6 @@ struct ServiceProcessError: Error, CustomStringConvertible {
     var description: String { message }
 }
 
-/// A TCP port nothing listens on right now (bind to 0, read it, close): only for a child that must
-/// know its port before it starts and so cannot be told port 0 and read it back. Two do:
-/// `siwa dev` (it hands the receiver its own URL as the public URL and checks each listener's
-/// readiness at the address it chose) and a receiver serving web sign-in (`SIWA_PUBLIC_URL` names its
-/// own port). Their callers retry on "address already in use". Everything else listens on port 0.
-func freePort() -> Int {
-    let socketFD = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(socketFD) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketFD, $0, length) } }
-    _ = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(socketFD, $0, &length) }
-    }
-    return Int(UInt16(bigEndian: address.sin_port))
-}
-
 /// A program run to its end through `ChildProcess`, stdout and stderr captured in files: the tests'
 /// one way to run a command (`siwa ...`, curl, chromium, a printed line).
 enum ProgramRun {

@@ -7,32 +7,37 @@ import Postgres
 import TestTiming
 
 /// The web sign-in's two halves over one database: a real `siwa-receiver` serving
-/// `/apple/sign-in` (SIWA_PUBLIC_URL on a free loopback port, the fake Apple as Apple), and the app
-/// API in process (`AppAPIHarness`) redeeming tickets. The test plays the browser (or drives one).
+/// `/apple/sign-in` (on port 0, its SIWA_PUBLIC_URL naming port 0 too: the port it binds; the fake
+/// Apple as Apple), and the app API in process (`AppAPIHarness`) redeeming tickets. The test plays
+/// the browser (or drives one).
 final class WebSignInStack: Sendable {
     static let returnURL = "https://app.example.com/signed-in"
     static let appReturnURL = "com.example.app:/signed-in#web"
 
     let api: AppAPIHarness
     let receiver: ServiceProcess
+    /// The receiver's URL, with the port it bound.
     let base: String
 
     init(maxPending: Int? = nil) async throws {
         api = try await AppAPIHarness()
-        let port = freePort()
-        base = "http://127.0.0.1:\(port)"
         var environment = [
             "DATABASE_URL": api.lifecycle.database.url,
             "SIWA_CLIENT_IDS": "\(LifecycleHarness.clientID),\(AppAPIHarness.otherClientID)",
-            "SIWA_LISTEN": "127.0.0.1:\(port)", "SIWA_APPLE_BASE_URL": api.fake.baseURL.absoluteString,
-            "SIWA_LOG_LEVEL": "debug", "SIWA_PUBLIC_URL": base,
+            "SIWA_LISTEN": "127.0.0.1:0", "SIWA_APPLE_BASE_URL": api.fake.baseURL.absoluteString,
+            "SIWA_LOG_LEVEL": "debug", "SIWA_PUBLIC_URL": "http://127.0.0.1:0",
             "SIWA_WEB_RETURN_URLS": "\(Self.returnURL),\(Self.appReturnURL),\(api.fake.baseURL.absoluteString)/fake/signed-in",
         ]
         if let maxPending { environment["SIWA_WEB_SIGN_IN_MAX_PENDING"] = String(maxPending) }
+        var started: ServiceProcess?
         do {
-            receiver = try ServiceProcess("siwa-receiver", environment: environment)
-            try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: receiver)
+            let process = try ServiceProcess("siwa-receiver", environment: environment)
+            started = process
+            let base = "http://127.0.0.1:\(try await process.boundHTTPPort())"
+            try await ReceiverUnderTest.waitForReadiness(base, 200, receiver: process)
+            (receiver, self.base) = (process, base)
         } catch {
+            await started?.stop()
             await api.shutDown()
             throw error
         }
