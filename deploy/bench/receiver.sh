@@ -10,6 +10,8 @@
 #     a cached virtualenv) at 64 connections against the same database,
 #  6. prints requests/s, p50/p99, non-2xx, rows stored, resident memory and the ratio.
 # Usage: deploy/bench/receiver.sh [N=100000] [SECONDS=6]  (N per run; enough that no request repeats)
+#        SIWA_BENCH_BIN=a folder with release siwa and siwa-receiver: measures those instead of
+#        building (e.g. a copy saved from an earlier commit, to compare two builds on the same day)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PATH:/opt/swift/usr/bin"
@@ -19,10 +21,14 @@ DURATION=${2:-6}
 CONNECTIONS="16 32 64"
 
 deploy/scripts/install-deps.sh wrk >/dev/null
-echo "==> building (release)"
-swift build -c release --product siwa >/dev/null
-swift build -c release --product siwa-receiver >/dev/null
-BIN=$(swift build -c release --show-bin-path)
+if [[ -n "${SIWA_BENCH_BIN:-}" ]]; then
+  BIN=$SIWA_BENCH_BIN
+else
+  echo "==> building (release)"
+  swift build -c release --product siwa >/dev/null
+  swift build -c release --product siwa-receiver >/dev/null
+  BIN=$(swift build -c release --show-bin-path)
+fi
 work=$(mktemp -d /tmp/siwa-bench-receiver.XXXXXX)
 
 source deploy/scripts/throwaway-postgres.sh
