@@ -29,7 +29,12 @@ actor TestDatabase {
     func cluster() async throws -> LocalPostgresCluster {
         if let starting { return try await starting.value }
         let task = Task { () async throws -> LocalPostgresCluster in
-            let cluster = try await LocalPostgresCluster.start(logger: Self.logger)
+            // 400 connections, not the default 200: the suites of one pass run side by side, each
+            // with its own workers' pools (a worker alone opens up to 9 + 16 + its notification
+            // loops), and a full run was seen refusing one with "remaining connection slots are
+            // reserved" (ForgedNotificationTests, 6 December).
+            let cluster = try await LocalPostgresCluster.start(
+                logger: Self.logger, options: LocalPostgresCluster.Options(maxConnections: 400))
             clusterToDestroy.withLock { $0 = cluster }
             atexit { clusterToDestroy.withLock { $0?.destroyBlocking() } }
             return cluster
