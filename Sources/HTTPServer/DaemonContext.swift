@@ -395,6 +395,9 @@ final class DaemonContext: Sendable {
         -> [String: String]
     {
         var collected: (values: [String: String], lowercased: Bool) = ([:], lowercased)
+        // Sized once (a null iterator only counts): grown one insert at a time, the table was
+        // reallocated and every name hashed again at each doubling, on every request.
+        collected.values.reserveCapacity(max(0, Int(MHD_get_connection_values(connection, kind, nil, nil))))
         withUnsafeMutablePointer(to: &collected) { pointer in
             _ = MHD_get_connection_values(connection, kind, { cls, _, key, value in
                 guard let cls, let key else { return .YES }

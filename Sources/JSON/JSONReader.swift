@@ -41,6 +41,9 @@ struct JSONReader {
         var members: [String: JSONValue] = [:]
         skipWhitespace()
         if try consume(UInt8(ascii: "}")) { return .object(members) }
+        // Room for an identity token's claims (13) in one allocation: grown from empty, the table
+        // was reallocated and its names hashed again four times per token.
+        members.reserveCapacity(16)
         while true {
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }

@@ -24,6 +24,9 @@ package struct PostgresBindings: Sendable, Hashable {
     package init() {}
 
     package init(capacity: Int) {
+        // Most values are keys, short strings and flags: 48 bytes each lets a statement's values
+        // land in the buffer without it growing (a sign-in's statements grew it four times each).
+        bytes.reserveCapacity(capacity * 48)
         offsets.reserveCapacity(capacity)
         lengths.reserveCapacity(capacity)
         formats.reserveCapacity(capacity)
