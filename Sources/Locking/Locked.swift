@@ -9,6 +9,9 @@
 /// Why not `Mutex`: on Linux it is built on raw futex calls that ThreadSanitizer cannot see, so
 /// every access under it is reported as a race and real races hide among the false ones. A
 /// pthread mutex is intercepted by the sanitizer, so `deploy/sanitize.sh` reports only real races.
+/// Hold a value, never `()`: an empty value's accesses land on the object's header, which the
+/// sanitizer then reports as racing with reads of that header (a count will do, as in
+/// `QueueHandOff` and `ChildProcess`).
 package final class Locked<Value>: @unchecked Sendable {
     // @unchecked: `value` is only touched between pthread_mutex_lock and pthread_mutex_unlock.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
