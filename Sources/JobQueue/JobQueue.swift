@@ -90,23 +90,27 @@ package struct JobQueue: Sendable {
 
     package static func runNotificationBatch(
         on connection: PostgresConnection, worker: String, limit: Int, lease: Duration, policy: RetryPolicy,
-        isolate: Bool, verified: [Int64] = []
+        isolate: Bool, verified: [Int64] = [], skipBusyAccounts: Bool = false
     ) async throws -> [NotificationResult] {
         try notificationResults(
             try await connection.query(
                 notificationBatchQuery(
-                    worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: verified)))
+                    worker: worker, limit: limit, lease: lease, policy: policy, isolate: isolate, verified: verified,
+                    skipBusyAccounts: skipBusyAccounts)))
     }
 
     /// The batch's statement (`siwa.run_notification_batch`): claims, applies and completes up to
     /// `limit` notification jobs, the `verified` held ones (locked by the caller's transaction) first.
+    /// `skipBusyAccounts`: due jobs only of users no other batch is taking, as the held read.
     package static func notificationBatchQuery(
-        worker: String, limit: Int, lease: Duration, policy: RetryPolicy, isolate: Bool, verified: [Int64]
+        worker: String, limit: Int, lease: Duration, policy: RetryPolicy, isolate: Bool, verified: [Int64],
+        skipBusyAccounts: Bool = false
     ) -> PostgresQuery {
         """
         SELECT job_id, jti, outcome, error, state, delay_seconds
           FROM siwa.run_notification_batch(\(worker)::text, \(limit)::integer, \(lease.seconds), \(isolate),
-                                            \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[])
+                                            \(policy.base.seconds), \(policy.cap.seconds), \(verified)::bigint[],
+                                            \(skipBusyAccounts))
         """
     }
 

@@ -13,7 +13,7 @@ extension Worker {
     /// (`JobQueue.notificationBatchQuery`), which takes the genuine ones before any due job,
     /// travels with COMMIT. A rollback leaves them held. If any job raises, the batch runs again
     /// with one subtransaction per job, so the verdicts returned are those of the transaction that
-    /// committed. `skipBusyAccounts`: read only held jobs of users no other batch is taking.
+    /// committed. `skipBusyAccounts`: take only jobs (held and due) of users no other batch is taking.
     /// `previous`: how many jobs the loop's last batch took. Before a batch far larger than the
     /// session's plans were made for, the session makes them again (`SessionPlans`).
     func verifiedNotificationBatch(
@@ -40,7 +40,7 @@ extension Worker {
                     }
                     return JobQueue.notificationBatchQuery(
                         worker: configuration.workerID, limit: limit, lease: configuration.jobLease, policy: policy,
-                        isolate: isolate, verified: verdicts.genuine)
+                        isolate: isolate, verified: verdicts.genuine, skipBusyAccounts: skipBusyAccounts)
                 }
                 return (try JobQueue.notificationResults(rows), verdicts)
             }

@@ -244,6 +244,47 @@ struct HotAccountBatchTests {
         }
     }
 
+    /// The same for due jobs (a held job deferred once is released as one): a batch skipping busy
+    /// users claims none of a user another batch is taking, and the other users' jobs; without
+    /// skipping it claims them too. Before, due jobs were claimed without the lock, so a hot user's
+    /// released jobs met the batch that held the user again and were deferred again.
+    @Test func aBatchSkippingBusyUsersClaimsNoneOfTheirDueJobs() async throws {
+        try await withMigratedDatabase { database in
+            let first = try await database.connect()
+            let second = try await database.connect()
+            defer {
+                first.close()
+                second.close()
+            }
+            try await database.queueNotifications(1, prefix: "h", sub: "alice", on: first)
+            try await first.execute("UPDATE siwa.jobs SET run_at = 'infinity'")
+            // Due: two of alice's (released after a deferral) and one of carol's.
+            try await database.queueNotifications(2, prefix: "a", sub: "alice", on: first)
+            try await database.queueNotifications(1, prefix: "c", sub: "carol", on: first)
+            let policy = RetryPolicy(base: .seconds(1), cap: .seconds(1))
+
+            try await first.simpleQuery("BEGIN")
+            let taken = try await first.query(JobQueue.heldNotificationsQuery(limit: 1, skipBusyAccounts: true))
+            #expect(try taken.map { try $0.decode(String.self, column: "sub") } == ["alice"])
+            for skipping in [false, true] {
+                try await second.simpleQuery("BEGIN")
+                let results = try await JobQueue.runNotificationBatch(
+                    on: second, worker: "w", limit: 10, lease: .seconds(60), policy: policy, isolate: false,
+                    skipBusyAccounts: skipping)
+                try await second.simpleQuery("ROLLBACK")
+                #expect(
+                    results.compactMap(\.jti).sorted() == (skipping ? ["c1"] : ["a1", "a2", "c1"]),
+                    "skipping busy users: \(skipping)")
+            }
+            try await first.simpleQuery("ROLLBACK")
+            try await second.simpleQuery("BEGIN")
+            let after = try await JobQueue.runNotificationBatch(
+                on: second, worker: "w", limit: 10, lease: .seconds(60), policy: policy, isolate: false, skipBusyAccounts: true)
+            try await second.simpleQuery("ROLLBACK")
+            #expect(after.compactMap(\.jti).sorted() == ["a1", "a2", "c1"])
+        }
+    }
+
     @Test func aDeferredJobIsTriedAgainWithoutWaitingForThePoll() async throws {
         try await withMigratedDatabase { database in
             let connection = try await database.connect()
