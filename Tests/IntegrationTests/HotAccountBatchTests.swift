@@ -210,13 +210,7 @@ struct HotAccountBatchTests {
     /// busy) and takes the other users' jobs; without skipping it reads them. Once the first
     /// commits, its users are free again.
     @Test func aBatchSkippingBusyUsersLeavesTheirJobsToTheBatchTakingThem() async throws {
-        try await withMigratedDatabase { database in
-            let first = try await database.connect()
-            let second = try await database.connect()
-            defer {
-                first.close()
-                second.close()
-            }
+        try await withTwoSessions { database, first, second in
             // Held jobs, alternating between alice and bob, then carol's two.
             for (prefix, sub) in [("a", "alice"), ("b", "bob"), ("a2", "alice"), ("b2", "bob"), ("a3", "alice"), ("b3", "bob")] {
                 try await database.queueNotifications(1, prefix: prefix, sub: sub, on: first)
@@ -249,13 +243,7 @@ struct HotAccountBatchTests {
     /// skipping it claims them too. Before, due jobs were claimed without the lock, so a hot user's
     /// released jobs met the batch that held the user again and were deferred again.
     @Test func aBatchSkippingBusyUsersClaimsNoneOfTheirDueJobs() async throws {
-        try await withMigratedDatabase { database in
-            let first = try await database.connect()
-            let second = try await database.connect()
-            defer {
-                first.close()
-                second.close()
-            }
+        try await withTwoSessions { database, first, second in
             try await database.queueNotifications(1, prefix: "h", sub: "alice", on: first)
             try await first.execute("UPDATE siwa.jobs SET run_at = 'infinity'")
             // Due: two of alice's (released after a deferral) and one of carol's.
@@ -308,5 +296,20 @@ struct HotAccountBatchTests {
         return metrics.split(separator: "\n").contains {
             $0.hasPrefix("siwa_worker_notifications_deferred_total ") && !$0.hasSuffix(" 0")
         }
+    }
+}
+
+/// A migrated database and two sessions on it, for tests of what one batch's locks do to another.
+private func withTwoSessions(
+    _ body: (MigratedDatabase, PostgresConnection, PostgresConnection) async throws -> Void
+) async throws {
+    try await withMigratedDatabase { database in
+        let first = try await database.connect()
+        let second = try await database.connect()
+        defer {
+            first.close()
+            second.close()
+        }
+        try await body(database, first, second)
     }
 }
