@@ -41,9 +41,11 @@ struct JSONReader {
         var members: [String: JSONValue] = [:]
         skipWhitespace()
         if try consume(UInt8(ascii: "}")) { return .object(members) }
-        // Room for an identity token's claims (13) in one allocation: grown from empty, the table
-        // was reallocated and its names hashed again four times per token.
-        members.reserveCapacity(16)
+        // The document's own object (a token's claims, 13 for Apple's identity token) gets room in
+        // one allocation: grown from empty, the table was reallocated and its names hashed again
+        // four times per token. Nested objects grow as needed: reserving for each, a body of many
+        // tiny objects (`[{"a":0},...]`) would cost a kilobyte of table per eight bytes sent.
+        if depth == 1 { members.reserveCapacity(16) }
         while true {
             skipWhitespace()
             guard position < bytes.count, bytes[position] == UInt8(ascii: "\"") else { throw error("expected a member name") }

@@ -23,9 +23,9 @@ package struct WebSignIn: Sendable {
     static let maximumCallbackBytes = 16 * 1024
     static let maximumAppStateLength = 512
 
-    private let configured: WebSignInSettings
-    /// The receiver's bound port, read per request when the public URL follows it.
-    private let listeningPort: @Sendable () -> Int
+    let settings: WebSignInSettings
+    /// The receiver's bound port, read per sign-in; nil unless the public URL names port 0.
+    private let listeningPort: (@Sendable () -> Int)?
     let clientIDs: Set<String>
     let appleBaseURL: URL
     let pool: PostgresPool
@@ -37,8 +37,8 @@ package struct WebSignIn: Sendable {
         settings: WebSignInSettings, listeningPort: @escaping @Sendable () -> Int, clientIDs: [String], appleBaseURL: URL,
         pool: PostgresPool, timeout: Duration, metrics: MetricsRegistry, logger: Logger
     ) {
-        configured = settings
-        self.listeningPort = listeningPort
+        self.settings = settings
+        self.listeningPort = settings.followsListeningPort ? listeningPort : nil
         self.clientIDs = Set(clientIDs)
         self.appleBaseURL = appleBaseURL
         self.pool = pool
@@ -57,9 +57,11 @@ package struct WebSignIn: Sendable {
         self.outcomes = outcomes
     }
 
-    /// The settings with the public URL's port 0 replaced by the one the receiver bound.
-    var settings: WebSignInSettings {
-        configured.followsListeningPort ? configured.resolved(listeningPort: listeningPort()) : configured
+    /// Apple's redirect URI, with the public URL's port 0 replaced by the one the receiver bound.
+    /// Only it names the port; the URL is parsed once, at start, to know whether it follows.
+    var redirectURI: String {
+        guard let listeningPort else { return settings.redirectURI }
+        return settings.resolved(listeningPort: listeningPort()).redirectURI
     }
 
     /// Takes the request when its path is one of this flow's; false otherwise.
@@ -96,7 +98,7 @@ package struct WebSignIn: Sendable {
         if let appState, appState.unicodeScalars.count > Self.maximumAppStateLength || appState.unicodeScalars.contains("\u{0}") {
             return refuse("start", 400, "app_state_invalid")
         }
-        let redirectURI = settings.redirectURI
+        let redirectURI = self.redirectURI  // once: the port is read under a lock
         let state = Base64URL.encode(SecureRandom.bytes(count: 32))
         let nonce = Base64URL.encode(SecureRandom.bytes(count: 32))
         let kept: Bool
