@@ -24,6 +24,10 @@ final class ConnectionHandle: @unchecked Sendable {
     /// proxy between us hands each statement to whichever session is free): from then on this
     /// connection sends every statement unnamed.
     var sendsUnnamedOnly = false
+    /// A statement sent from its task awaits its reply (`awaitReply`); `close()` meanwhile only
+    /// sets `finishWhenReplied`.
+    var replyInFlight = false
+    var finishWhenReplied = false
     /// Passed to libpq as the notice processor's context; lives as long as the PGconn.
     let notices: NoticeContext
 
@@ -72,11 +76,28 @@ extension PostgresConnection {
     func onQueue<T: Sendable>(
         _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
     ) async throws -> T {
+        try await bounded { operation in
+            try await self.hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
+        }
+    }
+
+    /// Runs `body` as statement `operation`, once it is this call's turn on the session
+    /// (`SessionTurns`), under the call's bounds: cancelling the task, or
+    /// `statementTimeout` running out, sends a cancel request for the statement while it is the one
+    /// running (`state.running`), and the call then throws `timeout`.
+    func bounded<T: Sendable>(_ body: (UInt64) async throws -> T) async throws -> T {
+        // The bound starts once the session is this call's.
+        await turns.take()
+        defer { turns.pass() }
         let operation = state.withLock { state in
             state.nextOperation &+= 1
             return state.nextOperation
         }
-        guard let timeout = Self.statementTimeout else { return try await onQueue(operation, work) }
+        guard let timeout = Self.statementTimeout else {
+            return try await withTaskCancellationHandler { try await body(operation) } onCancel: {
+                self.cancelRunning(operation)
+            }
+        }
         let expired = Locked(false)
         let timer = DeadlineTimer.shared.schedule(after: timeout) { [self] in
             expired.withLock { $0 = true }
@@ -84,7 +105,9 @@ extension PostgresConnection {
             DispatchQueue.global().async { self.cancelRunning(operation) }
         }
         do {
-            let value = try await onQueue(operation, work)
+            let value = try await withTaskCancellationHandler { try await body(operation) } onCancel: {
+                self.cancelRunning(operation)
+            }
             DeadlineTimer.shared.cancel(timer)
             return value
         } catch {
@@ -92,16 +115,6 @@ extension PostgresConnection {
                 throw PostgresError(.timeout, message: "the statement ran past its bound of \(timeout) and was cancelled")
             }
             throw error
-        }
-    }
-
-    private func onQueue<T: Sendable>(
-        _ operation: UInt64, _ work: @escaping @Sendable (OpaquePointer) throws(PostgresError) -> T
-    ) async throws -> T {
-        try await withTaskCancellationHandler {
-            try await hop { () throws(PostgresError) in try self.runOnQueue(operation: operation, work) }
-        } onCancel: {
-            self.cancelRunning(operation)
         }
     }
 
@@ -296,16 +309,29 @@ extension PostgresConnection {
                 }
                 let checked = PostgresResult(taking: try Self.check(result, connection: connection, sql: query.sql))
                 return PostgresRows(result: checked, affectedRows: Self.affectedRows(of: checked.pointer))
-            } catch where Self.sessionLostPreparedStatements(error) {
-                sendUnnamedFromNowOn(after: error)
-            } catch where error.sqlState == "0A000" {
-                let key = PreparedKey(sql: query.sql, types: query.binds.types)
-                if let name = handle.preparedStatements.removeValue(forKey: key) {
-                    _ = try? Self.simple("DEALLOCATE \(name)", on: connection)
-                }
-                // Outside a transaction nothing was rolled back with it: sending it again runs it once.
-                guard PQtransactionStatus(connection) == PQTRANS_IDLE else { throw error }
+            } catch where Self.sessionLostPreparedStatements(error) || error.sqlState == "0A000" {
+                return try rowsAfterPreparedFailed(error, query, on: connection)
             }
+        }
+        return try Self.rows(query, on: connection)
+    }
+
+    /// After `query` as a prepared statement failed with an error raised before it ran: a session
+    /// that lost our prepared statements gets every statement unnamed from now on; a plan the
+    /// server can no longer use as prepared is dropped (the next call prepares it anew). Either
+    /// way it is sent unnamed now, except inside a transaction the error has already failed.
+    func rowsAfterPreparedFailed(_ error: PostgresError, _ query: PostgresQuery, on connection: OpaquePointer)
+        throws(PostgresError) -> PostgresRows
+    {
+        if Self.sessionLostPreparedStatements(error) {
+            sendUnnamedFromNowOn(after: error)
+        } else {
+            let key = PreparedKey(sql: query.sql, types: query.binds.types)
+            if let name = handle.preparedStatements.removeValue(forKey: key) {
+                _ = try? Self.simple("DEALLOCATE \(name)", on: connection)
+            }
+            // Outside a transaction nothing was rolled back with it: sending it again runs it once.
+            guard PQtransactionStatus(connection) == PQTRANS_IDLE else { throw error }
         }
         return try Self.rows(query, on: connection)
     }

@@ -5,12 +5,16 @@ import Locking
 
 /// One libpq connection.
 ///
-/// libpq allows one thread at a time per `PGconn` and its calls block, so the connection owns a serial
-/// `DispatchQueue` and touches the `PGconn` only there (STYLE §5.3). The async API hops onto the queue
-/// and resumes a continuation, keeping the cooperative pool free. The `…Blocking` API runs the same
-/// work on the caller's thread through `queue.sync` (serialized with the async calls); use it only from
-/// a dedicated thread (the receiver's committers), never from the Swift concurrency pool. Which path
-/// a call takes is the caller's choice of API, never the thread it happens to be on.
+/// libpq allows one thread at a time per `PGconn`, so the connection owns a serial `DispatchQueue` and
+/// touches the `PGconn` only through it (STYLE §5.3). `query`, `queryPrepared` and `execute` send
+/// their statement from the calling task's thread (`queue.sync`, which runs there: the queue is idle
+/// between calls) and suspend until `ReplyWatcher` sees the reply arrive; the task then reads it
+/// where it resumes (`+Replies`). The other async calls hop onto the queue, whose thread blocks in
+/// libpq, and resume a continuation. Either way the cooperative pool is never blocked, and async
+/// callers of one connection take turns (`SessionTurns`). The `…Blocking` API runs its work on the
+/// caller's thread through `queue.sync`; use it only from a dedicated thread that alone uses the
+/// connection (the receiver's committers), never from the Swift concurrency pool. Which path a call
+/// takes is the caller's choice of API, never the thread it happens to be on.
 ///
 /// Cancelling the task of a running async call sends a libpq cancel request for that statement.
 package final class PostgresConnection: Sendable {
@@ -31,6 +35,8 @@ package final class PostgresConnection: Sendable {
     let state: Locked<State>
     /// Orders the queue's work before the awaiting task's reads where ThreadSanitizer can see it.
     let handOff = QueueHandOff()
+    /// One async call at a time on the session.
+    let turns = SessionTurns()
 
     /// The bound on each statement of the calls made inside `$statementTimeout.withValue(...)`:
     /// when it runs out the statement is cancelled at the server and the call throws `timeout`.
@@ -135,14 +141,17 @@ package final class PostgresConnection: Sendable {
             if let cancel = state.cancel { PQfreeCancel(cancel) }
             state.cancel = nil
         }
-        queue.async { [handle] in handle.finish() }
+        // A statement sent from its task (`awaitReply`) keeps the socket until its reply is in.
+        queue.async { [handle] in
+            if handle.replyInFlight { handle.finishWhenReplied = true } else { handle.finish() }
+        }
     }
 
     // MARK: Queries (async)
 
     /// Runs one statement (extended protocol, one round trip) and returns its rows.
     package func query(_ query: PostgresQuery) async throws -> PostgresRows {
-        try await onQueue { connection throws(PostgresError) in try Self.rows(query, on: connection) }
+        try await rowsSentHere(query)
     }
 
     /// `query(_:)` for a statement run again and again (a request's hot path): prepared on this
@@ -150,13 +159,13 @@ package final class PostgresConnection: Sendable {
     /// on every call. Sent unnamed when the session keeps no prepared statements (a
     /// transaction-pooling proxy), as `executePreparedBlocking` does.
     package func queryPrepared(_ query: PostgresQuery) async throws -> PostgresRows {
-        try await onQueue { connection throws(PostgresError) in try self.rowsPrepared(query, on: connection) }
+        try await rowsPreparedSentHere(query)
     }
 
     /// Runs one statement and returns the number of rows it affected.
     @discardableResult
     package func execute(_ query: PostgresQuery) async throws -> Int {
-        try await onQueue { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
+        try await rowsSentHere(query).affectedRows
     }
 
     /// Runs SQL text through the simple protocol: several statements allowed, no binds (migrations).

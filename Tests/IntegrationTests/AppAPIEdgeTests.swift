@@ -161,17 +161,7 @@ struct AppAPIEdgeTests {
     @Test(.timeLimit(.minutes(3)))
     func theWorkDeadlineEndsARequestsWork() async throws {
         try await withAppAPIWorker(["SIWA_APP_API_REQUEST_TIMEOUT": "1s"]) { served in
-            // The nonce's statement sleeps first (this database is the test's own).
-            try await served.connection.simpleQuery(
-                """
-                ALTER FUNCTION siwa.issue_nonce_bounded(bytea, interval, integer) RENAME TO issue_nonce_bounded_at_once;
-                CREATE FUNCTION siwa.issue_nonce_bounded(
-                    p_nonce_hash bytea, p_ttl interval, p_max_unspent integer, OUT expires_at timestamptz, OUT retry_after integer)
-                LANGUAGE sql AS $$
-                    SELECT pg_sleep(60);
-                    SELECT * FROM siwa.issue_nonce_bounded_at_once(p_nonce_hash, p_ttl, p_max_unspent)
-                $$
-                """)
+            try await Self.nonceStatementsSleep(60, on: served.connection)
             let answer = try await HTTP.request("POST", served.api + "/v1/nonces", bearer: Self.token, timeout: .seconds(60))
             #expect(answer.status == 503, "\(answer)")
             // The watcher logs the work it ended once its cancel has returned, and the cancelled
@@ -183,6 +173,66 @@ struct AppAPIEdgeTests {
             let refused = log.split(separator: "\n").filter { $0.contains("could not issue a nonce") }
             #expect(refused.count == 1 && refused.allSatisfy { $0.contains("queryFailed, sqlState: 57014") }, "\(refused)")
         }
+    }
+
+    /// Sixteen nonce requests at once, each statement sleeping 2 s at the server: while they wait,
+    /// none of them holds a thread of the worker in libpq's poll (the replies are awaited by one
+    /// watcher; before, each connection's queue blocked a thread for the whole statement), and all
+    /// are answered.
+    @Test(.timeLimit(.minutes(3)))
+    func statementsAwaitingTheirRepliesHoldNoThread() async throws {
+        try await withAppAPIWorker { served in
+            let pid = served.worker.processIdentifier
+            let api = served.api
+            @Sendable func sixteenNonces() async throws -> [Int] {
+                try await withThrowingTaskGroup(of: Int.self) { group in
+                    for _ in 0..<16 {
+                        group.addTask { try await HTTP.request("POST", api + "/v1/nonces", bearer: Self.token, timeout: .seconds(30)).status }
+                    }
+                    return try await group.reduce(into: [Int]()) { $0.append($1) }
+                }
+            }
+            // Every connection of the app API's pool open first: opening one waits on a thread.
+            #expect(try await sixteenNonces() == Array(repeating: 201, count: 16))
+            try await Self.nonceStatementsSleep(2, on: served.connection)
+            let pollingBefore = try #require(Self.threadsInPoll(pid))
+            let answers = Task { try await sixteenNonces() }
+            var sleeping = 0
+            try await waitUntil("the nonce statements sleep at the server", timeout: .seconds(10)) {
+                sleeping = try await served.connection.int(
+                    """
+                    SELECT count(*)::int8 FROM pg_stat_activity
+                     WHERE application_name = 'siwa-app-api' AND state = 'active' AND wait_event = 'PgSleep'
+                    """)
+                return sleeping >= 12
+            }
+            // Counted by where each thread sleeps: a thread's count alone misses a thread blocked
+            // in libpq, as libdispatch reuses the idle threads the first sixteen left for seconds.
+            var pollingWhileWaiting = 0
+            for _ in 0..<3 {
+                pollingWhileWaiting = max(pollingWhileWaiting, Self.threadsInPoll(pid) ?? 0)
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            let statuses = try await answers.value
+            #expect(statuses == Array(repeating: 201, count: 16), "\(statuses)")
+            #expect(
+                pollingWhileWaiting - pollingBefore < 4,
+                "\(sleeping) statements waiting: \(pollingBefore) threads in poll(2) before, \(pollingWhileWaiting) while they waited")
+        }
+    }
+
+    /// Makes every nonce's statement sleep `seconds` at the server first (this database is the test's own).
+    static func nonceStatementsSleep(_ seconds: Int, on connection: PostgresConnection) async throws {
+        try await connection.simpleQuery(
+            """
+            ALTER FUNCTION siwa.issue_nonce_bounded(bytea, interval, integer) RENAME TO issue_nonce_bounded_at_once;
+            CREATE FUNCTION siwa.issue_nonce_bounded(
+                p_nonce_hash bytea, p_ttl interval, p_max_unspent integer, OUT expires_at timestamptz, OUT retry_after integer)
+            LANGUAGE sql AS $$
+                SELECT pg_sleep(\(seconds));
+                SELECT * FROM siwa.issue_nonce_bounded_at_once(p_nonce_hash, p_ttl, p_max_unspent)
+            $$
+            """)
     }
 
     static func timedNonce(_ api: String) async throws -> Duration {
@@ -198,6 +248,16 @@ struct AppAPIEdgeTests {
             return Int(line.split(separator: "\t").last?.trimmingCharacters(in: .whitespaces) ?? "")
         }
         return nil
+    }
+
+    /// The process's threads asleep in poll(2) (libpq's wait for a reply, curl's for its sockets),
+    /// from each thread's wait channel.
+    static func threadsInPoll(_ pid: Int32) -> Int? {
+        guard let tasks = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return nil }
+        return tasks.filter { task in
+            let channel = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/wchan", encoding: .utf8)) ?? ""
+            return channel.hasPrefix("poll_schedule_timeout") || channel.hasPrefix("do_sys_poll")
+        }.count
     }
 
     static func sample(_ metrics: String, _ series: String) -> Int {

@@ -342,18 +342,66 @@ struct PostgresConnectionTests {
             // one the server never sees, and the test would wait out the sleep instead.
             let observer = try await schema.connect()
             defer { observer.close() }
-            try await waitUntil("the statement runs on the server", timeout: .seconds(10)) {
-                try await observer.query(
-                    """
-                    SELECT count(*) FROM pg_stat_activity
-                     WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE '%' || \(marker) || '%'
-                    """)[0].decode(Int.self, at: 0) == 1
-            }
+            try await waitUntilRunning(marker, seenBy: observer)
             task.cancel()
             let error = await #expect(throws: PostgresError.self) { try await task.value }
             #expect(error?.sqlState == "57014")
             #expect(clock.now - started < .seconds(10))
             #expect(try await connection.query("SELECT 1 AS one").count == 1)
+        }
+    }
+
+    /// `close()` while a statement awaits its reply (sent from its task, the socket watched, no
+    /// thread of the connection's queue held): the statement still gets its rows, and the session
+    /// closes right after; the next call throws `connectionClosed`.
+    @Test func closeWaitsForTheReplyInFlight() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            let marker = "close-\(UUID().uuidString)"
+            // Kept outside the task, so that a reply that never comes fails the wait below, not the run.
+            let seven = Locked<Result<Int, PostgresError>?>(nil)
+            Task {
+                do {
+                    let rows = try await connection.query("SELECT pg_sleep(0.5), 7 AS seven /* \(unsafeSQL: marker) */")
+                    let value = try rows[0].decode(Int.self, column: "seven")
+                    seven.withLock { $0 = .success(value) }
+                } catch {
+                    seven.withLock { $0 = .failure(error as? PostgresError ?? PostgresError(.queryFailed, message: "\(error)")) }
+                }
+            }
+            let observer = try await schema.connect()
+            defer { observer.close() }
+            try await waitUntilRunning(marker, seenBy: observer)
+            connection.close()
+            try await waitUntil("the statement's reply", timeout: .seconds(10)) { seven.withLock { $0 != nil } }
+            #expect(try seven.withLock { $0 }?.get() == 7)
+            let error = await #expect(throws: PostgresError.self) { try await connection.query("SELECT 1") }
+            #expect(error?.code == .connectionClosed)
+            try await waitUntil("the session has ended at the server", timeout: .seconds(10)) {
+                try await observer.query(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%' || \(marker) || '%' AND pid <> pg_backend_pid()"
+                )[0].decode(Int.self, at: 0) == 0
+            }
+        }
+    }
+
+    /// Tasks sharing one connection take turns (`SessionTurns`): each gets its own statement's rows,
+    /// prepared or not, though a statement's reply leaves the connection's queue free.
+    @Test func tasksSharingAConnectionTakeTurns() async throws {
+        try await withTestSchema { schema in
+            let connection = try await schema.connect()
+            defer { connection.close() }
+            let answers = try await withThrowingTaskGroup(of: (Int, Int).self) { group in
+                for index in 0..<40 {
+                    group.addTask {
+                        let query: PostgresQuery = "SELECT \(index)::int8 + 0 * length(pg_sleep(0.01)::text) AS n"
+                        let rows = try await (index % 2 == 0 ? connection.query(query) : connection.queryPrepared(query))
+                        return (index, try rows[0].decode(Int.self, column: "n"))
+                    }
+                }
+                return try await group.reduce(into: [Int: Int]()) { $0[$1.0] = $1.1 }
+            }
+            #expect(answers == Dictionary(uniqueKeysWithValues: (0..<40).map { ($0, $0) }))
         }
     }
 
@@ -520,5 +568,16 @@ struct PostgresConnectionTests {
 private func onDedicatedThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
         Thread { continuation.resume(with: Result { try body() }) }.start()
+    }
+}
+
+/// Waits until a statement whose text holds `marker` runs on the server, as `observer` sees it.
+private func waitUntilRunning(_ marker: String, seenBy observer: PostgresConnection) async throws {
+    try await waitUntil("the statement runs on the server", timeout: .seconds(10)) {
+        try await observer.query(
+            """
+            SELECT count(*) FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE '%' || \(marker) || '%'
+            """)[0].decode(Int.self, at: 0) == 1
     }
 }
