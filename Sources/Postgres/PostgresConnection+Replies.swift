@@ -147,7 +147,7 @@ extension PostgresConnection {
             }
             switch stage {
             case .declined: return nil
-            case .readable: continue
+            case .readable: watcher.passThrough()
             case .complete: return reply.rows
             }
         }

@@ -23,7 +23,9 @@ final class SessionTurns: Sendable {
         }) {
             return
         }
-        // Unsafe, not checked: resumed exactly once, here or by `pass`.
+        // Unsafe, not checked: resumed exactly once, here or by `pass`, which resumes under the
+        // lock this passes through afterwards (the order ThreadSanitizer needs, as `ReplyWatcher`).
+        defer { state.withLock { _ in } }
         await withUnsafeContinuation { continuation in
             let now = state.withLock { state -> Bool in
                 if !state.busy {
@@ -39,13 +41,12 @@ final class SessionTurns: Sendable {
 
     /// Hands the session to the next caller waiting, if any.
     func pass() {
-        let next = state.withLock { state -> UnsafeContinuation<Void, Never>? in
+        state.withLock { state in
             guard !state.waiting.isEmpty else {
                 state.busy = false
-                return nil
+                return
             }
-            return state.waiting.removeFirst()  // still busy: handed over
+            state.waiting.removeFirst().resume()  // still busy: handed over
         }
-        next?.resume()
     }
 }
