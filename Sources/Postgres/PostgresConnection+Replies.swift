@@ -54,9 +54,9 @@ extension PostgresConnection {
                 }
             }
         }
-        // Only a prepared statement declines.
-        guard let rows else { throw PostgresError(.queryFailed, message: "the statement was not sent", query: query.sql) }
-        return rows
+        if let rows { return rows }
+        // No watcher (no epoll set could be made): on the queue, as before it.
+        return try await onQueue { connection throws(PostgresError) in try Self.rows(query, on: connection) }
     }
 
     /// `queryPrepared`'s statement: prepared on this session at first use, then run by name, each
@@ -115,8 +115,9 @@ extension PostgresConnection {
 
     /// Sends the statement with `send` on this thread (nil: it declined, nothing was sent), then
     /// waits for `ReplyWatcher` to say the socket has something and reads it, until the reply is
-    /// complete. Each step runs through `queue.sync`, which runs it right here: the connection is
-    /// leased to this task, so its queue is idle. `close()` meanwhile is kept until the reply is in.
+    /// complete; nil when nothing was sent. Each step runs through `queue.sync`, which runs it right
+    /// here: it is this call's turn on the session (`bounded`), so the queue is idle. `close()`
+    /// meanwhile is kept until the reply is in.
     ///
     /// The send itself is the one wait on this thread: libpq writes the message whole, which for a
     /// statement's few hundred bytes is a copy into the socket's buffer.
