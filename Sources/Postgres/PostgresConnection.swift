@@ -6,11 +6,11 @@ import Locking
 /// One libpq connection.
 ///
 /// libpq allows one thread at a time per `PGconn`, so the connection owns a serial `DispatchQueue` and
-/// touches the `PGconn` only through it (STYLE §5.3). `query`, `queryPrepared` and `execute` send
-/// their statement from the calling task's thread (`queue.sync`, which runs there: the queue is idle
-/// between calls) and suspend until `ReplyWatcher` sees the reply arrive; the task then reads it
-/// where it resumes (`+Replies`). The other async calls hop onto the queue, whose thread blocks in
-/// libpq, and resume a continuation. Either way the cooperative pool is never blocked, and async
+/// touches the `PGconn` only through it (STYLE §5.3). The async calls hop onto the queue, whose
+/// thread blocks in libpq, and resume a continuation; on a connection made `watchingReplies` (the
+/// app API's), `query`, `queryPrepared` and `execute` instead send their statement from the calling
+/// task's thread (`queue.sync`, which runs there: the queue is idle between calls) and suspend until
+/// `ReplyWatcher` sees the reply arrive; the task then reads it where it resumes (`+Replies`). Either way the cooperative pool is never blocked, and async
 /// callers of one connection take turns (`SessionTurns`). The `…Blocking` API runs its work on the
 /// caller's thread through `queue.sync`; use it only from a dedicated thread that alone uses the
 /// connection (the receiver's committers), never from the Swift concurrency pool. Which path a call
@@ -37,6 +37,9 @@ package final class PostgresConnection: Sendable {
     let handOff = QueueHandOff()
     /// One async call at a time on the session.
     let turns = SessionTurns()
+    /// `query`, `queryPrepared` and `execute` send from the calling task and await the reply on
+    /// `ReplyWatcher` (`connect(…, watchingReplies: true)`); otherwise they wait on the queue's thread.
+    let watchesReplies: Bool
 
     /// The bound on each statement of the calls made inside `$statementTimeout.withValue(...)`:
     /// when it runs out the statement is cancelled at the server and the call throws `timeout`.
@@ -63,8 +66,9 @@ package final class PostgresConnection: Sendable {
     /// Sets up the object on the caller's side; `open` then connects on `queue`. Doing both on the
     /// queue made ThreadSanitizer report the caller's first read of these fields: on Linux it does
     /// not see libdispatch's hand-off (swift-corelibs-libdispatch#655).
-    private init(queue: DispatchQueue, limits: SessionLimits, logger: Logger) {
+    private init(queue: DispatchQueue, limits: SessionLimits, watchesReplies: Bool = false, logger: Logger) {
         self.queue = queue
+        self.watchesReplies = watchesReplies
         self.logger = logger
         self.setupSQL = Self.sessionSetup + limits.setupSQL
         self.handle = ConnectionHandle(logger: logger)
@@ -105,11 +109,14 @@ package final class PostgresConnection: Sendable {
 
     /// Connects with a URI (`postgresql://user@host:port/db?options=…`) or `key=value` conninfo.
     /// `connect_timeout` defaults to 5 s and TCP keepalives are on unless the conninfo says otherwise.
+    /// `watchingReplies`: for a request's hot path (the app API's pool), see `watchesReplies`.
     package static func connect(
-        to conninfo: String, applicationName: String = "siwa", limits: SessionLimits = .none, logger: Logger
+        to conninfo: String, applicationName: String = "siwa", limits: SessionLimits = .none,
+        watchingReplies: Bool = false, logger: Logger
     ) async throws -> PostgresConnection {
         let connection = PostgresConnection(
-            queue: DispatchQueue(label: "siwa.postgres.connection"), limits: limits, logger: logger)
+            queue: DispatchQueue(label: "siwa.postgres.connection"), limits: limits, watchesReplies: watchingReplies,
+            logger: logger)
         try await connection.hop { () throws(PostgresError) in
             try connection.open(conninfo: conninfo, applicationName: applicationName)
         }
@@ -151,7 +158,10 @@ package final class PostgresConnection: Sendable {
 
     /// Runs one statement (extended protocol, one round trip) and returns its rows.
     package func query(_ query: PostgresQuery) async throws -> PostgresRows {
-        try await rowsSentHere(query)
+        guard watchesReplies else {
+            return try await onQueue { connection throws(PostgresError) in try Self.rows(query, on: connection) }
+        }
+        return try await rowsSentHere(query)
     }
 
     /// `query(_:)` for a statement run again and again (a request's hot path): prepared on this
@@ -159,13 +169,19 @@ package final class PostgresConnection: Sendable {
     /// on every call. Sent unnamed when the session keeps no prepared statements (a
     /// transaction-pooling proxy), as `executePreparedBlocking` does.
     package func queryPrepared(_ query: PostgresQuery) async throws -> PostgresRows {
-        try await rowsPreparedSentHere(query)
+        guard watchesReplies else {
+            return try await onQueue { connection throws(PostgresError) in try self.rowsPrepared(query, on: connection) }
+        }
+        return try await rowsPreparedSentHere(query)
     }
 
     /// Runs one statement and returns the number of rows it affected.
     @discardableResult
     package func execute(_ query: PostgresQuery) async throws -> Int {
-        try await rowsSentHere(query).affectedRows
+        guard watchesReplies else {
+            return try await onQueue { connection throws(PostgresError) in try Self.affectedRows(query, on: connection) }
+        }
+        return try await rowsSentHere(query).affectedRows
     }
 
     /// Runs SQL text through the simple protocol: several statements allowed, no binds (migrations).

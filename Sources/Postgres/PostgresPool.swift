@@ -14,6 +14,8 @@ package final class PostgresPool: Sendable {
     private let conninfo: String
     private let applicationName: String
     private let limits: SessionLimits
+    /// Its connections await replies on `ReplyWatcher` (`PostgresConnection.watchesReplies`).
+    private let watchingReplies: Bool
     private let logger: Logger
     private let state = Locked(State())
 
@@ -61,9 +63,10 @@ package final class PostgresPool: Sendable {
     /// `conninfo` is a URI or `key=value` string; it is never logged.
     package init(
         conninfo: String, size: Int, acquireTimeout: Duration = .seconds(5), applicationName: String = "siwa",
-        limits: SessionLimits = .none, logger: Logger
+        limits: SessionLimits = .none, watchingReplies: Bool = false, logger: Logger
     ) {
         precondition(size > 0, "pool size must be positive")
+        self.watchingReplies = watchingReplies
         self.conninfo = conninfo
         self.size = size
         self.acquireTimeout = acquireTimeout
@@ -145,7 +148,8 @@ package final class PostgresPool: Sendable {
         }
         do {
             return try await PostgresConnection.connect(
-                to: conninfo, applicationName: applicationName, limits: limits, logger: logger)
+                to: conninfo, applicationName: applicationName, limits: limits, watchingReplies: watchingReplies,
+                logger: logger)
         } catch {
             releaseSlot()
             throw error

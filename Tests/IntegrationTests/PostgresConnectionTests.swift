@@ -330,9 +330,11 @@ struct PostgresConnectionTests {
         }
     }
 
-    @Test func cancellingTheTaskCancelsTheStatement() async throws {
+    /// Either way a statement waits (the queue's thread, or the reply watcher).
+    @Test(arguments: [false, true])
+    func cancellingTheTaskCancelsTheStatement(watchingReplies: Bool) async throws {
         try await withTestSchema { schema in
-            let connection = try await schema.connect()
+            let connection = try await schema.connect(watchingReplies: watchingReplies)
             defer { connection.close() }
             let clock = ContinuousClock()
             let started = clock.now
@@ -356,7 +358,7 @@ struct PostgresConnectionTests {
     /// closes right after; the next call throws `connectionClosed`.
     @Test func closeWaitsForTheReplyInFlight() async throws {
         try await withTestSchema { schema in
-            let connection = try await schema.connect()
+            let connection = try await schema.connect(watchingReplies: true)
             let marker = "close-\(UUID().uuidString)"
             // Kept outside the task, so that a reply that never comes fails the wait below, not the run.
             let seven = Locked<Result<Int, PostgresError>?>(nil)
@@ -386,10 +388,11 @@ struct PostgresConnectionTests {
     }
 
     /// Tasks sharing one connection take turns (`SessionTurns`): each gets its own statement's rows,
-    /// prepared or not, though a statement's reply leaves the connection's queue free.
-    @Test func tasksSharingAConnectionTakeTurns() async throws {
+    /// prepared or not, also where a statement's reply leaves the connection's queue free.
+    @Test(arguments: [false, true])
+    func tasksSharingAConnectionTakeTurns(watchingReplies: Bool) async throws {
         try await withTestSchema { schema in
-            let connection = try await schema.connect()
+            let connection = try await schema.connect(watchingReplies: watchingReplies)
             defer { connection.close() }
             let answers = try await withThrowingTaskGroup(of: (Int, Int).self) { group in
                 for index in 0..<40 {
@@ -477,9 +480,10 @@ struct PostgresConnectionTests {
     /// function's result type under a prepared call (the server then refuses the plan, 0A000,
     /// before running anything): the call still runs, once, and the next one prepares anew. A
     /// session that lost its statements (a pooling proxy) gets them unnamed, as for execute.
-    @Test func preparedQueriesOutliveAChangedResultType() async throws {
+    @Test(arguments: [false, true])
+    func preparedQueriesOutliveAChangedResultType(watchingReplies: Bool) async throws {
         try await withTestSchema { schema in
-            let connection = try await schema.connect()
+            let connection = try await schema.connect(watchingReplies: watchingReplies)
             defer { connection.close() }
             try await connection.simpleQuery(
                 """
@@ -531,10 +535,12 @@ struct PostgresConnectionTests {
     }
 
     /// `statementTimeout` cancels a statement at the server and throws `timeout`.
-    @Test func statementTimeoutCancelsTheStatement() async throws {
+    @Test(arguments: [false, true])
+    func statementTimeoutCancelsTheStatement(watchingReplies: Bool) async throws {
         try await withTestSchema { schema in
             let pool = PostgresPool(
-                conninfo: schema.conninfo, size: 1, acquireTimeout: .seconds(30), logger: TestDatabase.logger)
+                conninfo: schema.conninfo, size: 1, acquireTimeout: .seconds(30), watchingReplies: watchingReplies,
+                logger: TestDatabase.logger)
             defer { pool.close() }
             let error = await #expect(throws: PostgresError.self) {
                 try await PostgresConnection.$statementTimeout.withValue(.milliseconds(300)) {

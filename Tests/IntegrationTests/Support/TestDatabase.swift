@@ -96,8 +96,9 @@ struct TestSchema: Sendable {
     let conninfo: String
     let baseConninfo: String
 
-    func connect() async throws -> PostgresConnection {
-        try await PostgresConnection.connect(to: conninfo, logger: TestDatabase.logger)
+    /// `watchingReplies`: as the app API's pool connects (`PostgresConnection.watchesReplies`).
+    func connect(watchingReplies: Bool = false) async throws -> PostgresConnection {
+        try await PostgresConnection.connect(to: conninfo, watchingReplies: watchingReplies, logger: TestDatabase.logger)
     }
 
     func drop() async throws {
