@@ -35,8 +35,9 @@ package struct WorkerService: Service {
         // The app API (SIWA_APP_API_LISTEN) has connections of its own, so a burst of sign-ins never
         // starves the jobs, and the other way round. Its statements' replies are awaited on the reply
         // watcher (a sign-in's three statements cost no queue thread's wake-ups; 12-15 % less CPU a
-        // sign-in). The job loops keep the queue's path: their batches measured 5-10 % slower on the
-        // watcher, the reply's reading then waiting for a pool thread busy verifying notifications. Its statements and lock waits are bounded by the
+        // sign-in). The job loops keep the queue's path: on the watcher their batches were slower in
+        // 10 of 12 cells of one worker bench (a reply's reading may wait for a pool thread busy
+        // verifying notifications), though within noise in another; kept until a quiet run says. Its statements and lock waits are bounded by the
         // request's own database bound. 16: a sign-in holds a connection only for each statement,
         // but at 8, 16 requests in flight queued for one (a lease that waits costs its task a
         // suspension and a wake-up on another thread, two more context switches).
