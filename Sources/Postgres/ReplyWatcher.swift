@@ -7,7 +7,8 @@ import Locking
 
 /// What a statement's next step found (`PostgresConnection.awaitReply`).
 enum ReplyStage: Sendable {
-    /// The statement was not sent here (not prepared on this session yet): take the queue's path.
+    /// Nothing was sent (the statement is not prepared on this session yet, or the session sends
+    /// everything unnamed): the caller prepares it, or takes the queue's path.
     case declined
     /// Its every result is in.
     case complete
